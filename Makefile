@@ -1,0 +1,37 @@
+# Two commands for a fresh machine:  make demo  (set up + run an agent task)  and  make test.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+TASK   ?= What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt
+
+.PHONY: setup demo test lint bench worker clean
+
+$(BIN)/.installed: pyproject.toml
+	@echo "==> creating $(VENV) and installing waystation with its dev tools (pip, a minute at most)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --editable '.[dev]'
+	@touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	@echo "==> running an agent task on the embedded Temporal dev server (Web UI: http://localhost:8233)"
+	$(BIN)/python starter.py run "$(TASK)"
+
+lint: setup
+	@echo "==> ruff and mypy"
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	@echo "==> pytest (starts its own Temporal dev server and time-skipping server)"
+	$(BIN)/pytest
+
+worker: setup
+	$(BIN)/python worker.py
+
+clean:
+	-$(BIN)/python starter.py server stop
+	rm -rf $(VENV) .waystation *.egg-info

@@ -1,0 +1,1 @@
+"""All I/O: the LLM call, tools, and publishing tokens."""

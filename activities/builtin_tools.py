@@ -1,0 +1,253 @@
+"""Built-in tools: calculator, files confined to the workspace, and a shell."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import math
+import operator
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
+
+# --- calculator -----------------------------------------------------------------------------
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "sqrt": math.sqrt,
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "log": math.log,
+    "exp": math.exp,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+}
+_CONSTANTS = {"pi": math.pi, "e": math.e}
+_MAX_MAGNITUDE = 10**100
+_MAX_EXPONENT = 1000
+
+
+def evaluate(expression: str) -> int | float:
+    """Evaluate arithmetic without eval(): only numbers, operators and a few math functions."""
+    try:
+        tree = ast.parse(expression.replace("^", "**"), mode="eval")
+    except SyntaxError as err:
+        raise ToolError(f"not an arithmetic expression: {expression!r}") from err
+    try:
+        value = _evaluate_node(tree.body)
+    except ZeroDivisionError as err:
+        raise ToolError("division by zero") from err
+    except (OverflowError, ValueError) as err:
+        raise ToolError(f"cannot compute {expression!r}: {err}") from err
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolError(f"not a number: {expression!r}")
+    return value
+
+
+def _evaluate_node(node: ast.expr) -> Any:
+    match node:
+        case ast.Constant(value=value) if isinstance(value, int | float) and not isinstance(
+            value, bool
+        ):
+            return value
+        case ast.Name(id=name) if name in _CONSTANTS:
+            return _CONSTANTS[name]
+        case ast.BinOp(left=left, op=op, right=right) if type(op) in _BINARY:
+            a, b = _evaluate_node(left), _evaluate_node(right)
+            if isinstance(op, ast.Pow) and abs(b) > _MAX_EXPONENT:
+                raise ToolError(f"exponent {b} is too large")
+            result = _BINARY[type(op)](a, b)
+            if isinstance(result, int) and abs(result) > _MAX_MAGNITUDE:
+                raise ToolError("result is too large")
+            return result
+        case ast.UnaryOp(op=op, operand=operand) if type(op) in _UNARY:
+            return _UNARY[type(op)](_evaluate_node(operand))
+        case ast.Call(func=ast.Name(id=name), args=args, keywords=[]) if name in _FUNCTIONS:
+            return _FUNCTIONS[name](*(_evaluate_node(a) for a in args))
+    raise ToolError(f"unsupported in arithmetic: {ast.unparse(node)!r}")
+
+
+class CalculatorArgs(BaseModel):
+    expression: str = Field(
+        min_length=1, max_length=1000, description="Arithmetic such as '(12 + 30) * 7 / 2'."
+    )
+
+
+async def calculator(args: CalculatorArgs, context: ToolContext) -> str:
+    value = evaluate(args.expression)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    return str(value)
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def resolve_in_workspace(workspace: Path, path: str) -> Path:
+    """The real path of `path` inside the workspace; anything that leaves it is refused.
+
+    Symlinks are followed before the check, so a link that points out is refused too.
+    """
+    root = workspace.resolve()
+    resolved = (root / path).resolve()
+    if resolved != root and not resolved.is_relative_to(root):
+        raise ToolError(f"path {path!r} is outside the workspace")
+    return resolved
+
+
+def _relative(workspace: Path, path: Path) -> str:
+    return path.relative_to(workspace.resolve()).as_posix() or "."
+
+
+class ListFilesArgs(BaseModel):
+    path: str = Field(default=".", description="Directory inside the workspace.")
+
+
+async def list_files(args: ListFilesArgs, context: ToolContext) -> str:
+    directory = resolve_in_workspace(context.workspace, args.path)
+    if not directory.is_dir():
+        raise ToolError(f"{args.path!r} is not a directory")
+    entries = sorted(directory.iterdir())
+    if not entries:
+        return f"{_relative(context.workspace, directory)} is empty"
+    lines = []
+    for entry in entries[:500]:
+        suffix = "/" if entry.is_dir() else f" ({entry.lstat().st_size} bytes)"
+        lines.append(f"{entry.name}{suffix}")
+    if len(entries) > 500:
+        lines.append(f"... and {len(entries) - 500} more")
+    return "\n".join(lines)
+
+
+class ReadFileArgs(BaseModel):
+    path: str = Field(description="File inside the workspace.")
+    max_chars: int = Field(default=16_000, ge=1, le=200_000)
+
+
+async def read_file(args: ReadFileArgs, context: ToolContext) -> str:
+    target = resolve_in_workspace(context.workspace, args.path)
+    if not target.is_file():
+        raise ToolError(f"no file {args.path!r} in the workspace")
+    text = target.read_text(encoding="utf-8", errors="replace")
+    return cap_output(text, args.max_chars)
+
+
+class WriteFileArgs(BaseModel):
+    path: str = Field(description="File inside the workspace; folders are created as needed.")
+    content: str = Field(max_length=1_000_000)
+    append: bool = Field(default=False, description="Append instead of replacing the file.")
+
+
+async def write_file(args: WriteFileArgs, context: ToolContext) -> str:
+    target = resolve_in_workspace(context.workspace, args.path)
+    if target.is_dir():
+        raise ToolError(f"{args.path!r} is a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if args.append else os.O_TRUNC)
+    fd = os.open(target, flags, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(args.content)
+    verb = "appended" if args.append else "wrote"
+    return f"{verb} {len(args.content.encode())} bytes to {_relative(context.workspace, target)}"
+
+
+# --- shell ----------------------------------------------------------------------------------
+
+
+class RunShellArgs(BaseModel):
+    command: str = Field(min_length=1, max_length=10_000, description="A /bin/sh command line.")
+    timeout_seconds: float = Field(default=30, gt=0, le=600)
+
+
+async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
+    process = await asyncio.create_subprocess_shell(
+        args.command,
+        cwd=context.workspace,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,  # so a timeout kills the whole process group
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), args.timeout_seconds)
+    except TimeoutError:
+        _kill_group(process.pid)
+        await process.wait()
+        raise ToolError(f"command timed out after {args.timeout_seconds:g} s") from None
+    except asyncio.CancelledError:
+        _kill_group(process.pid)
+        raise
+    text = output.decode("utf-8", errors="replace")
+    return cap_output(f"exit code {process.returncode}\n{text}")
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def builtin_registry() -> ToolRegistry:
+    """A registry holding the built-in tools with their default approval rules."""
+    return ToolRegistry(
+        [
+            Tool(
+                name="calculator",
+                description="Evaluate an arithmetic expression exactly.",
+                arguments=CalculatorArgs,
+                function=calculator,
+            ),
+            Tool(
+                name="list_files",
+                description="List a directory of the workspace.",
+                arguments=ListFilesArgs,
+                function=list_files,
+            ),
+            Tool(
+                name="read_file",
+                description="Read a text file of the workspace.",
+                arguments=ReadFileArgs,
+                function=read_file,
+            ),
+            Tool(
+                name="write_file",
+                description="Write (or append to) a text file of the workspace.",
+                arguments=WriteFileArgs,
+                function=write_file,
+                approval="outside_scratch",
+                idempotent=False,
+            ),
+            Tool(
+                name="run_shell",
+                description="Run a shell command with the workspace as working directory.",
+                arguments=RunShellArgs,
+                function=run_shell,
+                approval="always",
+                idempotent=False,
+                timeout_seconds=620,
+            ),
+        ]
+    )

@@ -1,0 +1,241 @@
+"""The `call_llm` activity: read the conversation, stream one assistant message, publish tokens.
+
+The conversation is read from the workflow (`llm_context` query) rather than passed in,
+so history stays flat: each message enters history once, as the result that produced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import openai
+from temporalio import activity
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.exceptions import ApplicationError
+
+from activities.chat import ChatBackend, ChatDelta, OpenAIChat
+from activities.heartbeat import keep_heartbeating
+from activities.offline_model import OfflineModel
+from activities.tools import ToolRegistry
+from workflows import errors
+from workflows.models import OFFLINE_MODEL, LlmContext, LlmRequest, LlmResult, Usage
+from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
+
+TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
+LLM_CONTEXT_QUERY = "llm_context"
+
+_RETRYABLE_STATUS = {408, 409, 429}
+_REJECTED_STATUS = {400, 401, 403, 404, 422}
+
+
+def retry_after(headers: object) -> timedelta | None:
+    """The server's requested wait from `retry-after-ms` or `retry-after` (seconds or a date)."""
+    get = getattr(headers, "get", None)
+    if get is None:
+        return None
+    if (ms := get("retry-after-ms")) is not None:
+        with contextlib.suppress(ValueError):
+            return timedelta(milliseconds=float(ms))
+    value = get("retry-after")
+    if value is None:
+        return None
+    try:
+        return timedelta(seconds=max(0.0, float(value)))
+    except ValueError:
+        pass
+    parsed = email.utils.parsedate_to_datetime(value) if value else None
+    if parsed is None:
+        return None
+    return timedelta(seconds=max(0.0, parsed.timestamp() - time.time()))
+
+
+def _provider_message(err: openai.APIStatusError) -> str:
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+    return err.message
+
+
+def classify_provider_error(err: Exception) -> ApplicationError:
+    """Map a provider error onto retryable or not, keeping the provider's own message."""
+    if isinstance(err, openai.APIStatusError):
+        status = err.status_code
+        detail = f"model endpoint answered {status}: {_provider_message(err)}"
+        if status in _REJECTED_STATUS or (400 <= status < 500 and status not in _RETRYABLE_STATUS):
+            return ApplicationError(detail, type=errors.LLM_REQUEST_REJECTED, non_retryable=True)
+        return ApplicationError(
+            detail,
+            type=errors.LLM_UNAVAILABLE,
+            next_retry_delay=retry_after(err.response.headers),
+        )
+    if isinstance(err, openai.APITimeoutError):
+        return ApplicationError("model endpoint timed out", type=errors.LLM_UNAVAILABLE)
+    if isinstance(err, openai.APIConnectionError):
+        return ApplicationError(
+            f"cannot reach the model endpoint: {err.__cause__ or err}", type=errors.LLM_UNAVAILABLE
+        )
+    if isinstance(err, openai.APIResponseValidationError | openai.APIError):
+        return ApplicationError(
+            f"malformed answer from the model endpoint: {err}", type=errors.LLM_MALFORMED_RESPONSE
+        )
+    raise err
+
+
+@dataclass
+class _PendingCall:
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class AssembledMessage:
+    """Text and tool calls put back together from a stream of deltas."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _PendingCall] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    model: str = ""
+
+    def add(self, delta: ChatDelta) -> None:
+        if delta.text:
+            self.text.append(delta.text)
+        if delta.tool_call_index is not None:
+            call = self.calls.setdefault(delta.tool_call_index, _PendingCall())
+            if delta.tool_call_id:
+                call.call_id = delta.tool_call_id
+            if delta.tool_name:
+                call.name += delta.tool_name
+            call.arguments += delta.tool_arguments
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+        if delta.usage is not None:
+            self.usage = delta.usage
+        if delta.model:
+            self.model = delta.model
+
+
+class TokenPublisher:
+    """Publishes token deltas of one attempt on the task's stream, in batches."""
+
+    def __init__(self, step: int, attempt: int) -> None:
+        self._step = step
+        self._attempt = attempt
+        self._index = 0
+        self._client = WorkflowStreamClient.from_within_activity(
+            batch_interval=TOKEN_BATCH_INTERVAL, max_retry_duration=timedelta(seconds=30)
+        )
+        self._topic = self._client.topic(TOKENS_TOPIC)
+
+    async def __aenter__(self) -> TokenPublisher:
+        await self._client.__aenter__()
+        if self._attempt > 1:
+            self._topic.publish(LlmAttemptStarted(step=self._step, attempt=self._attempt))
+        return self
+
+    def publish(self, text: str) -> None:
+        self._topic.publish(
+            TokenDelta(step=self._step, attempt=self._attempt, index=self._index, text=text)
+        )
+        self._index += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        # Tokens are a live view, not the record: losing them must not fail the step.
+        try:
+            await self._client.__aexit__(*exc)
+        except Exception:
+            activity.logger.warning("could not publish token deltas", exc_info=True)
+
+
+class LlmActivities:
+    """`call_llm` over a tool registry and the configured endpoint (or the offline model)."""
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        api_key: str | None = None,
+        base_url: str | None = None,
+    ) -> None:
+        self._registry = registry
+        self._offline = OfflineModel()
+        self._endpoint: OpenAIChat | None = (
+            OpenAIChat(api_key, base_url) if (api_key or base_url) else None
+        )
+
+    def _backend(self, model_name: str) -> ChatBackend:
+        if model_name == OFFLINE_MODEL:
+            return self._offline
+        if self._endpoint is None:
+            raise ApplicationError(
+                f"the task asks for model {model_name!r} but this worker has no model endpoint: "
+                "set OPENAI_API_KEY (and OPENAI_BASE_URL for a non-OpenAI endpoint) on the "
+                "worker, or use the 'offline' model",
+                type=errors.LLM_NOT_CONFIGURED,
+                non_retryable=True,
+            )
+        return self._endpoint
+
+    async def _read_context(self, request: LlmRequest) -> LlmContext:
+        info = activity.info()
+        handle = activity.client().get_workflow_handle(
+            info.workflow_id or "", run_id=info.workflow_run_id
+        )
+        context: LlmContext = await handle.query(
+            LLM_CONTEXT_QUERY, request.message_count, result_type=LlmContext
+        )
+        if len(context.messages) != request.message_count:
+            raise ApplicationError(
+                f"conversation has {len(context.messages)} messages, expected "
+                f"{request.message_count}",
+                type=errors.LLM_UNAVAILABLE,
+            )
+        return context
+
+    @activity.defn(name="call_llm")
+    async def call_llm(self, request: LlmRequest) -> LlmResult:
+        """Stream one assistant message for the step; tool calls come back checked."""
+        backend = self._backend(request.model.name)
+        context = await self._read_context(request)
+        attempt = activity.info().attempt
+        message = AssembledMessage()
+        async with keep_heartbeating(), TokenPublisher(request.step, attempt) as tokens:
+            try:
+                stream = backend.stream(
+                    context.messages, self._registry.schemas(context.tools), request.model
+                )
+                async for delta in stream:
+                    message.add(delta)
+                    if delta.text:
+                        tokens.publish(delta.text)
+            except openai.OpenAIError as err:
+                raise classify_provider_error(err) from err
+        if message.finish_reason is None:
+            raise ApplicationError(
+                "the model's stream ended before the message was complete",
+                type=errors.LLM_MALFORMED_RESPONSE,
+            )
+        calls = [
+            self._registry.check_call(
+                call.call_id or f"call_{request.step}_{index}",
+                call.name,
+                call.arguments,
+                context.tools,
+                context.approval_policy,
+            )
+            for index, call in sorted(message.calls.items())
+        ]
+        return LlmResult(
+            content="".join(message.text),
+            tool_calls=calls,
+            usage=message.usage,
+            finish_reason=message.finish_reason,
+            model=message.model or request.model.name,
+            attempt=attempt,
+        )

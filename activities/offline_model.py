@@ -1,0 +1,170 @@
+"""The built-in offline model: deterministic, rule-based, and says so in every answer.
+
+It exists so the whole flow (tool calls, approval, streaming) runs on a machine with
+no model endpoint. It reads the task for arithmetic, a file to write, a command in
+backticks or a request to list files; calls the matching tools; then answers from
+their results. It is not a language model and never pretends to be one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from activities.chat import ChatDelta
+from workflows.models import ChatMessage, ModelSettings, Usage
+
+LABEL = "[offline model]"
+
+_EXPRESSION = re.compile(r"[-(]*\d[\d.\s]*(?:[-+*/^%]\s*[-(\s]*\d[\d.\s]*\)*\s*)+")
+_FILE = re.compile(
+    r"\b(?:write|save|store|put|record)\b.*?\b(?:to|into|in|as)\s+(?:a\s+|the\s+)?(?:file\s+)?"
+    r"[`'\"]?(?P<path>[\w./-]+\.\w+)",
+    re.IGNORECASE,
+)
+_SHELL = re.compile(r"\brun\b[^`]*`(?P<command>[^`]+)`", re.IGNORECASE)
+_LIST = re.compile(r"\blist\b.*\bfiles?\b", re.IGNORECASE)
+
+
+@dataclass
+class _Plan:
+    expressions: list[str] = field(default_factory=list)
+    file_path: str | None = None
+    shell_command: str | None = None
+    list_files: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (self.expressions or self.file_path or self.shell_command or self.list_files)
+
+
+def _plan(task: str) -> _Plan:
+    plan = _Plan()
+    for match in _EXPRESSION.finditer(task):
+        expression = match.group(0).strip().rstrip(".")
+        if sum(c.isdigit() for c in expression) and re.search(r"\d\s*[-+*/^%]", expression):
+            plan.expressions.append(expression)
+    if (m := _FILE.search(task)) is not None:
+        plan.file_path = m.group("path")
+    if (m := _SHELL.search(task)) is not None:
+        plan.shell_command = m.group("command").strip()
+    plan.list_files = bool(_LIST.search(task))
+    return plan
+
+
+@dataclass
+class _Outcome:
+    tool: str
+    arguments: dict[str, Any]
+    output: str
+
+
+def _outcomes(messages: list[ChatMessage]) -> list[_Outcome]:
+    """Tool calls made since the task was given, each with what came back."""
+    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    outcomes: list[_Outcome] = []
+    for message in messages:
+        if message.role == "assistant":
+            for call in message.tool_calls:
+                try:
+                    arguments = json.loads(call.arguments or "{}")
+                except json.JSONDecodeError:
+                    arguments = {}
+                calls[call.id] = (call.name, arguments if isinstance(arguments, dict) else {})
+        elif message.role == "tool" and message.tool_call_id in calls:
+            name, arguments = calls[message.tool_call_id]
+            outcomes.append(_Outcome(name, arguments, message.content or ""))
+    return outcomes
+
+
+def _looks_failed(output: str) -> bool:
+    lowered = output.lower()
+    return any(w in lowered for w in ("rejected", "error", "refused", "failed", "invalid"))
+
+
+class OfflineModel:
+    """Deterministic stand-in for a chat model, with the same streaming interface."""
+
+    async def stream(
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+    ) -> AsyncIterator[ChatDelta]:
+        offered = {t["function"]["name"] for t in tools}
+        text, calls = self.respond(messages, offered)
+        step = sum(1 for m in messages if m.role == "assistant") + 1
+        words = re.findall(r"\S+\s*", text)
+        for word in words:
+            yield ChatDelta(text=word, model=LABEL)
+        for index, (name, arguments) in enumerate(calls):
+            yield ChatDelta(
+                tool_call_index=index,
+                tool_call_id=f"call_{step}_{index}",
+                tool_name=name,
+                tool_arguments=json.dumps(arguments),
+                model=LABEL,
+            )
+        prompt_chars = sum(len(m.content or "") for m in messages)
+        usage = Usage(input_tokens=prompt_chars // 4 + 1, output_tokens=len(words) + len(calls))
+        yield ChatDelta(finish_reason="tool_calls" if calls else "stop", usage=usage, model=LABEL)
+
+    def respond(
+        self, messages: list[ChatMessage], offered: set[str]
+    ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+        task = next((m.content or "" for m in messages if m.role == "user"), "")
+        plan = _plan(task)
+        done = _outcomes(messages)
+        used = {o.tool for o in done}
+
+        if plan.expressions and "calculator" in offered and "calculator" not in used:
+            return (
+                f"{LABEL} Computing {len(plan.expressions)} expression(s) with the calculator.",
+                [("calculator", {"expression": e}) for e in plan.expressions],
+            )
+        if plan.list_files and "list_files" in offered and "list_files" not in used:
+            return f"{LABEL} Listing the workspace.", [("list_files", {"path": "."})]
+        if plan.shell_command and "run_shell" in offered and "run_shell" not in used:
+            return (
+                f"{LABEL} Running `{plan.shell_command}`.",
+                [("run_shell", {"command": plan.shell_command})],
+            )
+        if plan.file_path and "write_file" in offered and "write_file" not in used:
+            content = self._report(done) or task
+            return (
+                f"{LABEL} Writing the result to {plan.file_path}.",
+                [("write_file", {"path": plan.file_path, "content": content + "\n"})],
+            )
+        if plan.empty:
+            return (
+                f"{LABEL} I am waystation's built-in offline model, not a language model. "
+                "I can do arithmetic with the calculator, list files, run a command given in "
+                "backticks, and write results to a file. Set OPENAI_API_KEY (and "
+                "OPENAI_BASE_URL for other endpoints) to use a real model.",
+                [],
+            )
+        return f"{LABEL} {self._answer(done)}", []
+
+    @staticmethod
+    def _report(done: list[_Outcome]) -> str:
+        lines = [
+            f"{o.arguments.get('expression', '?')} = {o.output}"
+            for o in done
+            if o.tool == "calculator" and not _looks_failed(o.output)
+        ]
+        return "\n".join(lines)
+
+    def _answer(self, done: list[_Outcome]) -> str:
+        parts: list[str] = []
+        for o in done:
+            if _looks_failed(o.output):
+                parts.append(f"The {o.tool} call did not go through: {o.output.strip()}")
+            elif o.tool == "calculator":
+                parts.append(f"{o.arguments.get('expression', '?')} = {o.output}")
+            elif o.tool == "write_file":
+                parts.append(o.output[:1].upper() + o.output[1:])
+            elif o.tool == "run_shell":
+                parts.append(f"`{o.arguments.get('command', '')}` gave: {o.output.strip()[:400]}")
+            elif o.tool == "list_files":
+                parts.append(f"The workspace holds: {', '.join(o.output.splitlines()[:20])}")
+        return ". ".join(p.rstrip(".") for p in parts) + "." if parts else "Nothing to report."

@@ -1,0 +1,200 @@
+"""The tool registry and the `run_tool` activity.
+
+A tool is a typed async function with a pydantic argument model (its JSON schema is
+what the model sees) and metadata: approval rule, idempotency, timeout. Tool errors
+never crash a task: they come back as an error observation the model can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from temporalio import activity
+
+from activities.heartbeat import keep_heartbeating
+from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
+
+MAX_OBSERVATION_CHARS = 16_000
+SCRATCH_DIR = "scratch"
+
+
+class ToolError(Exception):
+    """An expected failure a tool reports to the model (bad path, file missing, ...)."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool gets besides its arguments."""
+
+    workspace: Path
+    idempotency_key: str
+    """`workflow_id/step/call_id`: the same on every retry of the same call."""
+
+
+ToolFunction = Callable[[Any, ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    function: ToolFunction
+    approval: ApprovalRule = "never"
+    idempotent: bool = True
+    timeout_seconds: float = 60.0
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry for this tool."""
+        parameters = self.arguments.model_json_schema()
+        parameters.pop("title", None)
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": parameters,
+            },
+        }
+
+
+def _path_outside_scratch(arguments: dict[str, Any]) -> bool:
+    path = str(arguments.get("path", ""))
+    normalized = posixpath.normpath(path.replace("\\", "/"))
+    inside = normalized == SCRATCH_DIR or normalized.startswith(SCRATCH_DIR + "/")
+    return not inside or posixpath.isabs(normalized)
+
+
+def approval_needed(rule: ApprovalRule, arguments: dict[str, Any]) -> str | None:
+    """Why a call with these arguments needs approval under `rule`, or None if it does not."""
+    if rule == "always":
+        return "this tool always needs approval"
+    if rule == "outside_scratch" and _path_outside_scratch(arguments):
+        return f"writes outside the workspace's {SCRATCH_DIR}/ folder"
+    return None
+
+
+class ToolRegistry:
+    """Tools by name. Built once in worker.py and shared by the LLM and tool activities."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is registered twice")
+        self._tools[tool.name] = tool
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def allowed(self, names: list[str] | None) -> list[Tool]:
+        if names is None:
+            return list(self._tools.values())
+        return [self._tools[n] for n in names if n in self._tools]
+
+    def schemas(self, names: list[str] | None) -> list[dict[str, Any]]:
+        return [tool.schema() for tool in self.allowed(names)]
+
+    def check_call(
+        self,
+        call_id: str,
+        name: str,
+        raw_arguments: str,
+        allowed: list[str] | None,
+        policy: dict[str, ApprovalRule],
+    ) -> ToolCall:
+        """Parse and validate a model's tool call; decide whether it needs approval."""
+        call = ToolCall(call_id=call_id, tool=name, raw_arguments=raw_arguments)
+        tool = self.get(name)
+        if tool is None or (allowed is not None and name not in allowed):
+            offered = ", ".join(t.name for t in self.allowed(allowed)) or "none"
+            call.problem = f"unknown tool {name!r}; the tools you can call are: {offered}"
+            return call
+        try:
+            parsed = json.loads(raw_arguments or "{}")
+        except json.JSONDecodeError as err:
+            call.problem = f"the arguments of {name} are not valid JSON ({err.msg} at {err.pos})"
+            return call
+        if not isinstance(parsed, dict):
+            call.problem = f"the arguments of {name} must be a JSON object"
+            return call
+        try:
+            validated = tool.arguments.model_validate(parsed)
+        except ValidationError as err:
+            call.problem = f"invalid arguments for {name}: {_describe(err)}"
+            return call
+        call.arguments = validated.model_dump(mode="json")
+        reason = approval_needed(policy.get(name, tool.approval), call.arguments)
+        call.needs_approval = reason is not None
+        call.approval_reason = reason
+        return call
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "arguments"
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def cap_output(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[output truncated: {len(text) - limit} more characters]"
+
+
+class ToolActivities:
+    """The `run_tool` activity over a registry and a workspace directory."""
+
+    def __init__(self, registry: ToolRegistry, workspace: Path) -> None:
+        self._registry = registry
+        self._workspace = workspace
+        workspace.mkdir(parents=True, exist_ok=True)
+
+    @activity.defn(name="run_tool")
+    async def run_tool(self, request: ToolRequest) -> ToolResult:
+        """Run one tool call. Errors the model can act on come back as `is_error` results."""
+        tool = self._registry.get(request.tool)
+        if tool is None:
+            return ToolResult(output=f"unknown tool {request.tool!r}", is_error=True)
+        try:
+            arguments = tool.arguments.model_validate(request.arguments)
+        except ValidationError as err:
+            return ToolResult(
+                output=f"invalid arguments for {tool.name}: {_describe(err)}", is_error=True
+            )
+        context = ToolContext(workspace=self._workspace, idempotency_key=request.idempotency_key)
+        try:
+            async with keep_heartbeating():
+                output = await asyncio.wait_for(
+                    tool.function(arguments, context), tool.timeout_seconds
+                )
+        except ToolError as err:
+            return ToolResult(output=str(err), is_error=True)
+        except TimeoutError:
+            return ToolResult(
+                output=f"{tool.name} did not finish within {tool.timeout_seconds:g} s",
+                is_error=True,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a tool's bug is reported to the model, not a crashed task
+            activity.logger.warning("tool %s raised", tool.name, exc_info=True)
+            return ToolResult(
+                output=f"{tool.name} failed: {type(err).__name__}: {err}", is_error=True
+            )
+        return ToolResult(output=cap_output(output))

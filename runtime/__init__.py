@@ -1,0 +1,1 @@
+"""The client side: AgentRuntime, streaming, settings, the embedded Temporal server."""

@@ -1,0 +1,230 @@
+"""AgentRuntime: the client API. `run(task)`, `resume(task_id, approval)`, `stream(task_id, since)`.
+
+run and resume return the same TaskHandle; stream observes and never executes: execution
+happens only in workers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from runtime.settings import Settings
+from runtime.streaming import StreamHub, StreamItem
+from workflows import errors
+from workflows.agent import AgentWorkflow, EventPage
+from workflows.events import AgentEvent, AgentState
+from workflows.models import AgentOutcome, AgentTask, Decision, DecisionOutcome, ModelSettings
+
+
+class TaskError(Exception):
+    """Base of the errors a task operation raises."""
+
+    def __init__(self, task_id: str, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+class TaskNotFoundError(TaskError):
+    pass
+
+
+class TaskFailedError(TaskError):
+    def __init__(self, task_id: str, message: str, kind: str | None) -> None:
+        super().__init__(task_id, message)
+        self.kind = kind
+
+
+class TaskCancelledError(TaskError):
+    pass
+
+
+class DecisionError(TaskError):
+    """A decision was refused: unknown request, conflict, or the task is not waiting."""
+
+    def __init__(self, task_id: str, message: str, kind: str | None) -> None:
+        super().__init__(task_id, message)
+        self.kind = kind
+
+
+class TaskHandle:
+    """One task, however it was reached: result, state, events, approve, cancel, stream."""
+
+    def __init__(self, runtime: AgentRuntime, task_id: str) -> None:
+        self._runtime = runtime
+        self.id = task_id
+        self._handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+            runtime.client.get_workflow_handle_for(AgentWorkflow.run, task_id)
+        )
+
+    def __repr__(self) -> str:
+        return f"TaskHandle({self.id!r})"
+
+    async def result(self) -> AgentOutcome:
+        """Wait for the answer. Raises TaskFailedError or TaskCancelledError otherwise."""
+        try:
+            return await self._handle.result()
+        except WorkflowFailureError as err:
+            cause = err.cause
+            if isinstance(cause, CancelledError):
+                raise TaskCancelledError(self.id, f"task {self.id} was cancelled") from err
+            if isinstance(cause, ApplicationError):
+                kind = cause.details[0] if cause.details else None
+                raise TaskFailedError(self.id, cause.message, str(kind) if kind else None) from err
+            raise TaskFailedError(self.id, str(cause or err), None) from err
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
+    async def state(self) -> AgentState:
+        """The folded state (needs a worker to answer the query)."""
+        try:
+            return await self._handle.query(AgentWorkflow.state)
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
+    async def events(self, since: int = 0) -> list[AgentEvent]:
+        try:
+            page: EventPage = await self._handle.query(AgentWorkflow.events, since)
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+        return page.events
+
+    async def approve(
+        self,
+        request_id: str | None = None,
+        *,
+        reject: bool = False,
+        message: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        approver: str | None = None,
+    ) -> DecisionOutcome:
+        """Decide one approval request; with no id, the only pending one."""
+        if request_id is None:
+            pending = (await self.state()).pending_approvals
+            if len(pending) != 1:
+                raise DecisionError(
+                    self.id,
+                    f"task {self.id} has {len(pending)} pending approval requests; name one"
+                    + (f": {', '.join(pending)}" if pending else ""),
+                    errors.UNKNOWN_REQUEST if pending else errors.TASK_NOT_WAITING,
+                )
+            request_id = next(iter(pending))
+        decision = Decision(
+            request_id=request_id,
+            decision="reject" if reject else "approve",
+            message=message,
+            arguments=arguments,
+            approver=approver,
+        )
+        return await self.decide(decision)
+
+    async def decide(self, decision: Decision) -> DecisionOutcome:
+        try:
+            outcome: DecisionOutcome = await self._handle.execute_update(
+                "decide", decision, result_type=DecisionOutcome
+            )
+            return outcome
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError):
+                raise DecisionError(self.id, cause.message, cause.type) from err
+            raise
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
+    async def cancel(self) -> None:
+        try:
+            await self._handle.cancel()
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
+    def stream(self, since: int = 0, topics: list[str] | None = None) -> AsyncIterator[StreamItem]:
+        return self._runtime.stream(self.id, since=since, topics=topics)
+
+
+def _not_found(task_id: str, err: RPCError) -> Exception:
+    if err.status == RPCStatusCode.NOT_FOUND:
+        return TaskNotFoundError(task_id, f"no task with id {task_id!r}")
+    return err
+
+
+class AgentRuntime:
+    """The client side of waystation over one Temporal client and task queue."""
+
+    def __init__(self, client: Client, settings: Settings | None = None) -> None:
+        self.client = client
+        self.settings = settings or Settings()
+        self._streams = StreamHub(client)
+
+    def new_task(self, text: str, **fields: Any) -> AgentTask:
+        """An AgentTask with this runtime's default model filled in."""
+        fields.setdefault("model", ModelSettings(name=self.settings.default_model))
+        return AgentTask(task=text, **fields)
+
+    async def run(self, task: AgentTask | str, *, task_id: str | None = None) -> TaskHandle:
+        """Start a task (or, with a task_id already used, return that task: idempotent)."""
+        if isinstance(task, str):
+            task = self.new_task(task)
+        task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
+        try:
+            await self.client.start_workflow(
+                AgentWorkflow.run,
+                task,
+                id=task_id,
+                task_queue=self.settings.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # a closed task with this id: the caller gets that task back
+        return TaskHandle(self, task_id)
+
+    async def resume(self, task_id: str, approval: Decision | None = None) -> TaskHandle:
+        """The handle of an existing task, after applying `approval` if one is given."""
+        handle = self.get(task_id)
+        try:
+            await handle._handle.describe()
+        except RPCError as err:
+            raise _not_found(task_id, err) from err
+        if approval is not None:
+            await handle.decide(approval)
+        return handle
+
+    def get(self, task_id: str) -> TaskHandle:
+        return TaskHandle(self, task_id)
+
+    def stream(
+        self,
+        task_id: str,
+        since: int = 0,
+        topics: list[str] | None = None,
+        *,
+        wait_for_start: timedelta | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        """Items of the task's stream from offset `since`, ending after the terminal event.
+
+        Observes only. An unknown task raises TaskNotFoundError at once, or once
+        `wait_for_start` has passed without the task appearing.
+        """
+        return self._streams.subscribe(
+            task_id, since=since, topics=topics, wait_for_start=wait_for_start
+        )
+
+    async def stream_head(self, task_id: str) -> int:
+        """The offset the next stream item will get."""
+        try:
+            return await self._streams.head(task_id)
+        except RPCError as err:
+            raise _not_found(task_id, err) from err

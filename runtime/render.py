@@ -1,0 +1,131 @@
+"""The live view: tokens as they arrive, events as lines, approvals highlighted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from runtime.streaming import StreamGap, StreamItem
+from workflows.events import (
+    Action,
+    AgentState,
+    ApprovalRequested,
+    ApprovalResolved,
+    Cancelled,
+    Done,
+    ErrorEvent,
+    Failed,
+    Observation,
+    TaskStarted,
+    Thought,
+)
+from workflows.stream import LlmAttemptStarted, TokenDelta
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", "⏎ ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_call(tool: str, arguments: dict[str, Any] | None) -> str:
+    args = ", ".join(f"{k}={_short(v, 60)}" for k, v in (arguments or {}).items())
+    return f"{tool}({args})"
+
+
+class LiveView:
+    """Renders a task's stream for people. Colour only on a terminal."""
+
+    def __init__(self, out: TextIO = sys.stdout, *, color: bool | None = None) -> None:
+        self.out = out
+        self.color = out.isatty() if color is None else color
+        self._streaming: tuple[int, int] | None = None  # (step, attempt) whose tokens are shown
+
+    def _paint(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def _line(self, text: str) -> None:
+        self._end_tokens()
+        print(text, file=self.out, flush=True)
+
+    def _end_tokens(self) -> None:
+        if self._streaming is not None:
+            print(file=self.out, flush=True)
+            self._streaming = None
+
+    def show(self, item: StreamItem) -> None:
+        data = item.data
+        match data:
+            case TokenDelta():
+                key = (data.step, data.attempt)
+                if self._streaming != key:
+                    self._end_tokens()
+                    self.out.write(self._paint(f"[step {data.step}] ", "2"))
+                    self._streaming = key
+                self.out.write(data.text)
+                self.out.flush()
+            case LlmAttemptStarted():
+                self._line(
+                    self._paint(
+                        f"↻ step {data.step}: attempt {data.attempt} (the text above is void)", "33"
+                    )
+                )
+            case StreamGap():
+                self._line(self._paint(f"… offsets {data.start}-{data.end - 1} were lost", "31"))
+            case TaskStarted():
+                self._line(self._paint(f"▶ {data.task_id}: {_short(data.task.task, 200)}", "1"))
+                self._line(self._paint(f"  model: {data.task.model.name}", "2"))
+            case Thought():
+                if self._streaming != (data.step, data.attempt) and data.content:
+                    self._line(f"[step {data.step}] {data.content}")
+                self._end_tokens()
+            case Action():
+                self._line(self._paint(f"  → {format_call(data.tool, data.arguments)}", "36"))
+            case Observation():
+                code = "31" if data.is_error else "32"
+                self._line(self._paint(f"  ← {_short(data.output, 300)}", code))
+            case ApprovalRequested():
+                self._line(
+                    self._paint(
+                        f"⏸ approval needed [{data.request_id}]: "
+                        f"{format_call(data.tool, data.arguments)} ({data.reason})",
+                        "1;33",
+                    )
+                )
+            case ApprovalResolved():
+                who = f" by {data.approver}" if data.approver else ""
+                note = f": {data.message}" if data.message else ""
+                code = "32" if data.decision == "approve" else "31"
+                self._line(self._paint(f"  {data.decision}d{who} [{data.request_id}]{note}", code))
+            case ErrorEvent():
+                self._line(self._paint(f"! {data.kind}: {data.message}", "33"))
+            case Done():
+                self._line(self._paint(f"✔ done after {data.step} step(s): {data.result}", "1;32"))
+            case Failed():
+                self._line(self._paint(f"✘ failed ({data.kind}): {data.reason}", "1;31"))
+            case Cancelled():
+                self._line(self._paint(f"✘ cancelled: {data.reason}", "1;31"))
+
+
+def render_state(state: AgentState, task_id: str) -> str:
+    lines = [
+        f"task      {task_id}",
+        f"status    {state.status}",
+        f"step      {state.step}",
+        f"tokens    {state.usage.input_tokens} in / {state.usage.output_tokens} out",
+    ]
+    if state.result is not None:
+        lines.append(f"result    {state.result}")
+    if state.failure is not None:
+        lines.append(f"failure   {state.failure}")
+    for pending in state.pending_approvals.values():
+        lines.append(
+            f"pending   [{pending.request_id}] {format_call(pending.tool, pending.arguments)}"
+            f" — {pending.reason}"
+        )
+        lines.append(
+            f"          approve: python starter.py approve {task_id} {pending.request_id}"
+            f"   reject: ... --reject --message 'why'"
+        )
+    return "\n".join(lines)

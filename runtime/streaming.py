@@ -1,0 +1,262 @@
+"""Observing a task's stream: typed items with global offsets, one upstream poll per task.
+
+A long-poll Update parked by a subscriber cannot be cancelled when the subscriber
+leaves, so a process fans one upstream subscription per task out to all its local
+subscribers. A subscriber asking for offsets the shared reader has not buffered reads
+them with the stream's poll Query, which adds nothing to history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+from temporalio.client import Client
+from temporalio.contrib.workflow_streams import PollInput, PollResult, WorkflowStreamClient
+from temporalio.contrib.workflow_streams._types import _decode_payload
+from temporalio.converter import DataConverter
+from temporalio.service import RPCError, RPCStatusCode
+
+from workflows.events import (
+    TERMINAL_EVENT_TYPES,
+    Action,
+    ApprovalRequested,
+    ApprovalResolved,
+    Cancelled,
+    Done,
+    ErrorEvent,
+    Failed,
+    Observation,
+    TaskStarted,
+    Thought,
+)
+from workflows.stream import EVENTS_TOPIC, TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
+
+POLL_COOLDOWN = timedelta(milliseconds=20)
+_POLL_QUERY = "__temporal_workflow_stream_poll"
+
+
+class StreamGap(BaseModel):
+    """Offsets [start, end) were truncated away before this subscriber could read them."""
+
+    type: Literal["gap"] = "gap"
+    start: int
+    end: int
+
+
+StreamData = Annotated[
+    TaskStarted
+    | Thought
+    | Action
+    | Observation
+    | ApprovalRequested
+    | ApprovalResolved
+    | ErrorEvent
+    | Done
+    | Failed
+    | Cancelled
+    | TokenDelta
+    | LlmAttemptStarted
+    | StreamGap,
+    Field(discriminator="type"),
+]
+_data_adapter: TypeAdapter[StreamData] = TypeAdapter(StreamData)
+
+
+class StreamItem(BaseModel):
+    """One item of a task's stream: an event, a token delta, a retry marker or a gap."""
+
+    offset: int
+    topic: str
+    data: StreamData
+
+    @property
+    def terminal(self) -> bool:
+        return self.topic == EVENTS_TOPIC and self.data.type in TERMINAL_EVENT_TYPES
+
+
+def decode_item(topic: str, offset: int, value: Any) -> StreamItem:
+    return StreamItem(offset=offset, topic=topic, data=_data_adapter.validate_python(value))
+
+
+@dataclass
+class _TaskReader:
+    """The one upstream subscription of a task in this process, and what it has read."""
+
+    task_id: str
+    start: int
+    items: list[StreamItem] = field(default_factory=list)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    finished: bool = False
+    error: BaseException | None = None
+    subscribers: int = 0
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return self.items[-1].offset + 1 if self.items else self.start
+
+
+class StreamHub:
+    """Per-process fan-out of task streams."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._readers: dict[str, _TaskReader] = {}
+        self._converter: DataConverter = client.data_converter
+
+    async def subscribe(
+        self,
+        task_id: str,
+        since: int = 0,
+        topics: list[str] | None = None,
+        *,
+        wait_for_start: timedelta | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        """Items with offset >= since, in order, each once; ends after the terminal event.
+
+        A task that does not exist raises TaskNotFoundError at once, or after
+        `wait_for_start` if it has not started by then.
+        """
+        await self._await_task(task_id, wait_for_start)
+        reader = self._reader(task_id, since)
+        wanted = set(topics) if topics else None
+        offset = since
+        try:
+            if offset < reader.start:
+                # Older than what the shared reader holds: read them without a long poll.
+                async for item in self._read_closed_range(task_id, offset, reader.start):
+                    offset = item.offset + 1
+                    if wanted is None or item.topic in wanted or item.topic == "gap":
+                        yield item
+                    if item.terminal:
+                        return
+                offset = max(offset, reader.start)
+            while True:
+                async with reader.changed:
+                    await reader.changed.wait_for(
+                        lambda start=offset: reader.next_offset > start or reader.finished  # type: ignore[misc]
+                    )
+                    batch = [i for i in reader.items if i.offset >= offset]
+                    done = reader.finished
+                for item in batch:
+                    offset = item.offset + 1
+                    if wanted is None or item.topic in wanted or item.topic == "gap":
+                        yield item
+                    if item.terminal:
+                        return
+                if done and not batch:
+                    if reader.error is not None:
+                        raise reader.error
+                    return
+        finally:
+            self._release(reader)
+
+    async def head(self, task_id: str) -> int:
+        """The stream's next offset (a Query: adds nothing to history)."""
+        return await WorkflowStreamClient.create(self._client, task_id).get_offset()
+
+    async def _await_task(self, task_id: str, wait_for_start: timedelta | None) -> None:
+        from runtime.agent_runtime import TaskNotFoundError
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (wait_for_start.total_seconds() if wait_for_start else 0)
+        while True:
+            try:
+                await self._client.get_workflow_handle(task_id).describe()
+                return
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+            if loop.time() >= deadline:
+                waited = f" within {wait_for_start.total_seconds():g} s" if wait_for_start else ""
+                raise TaskNotFoundError(task_id, f"no task with id {task_id!r}{waited}")
+            await asyncio.sleep(0.2)
+
+    def _reader(self, task_id: str, since: int) -> _TaskReader:
+        reader = self._readers.get(task_id)
+        if reader is None or (reader.finished and reader.error is not None):
+            reader = _TaskReader(task_id=task_id, start=since)
+            self._readers[task_id] = reader
+            reader.task = asyncio.create_task(self._pump(reader))
+        reader.subscribers += 1
+        return reader
+
+    def _release(self, reader: _TaskReader) -> None:
+        reader.subscribers -= 1
+        if reader.subscribers > 0:
+            return
+        if self._readers.get(reader.task_id) is reader:
+            del self._readers[reader.task_id]
+        if reader.task is not None and not reader.task.done():
+            reader.task.cancel()
+
+    async def _pump(self, reader: _TaskReader) -> None:
+        upstream = WorkflowStreamClient.create(self._client, reader.task_id)
+        expected = reader.start
+        try:
+            async for raw in upstream.subscribe(
+                from_offset=reader.start, poll_cooldown=POLL_COOLDOWN
+            ):
+                batch: list[StreamItem] = []
+                if raw.offset > expected:
+                    # The stream was truncated below what we asked for: say so, never skip.
+                    batch.append(
+                        StreamItem(
+                            offset=expected,
+                            topic="gap",
+                            data=StreamGap(start=expected, end=raw.offset),
+                        )
+                    )
+                item = decode_item(raw.topic, raw.offset, raw.data)
+                batch.append(item)
+                expected = raw.offset + 1
+                await self._publish(reader, batch)
+                if item.terminal:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            reader.error = err
+        finally:
+            reader.finished = True
+            with contextlib.suppress(RuntimeError):
+                async with reader.changed:
+                    reader.changed.notify_all()
+
+    async def _publish(self, reader: _TaskReader, batch: list[StreamItem]) -> None:
+        async with reader.changed:
+            reader.items.extend(batch)
+            reader.changed.notify_all()
+
+    async def _read_closed_range(
+        self, task_id: str, start: int, end: int
+    ) -> AsyncIterator[StreamItem]:
+        """Items in [start, end) through the poll Query, which adds nothing to history."""
+        handle = self._client.get_workflow_handle(task_id)
+        offset = start
+        while offset < end:
+            result: PollResult = await handle.query(
+                _POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult
+            )
+            if not result.items:
+                return
+            for wire in result.items:
+                if wire.offset >= end:
+                    return
+                if wire.offset > offset:
+                    yield StreamItem(
+                        offset=offset, topic="gap", data=StreamGap(start=offset, end=wire.offset)
+                    )
+                payload = _decode_payload(wire.data)
+                value = self._converter.payload_converter.from_payload(payload)
+                yield decode_item(wire.topic, wire.offset, value)
+                offset = wire.offset + 1
+
+
+__all__ = ["EVENTS_TOPIC", "TOKENS_TOPIC", "StreamGap", "StreamHub", "StreamItem"]

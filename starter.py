@@ -1,0 +1,407 @@
+"""The command line: run, approve/reject, stream, status, events, list, cancel, worker, server.
+
+    python starter.py run "What is 12 * 7? Write it to scratch/answer.txt"
+    python starter.py approve TASK_ID [REQUEST_ID] [--reject --message "why"]
+    python starter.py status TASK_ID
+
+Commands that make a task progress (run, approve, resume, stream) host a worker in this
+process unless --no-worker is given, so a fresh machine needs nothing else running.
+Exit codes: 0 done, 1 failed or error, 2 usage, 3 waiting for approval, 130 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import json
+import sys
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from runtime.agent_runtime import (
+    AgentRuntime,
+    DecisionError,
+    TaskError,
+    TaskHandle,
+)
+from runtime.render import LiveView, render_state
+from runtime.settings import Settings
+from runtime.streaming import StreamItem
+from runtime.temporal import DevServer, TemporalUnavailableError, connect
+from workflows.events import ApprovalRequested
+from workflows.models import AgentTask, ApprovalSettings, ModelSettings
+
+EXIT_FAILED = 1
+EXIT_WAITING = 3
+EXIT_CANCELLED = 130
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def hosted_worker(
+    client: Client, settings: Settings, enabled: bool, *, activities: bool = True
+) -> AsyncIterator[None]:
+    if not enabled:
+        yield
+        return
+    from worker import build_worker
+
+    async with build_worker(client, settings, activities=activities):
+        yield
+
+
+async def follow(
+    runtime: AgentRuntime,
+    handle: TaskHandle,
+    *,
+    since: int,
+    as_json: bool,
+    interactive: bool,
+    on_approval: str,
+) -> int:
+    """Show the task's stream until it ends (or waits, as `on_approval` says)."""
+    view = LiveView()
+    async for item in runtime.stream(handle.id, since=since):
+        if as_json:
+            print(item.model_dump_json(), flush=True)
+        else:
+            view.show(item)
+        if isinstance(item.data, ApprovalRequested):
+            request = item.data
+            if interactive:
+                await _ask(handle, request)
+            elif on_approval == "exit":
+                _say(
+                    f"task {handle.id} waits for approval of [{request.request_id}]; it holds no "
+                    "process while it waits. Decide with:\n"
+                    f"  python starter.py approve {handle.id} {request.request_id}\n"
+                    f"  python starter.py approve {handle.id} {request.request_id} --reject "
+                    "--message 'why'"
+                )
+                return EXIT_WAITING
+    return await _final_status(handle)
+
+
+async def _ask(handle: TaskHandle, request: ApprovalRequested) -> None:
+    answer = await asyncio.to_thread(input, f"approve {request.tool}? [y/N/message to reject] ")
+    answer = answer.strip()
+    approve = answer.lower() in {"y", "yes"}
+    message = None if approve or answer.lower() in {"", "n", "no"} else answer
+    outcome = await handle.approve(
+        request.request_id, reject=not approve, message=message, approver=_approver()
+    )
+    if outcome.duplicate:
+        _say(f"request {outcome.request_id} was already decided: {outcome.decision}")
+
+
+async def _final_status(handle: TaskHandle) -> int:
+    from runtime.agent_runtime import TaskCancelledError, TaskFailedError
+
+    try:
+        outcome = await handle.result()
+    except TaskFailedError as err:
+        _say(f"task {handle.id} failed: {err}")
+        return EXIT_FAILED
+    except TaskCancelledError:
+        return EXIT_CANCELLED
+    _say(f"task {handle.id} done in {outcome.steps} step(s), {outcome.usage.total} tokens")
+    return 0
+
+
+def _approver() -> str:
+    try:
+        return f"{getpass.getuser()}@cli"
+    except (KeyError, OSError):
+        return "cli"
+
+
+def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
+    fields: dict[str, Any] = {
+        "task": args.task,
+        "model": ModelSettings(name=args.model or settings.default_model),
+        "max_steps": args.max_steps,
+    }
+    if args.token_budget is not None:
+        fields["token_budget"] = args.token_budget
+    if args.tools is not None:
+        fields["tools"] = [t for t in args.tools.split(",") if t]
+    if args.approval_timeout is not None:
+        fields["approval"] = ApprovalSettings(timeout_seconds=args.approval_timeout)
+    return AgentTask(**fields)
+
+
+async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    task = _task_from_args(args, settings)
+    client = await connect(settings)
+    runtime = AgentRuntime(client, settings)
+    async with hosted_worker(client, settings, args.worker):
+        handle = await runtime.run(task, task_id=args.id)
+        _say(f"task {handle.id} started (model: {task.model.name})")
+        if args.no_wait:
+            print(handle.id)
+            return 0
+        if args.quiet:
+            code = await _final_status(handle)
+            if code == 0:
+                print((await handle.result()).result)
+            return code
+        interactive = sys.stdin.isatty() and not args.json and args.on_approval == "ask"
+        return await follow(
+            runtime,
+            handle,
+            since=0,
+            as_json=args.json,
+            interactive=interactive,
+            on_approval="wait" if args.on_approval == "wait" else "exit",
+        )
+
+
+async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    runtime = AgentRuntime(client, settings)
+    async with hosted_worker(client, settings, args.worker):
+        handle = await runtime.resume(args.id)
+        arguments = json.loads(args.arguments) if args.arguments else None
+        head = await runtime.stream_head(args.id)
+        outcome = await handle.approve(
+            args.request,
+            reject=args.reject,
+            message=args.message,
+            arguments=arguments,
+            approver=args.approver or _approver(),
+        )
+        note = " (already decided earlier)" if outcome.duplicate else ""
+        _say(f"request {outcome.request_id}: {outcome.decision}{note}")
+        if not args.follow:
+            return 0
+        return await follow(
+            runtime, handle, since=head, as_json=False, interactive=False, on_approval="exit"
+        )
+
+
+async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    runtime = AgentRuntime(client, settings)
+    async with hosted_worker(client, settings, args.worker):
+        handle = runtime.get(args.id)
+        view = LiveView()
+        async for item in runtime.stream(
+            args.id,
+            since=args.since,
+            topics=args.topics.split(",") if args.topics else None,
+            wait_for_start=timedelta(seconds=args.wait) if args.wait else None,
+        ):
+            _emit(item, view, args.json)
+        return await _final_status(handle)
+
+
+def _emit(item: StreamItem, view: LiveView, as_json: bool) -> None:
+    if as_json:
+        print(item.model_dump_json(), flush=True)
+    else:
+        view.show(item)
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    runtime = AgentRuntime(client, settings)
+    handle = runtime.get(args.id)
+    try:
+        async with hosted_worker(client, settings, args.worker, activities=False):
+            state = await asyncio.wait_for(handle.state(), args.timeout)
+    except TimeoutError:
+        description = await client.get_workflow_handle(args.id).describe()
+        memo = await description.memo()
+        _say(
+            f"no worker answered within {args.timeout:g} s (start one: python worker.py). "
+            f"Temporal says: {description.status.name if description.status else '?'}, "
+            f"memo {memo}"
+        )
+        return EXIT_FAILED
+    if args.json:
+        print(state.model_dump_json(indent=2))
+    else:
+        print(render_state(state, args.id))
+    return EXIT_WAITING if state.status == "waiting_approval" else 0
+
+
+async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    handle = AgentRuntime(client, settings).get(args.id)
+    async with hosted_worker(client, settings, args.worker, activities=False):
+        events = await asyncio.wait_for(handle.events(args.since), args.timeout)
+    for event in events:
+        print(event.model_dump_json())
+    return 0
+
+
+async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    query = 'WorkflowType="AgentWorkflow"'
+    if args.status:
+        query += f' AND AgentStatus="{args.status}"'
+    count = 0
+    async for execution in client.list_workflows(query, limit=args.limit):
+        attrs = execution.typed_search_attributes
+        from workflows import search
+
+        status = attrs.get(search.AGENT_STATUS) or "?"
+        step = attrs.get(search.AGENT_STEP)
+        started = execution.start_time.strftime("%Y-%m-%d %H:%M:%S")
+        print(
+            f"{execution.id:<28} {status:<17} step {step if step is not None else '?':<4} {started}"
+        )
+        count += 1
+    if count == 0:
+        _say("no tasks" + (f" with status {args.status}" if args.status else ""))
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    await AgentRuntime(client, settings).get(args.id).cancel()
+    _say(f"cancellation of {args.id} requested")
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    import worker
+
+    await worker.main()
+    return 0
+
+
+async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    server = DevServer(settings)
+    if args.action == "stop":
+        _say("stopped the embedded Temporal dev server" if server.stop() else "no server to stop")
+    elif args.action == "start":
+        if server.running():
+            _say(f"a Temporal server already listens on {server.address}")
+        else:
+            await asyncio.to_thread(server.start)
+            _say(
+                f"embedded Temporal dev server on {server.address}, Web UI "
+                f"http://localhost:{settings.dev_server_ui_port}, database {server.database}"
+            )
+    else:
+        _say("running" if server.running() else "not running")
+    return 0
+
+
+def _add_worker_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-worker",
+        dest="worker",
+        action="store_false",
+        help="do not host a worker in this process (one runs elsewhere: python worker.py)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="starter.py", description=__doc__.split("\n\n")[0])
+    commands = root.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="start a task and follow it live")
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--id", help="task id (default: generated); reusing one returns that task")
+    run.add_argument("--model", help="model name, or 'offline'")
+    run.add_argument("--max-steps", type=int, default=20)
+    run.add_argument("--token-budget", type=int)
+    run.add_argument("--tools", help="comma-separated tool names the model may call")
+    run.add_argument("--approval-timeout", type=float, help="seconds a request may wait")
+    run.add_argument("--no-wait", action="store_true", help="print the task id and exit")
+    run.add_argument("--quiet", action="store_true", help="no live view: print only the result")
+    run.add_argument("--json", action="store_true", help="stream items as JSON lines")
+    run.add_argument(
+        "--on-approval",
+        choices=["ask", "exit", "wait"],
+        default="ask",
+        help="ask y/n on a terminal (default; without one: exit), exit with code 3, or wait",
+    )
+    _add_worker_flag(run)
+
+    approve = commands.add_parser("approve", help="approve (or --reject) a pending tool call")
+    approve.add_argument("id")
+    approve.add_argument("request", nargs="?", help="request id (default: the only pending one)")
+    approve.add_argument("--reject", action="store_true")
+    approve.add_argument("--message", help="told to the model with the decision")
+    approve.add_argument("--arguments", help="edited arguments as a JSON object")
+    approve.add_argument("--approver", help="who decides (default: user@cli)")
+    approve.add_argument("--no-follow", dest="follow", action="store_false")
+    _add_worker_flag(approve)
+
+    stream = commands.add_parser("stream", help="follow a task's events and tokens")
+    stream.add_argument("id")
+    stream.add_argument("--since", type=int, default=0, help="stream offset to start from")
+    stream.add_argument("--topics", help="events,tokens (default: both)")
+    stream.add_argument("--json", action="store_true", help="JSON lines for programs")
+    stream.add_argument("--wait", type=float, help="seconds to wait for the task to start")
+    _add_worker_flag(stream)
+
+    status = commands.add_parser("status", help="folded state and pending approvals")
+    status.add_argument("id")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--timeout", type=float, default=10)
+    _add_worker_flag(status)
+
+    events = commands.add_parser("events", help="the event log as JSON lines")
+    events.add_argument("id")
+    events.add_argument("--since", type=int, default=0)
+    events.add_argument("--timeout", type=float, default=10)
+    _add_worker_flag(events)
+
+    listing = commands.add_parser("list", help="tasks, newest first")
+    listing.add_argument("--status", help="running, waiting_approval, done, failed, cancelled")
+    listing.add_argument("--limit", type=int, default=50)
+
+    cancel = commands.add_parser("cancel", help="cancel a task")
+    cancel.add_argument("id")
+
+    commands.add_parser("worker", help="run a worker in the foreground")
+
+    server = commands.add_parser("server", help="the embedded Temporal dev server")
+    server.add_argument("action", choices=["start", "stop", "status"])
+    return root
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "approve": cmd_approve,
+    "stream": cmd_stream,
+    "status": cmd_status,
+    "events": cmd_events,
+    "list": cmd_list,
+    "cancel": cmd_cancel,
+    "worker": cmd_worker,
+    "server": cmd_server,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    settings = Settings()
+    try:
+        return asyncio.run(COMMANDS[args.command](args, settings))
+    except (TaskError, DecisionError, TemporalUnavailableError) as err:
+        _say(f"error: {err}")
+        return EXIT_FAILED
+    except RPCError as err:
+        _say(f"error from Temporal: {err}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _say("interrupted; the task goes on in Temporal")
+        return EXIT_CANCELLED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

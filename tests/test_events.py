@@ -1,0 +1,149 @@
+"""The fold: pure, gap-checked, and folding a prefix then the rest equals folding the whole."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workflows.events import (
+    Action,
+    AgentEvent,
+    ApprovalRequested,
+    ApprovalResolved,
+    Done,
+    ErrorEvent,
+    Failed,
+    Observation,
+    TaskStarted,
+    Thought,
+    agent_event_adapter,
+    apply,
+    fold,
+)
+from workflows.models import AgentTask, ToolCall, Usage
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _started() -> TaskStarted:
+    return TaskStarted(seq=0, step=0, at=T0, task_id="t1", task=AgentTask(task="add 2 and 3"))
+
+
+def _step_events(seq: int, step: int, kind: int) -> list[AgentEvent]:
+    """A few events of one step, shaped by `kind` (tool call, approval, error, or none)."""
+    at = T0 + timedelta(seconds=seq)
+    call = ToolCall(call_id=f"c{step}", tool="calculator", raw_arguments='{"expression":"2+3"}')
+    events: list[AgentEvent] = [
+        Thought(
+            seq=seq,
+            step=step,
+            at=at,
+            content=f"thinking {step}",
+            tool_calls=[call] if kind else [],
+            usage=Usage(input_tokens=10 * step, output_tokens=step),
+        )
+    ]
+    if kind:
+        events.append(Action(seq=seq + 1, step=step, at=at, call_id=call.call_id, tool=call.tool))
+    if kind == 2:
+        rid = f"{step}-{call.call_id}"
+        events.append(
+            ApprovalRequested(
+                seq=seq + 2,
+                step=step,
+                at=at,
+                request_id=rid,
+                call_id=call.call_id,
+                tool=call.tool,
+                arguments={"expression": "2+3"},
+            )
+        )
+        events.append(
+            ApprovalResolved(seq=seq + 3, step=step, at=at, request_id=rid, decision="approve")
+        )
+    if kind == 3:
+        events.append(ErrorEvent(seq=seq + 1 + (kind > 0), step=step, at=at, kind="x", message="y"))
+    if kind:
+        events.append(
+            Observation(
+                seq=seq + len(events),
+                step=step,
+                at=at,
+                call_id=call.call_id,
+                tool=call.tool,
+                output="5",
+            )
+        )
+    return events
+
+
+def _log(kinds: list[int], ending: int) -> list[AgentEvent]:
+    events: list[AgentEvent] = [_started()]
+    for step, kind in enumerate(kinds, start=1):
+        events += _step_events(len(events), step, kind)
+    at = T0 + timedelta(hours=1)
+    if ending == 1:
+        events.append(Done(seq=len(events), step=len(kinds), at=at, result="5"))
+    elif ending == 2:
+        events.append(Failed(seq=len(events), step=len(kinds), at=at, kind="max_steps", reason="r"))
+    return events
+
+
+def test_fold_builds_the_conversation_and_usage() -> None:
+    events = _log([1, 0], ending=1)
+    state = fold(events)
+    assert state.status == "done"
+    assert state.result == "5"
+    assert state.step == 2
+    assert [m.role for m in state.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert state.messages[2].tool_calls[0].name == "calculator"
+    assert state.messages[3].tool_call_id == "c1"
+    assert state.usage == Usage(input_tokens=30, output_tokens=3)
+    assert state.last_seq == len(events) - 1
+
+
+def test_approval_moves_status_through_waiting_and_back() -> None:
+    events = _log([2], ending=0)
+    requested = next(i for i, e in enumerate(events) if e.type == "approval_requested")
+    waiting = fold(events[: requested + 1])
+    assert waiting.status == "waiting_approval"
+    assert list(waiting.pending_approvals) == ["1-c1"]
+    resumed = fold(events[: requested + 2])
+    assert resumed.status == "running"
+    assert resumed.pending_approvals == {}
+    assert resumed.decisions["1-c1"].decision == "approve"
+
+
+def test_a_gap_in_seq_is_refused() -> None:
+    events = _log([1], ending=1)
+    with pytest.raises(ValueError, match="gap"):
+        fold([events[0], *events[2:]])
+
+
+def test_apply_does_not_modify_its_input() -> None:
+    events = _log([1], ending=1)
+    before = fold(events[:2])
+    snapshot = before.model_dump()
+    apply(before, events[2])
+    assert before.model_dump() == snapshot
+
+
+def test_events_round_trip_through_json() -> None:
+    for event in _log([1, 2, 3], ending=2):
+        assert agent_event_adapter.validate_json(agent_event_adapter.dump_json(event)) == event
+
+
+@given(
+    kinds=st.lists(st.integers(min_value=0, max_value=3), max_size=8),
+    ending=st.integers(min_value=0, max_value=2),
+    data=st.data(),
+)
+def test_folding_a_prefix_then_the_rest_equals_folding_the_whole(
+    kinds: list[int], ending: int, data: st.DataObject
+) -> None:
+    events = _log(kinds, ending)
+    cut = data.draw(st.integers(min_value=0, max_value=len(events)))
+    assert fold(events[cut:], fold(events[:cut])) == fold(events)

@@ -1,0 +1,174 @@
+"""Built-in tools and the registry: safe arithmetic, a confined workspace, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from activities.builtin_tools import (
+    CalculatorArgs,
+    ListFilesArgs,
+    ReadFileArgs,
+    RunShellArgs,
+    WriteFileArgs,
+    builtin_registry,
+    calculator,
+    evaluate,
+    list_files,
+    read_file,
+    run_shell,
+    write_file,
+)
+from activities.tools import ToolActivities, ToolContext, ToolError
+from workflows.models import ToolRequest
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> ToolContext:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return ToolContext(workspace=workspace, idempotency_key="wf/1/c1")
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [("(12 + 30) * 7", 294), ("2^10", 1024), ("7 / 2", 3.5), ("-3 ** 2", -9), ("sqrt(16)", 4.0)],
+)
+def test_calculator_computes(expression: str, expected: float) -> None:
+    assert evaluate(expression) == expected
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["__import__('os').system('echo hi')", "open('x')", "(1).__class__", "x + 1", "[1, 2]"],
+)
+def test_calculator_refuses_anything_but_arithmetic(expression: str) -> None:
+    with pytest.raises(ToolError):
+        evaluate(expression)
+
+
+def test_calculator_refuses_huge_powers_and_division_by_zero() -> None:
+    with pytest.raises(ToolError, match="too large"):
+        evaluate("9 ** 9 ** 9")
+    with pytest.raises(ToolError, match="division by zero"):
+        evaluate("1 / 0")
+
+
+async def test_calculator_tool_prints_whole_numbers_plainly(context: ToolContext) -> None:
+    assert await calculator(CalculatorArgs(expression="6 * 7.0"), context) == "42"
+
+
+async def test_files_round_trip_inside_the_workspace(context: ToolContext) -> None:
+    written = await write_file(WriteFileArgs(path="notes/a.txt", content="hello"), context)
+    assert written == "wrote 5 bytes to notes/a.txt"
+    await write_file(WriteFileArgs(path="notes/a.txt", content=" world", append=True), context)
+    assert await read_file(ReadFileArgs(path="notes/a.txt"), context) == "hello world"
+    assert await list_files(ListFilesArgs(path="notes"), context) == "a.txt (11 bytes)"
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "a/../../outside.txt"])
+async def test_path_traversal_is_refused(context: ToolContext, path: str) -> None:
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await write_file(WriteFileArgs(path=path, content="x"), context)
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await read_file(ReadFileArgs(path=path), context)
+    assert not (context.workspace.parent / "outside.txt").exists()
+
+
+async def test_symlinks_out_of_the_workspace_are_refused(context: ToolContext) -> None:
+    outside = context.workspace.parent / "secret.txt"
+    outside.write_text("secret")
+    os.symlink(outside, context.workspace / "link.txt")
+    os.symlink(context.workspace.parent, context.workspace / "up")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await read_file(ReadFileArgs(path="link.txt"), context)
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await write_file(WriteFileArgs(path="link.txt", content="overwritten"), context)
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await write_file(WriteFileArgs(path="up/secret.txt", content="overwritten"), context)
+    assert outside.read_text() == "secret"
+
+
+async def test_run_shell_runs_in_the_workspace_with_a_timeout(context: ToolContext) -> None:
+    output = await run_shell(RunShellArgs(command="pwd; echo hi >&2; exit 3"), context)
+    assert output.splitlines() == ["exit code 3", str(context.workspace.resolve()), "hi"]
+    with pytest.raises(ToolError, match="timed out"):
+        await run_shell(RunShellArgs(command="sleep 30", timeout_seconds=0.3), context)
+
+
+async def test_run_shell_caps_its_output(context: ToolContext) -> None:
+    output = await run_shell(RunShellArgs(command="yes | head -c 100000"), context)
+    assert len(output) < 17_000
+    assert "[output truncated" in output
+
+
+def test_registry_reports_unknown_tools_and_bad_arguments() -> None:
+    registry = builtin_registry()
+    unknown = registry.check_call("c1", "delete_everything", "{}", None, {})
+    assert unknown.problem is not None and "unknown tool 'delete_everything'" in unknown.problem
+    assert "calculator" in unknown.problem
+    not_json = registry.check_call("c2", "calculator", '{"expression": ', None, {})
+    assert not_json.problem is not None and "not valid JSON" in not_json.problem
+    invalid = registry.check_call("c3", "calculator", '{"expr": "1+1"}', None, {})
+    assert invalid.problem is not None and "expression: Field required" in invalid.problem
+    not_allowed = registry.check_call("c4", "run_shell", '{"command": "ls"}', ["calculator"], {})
+    assert not_allowed.problem is not None and "unknown tool" in not_allowed.problem
+    fine = registry.check_call("c5", "calculator", '{"expression": "1+1"}', None, {})
+    assert fine.problem is None and fine.arguments == {"expression": "1+1"}
+
+
+def test_approval_rules_default_per_tool_and_override_per_task() -> None:
+    registry = builtin_registry()
+    shell = registry.check_call("c1", "run_shell", json.dumps({"command": "ls"}), None, {})
+    assert shell.needs_approval
+    scratch = registry.check_call(
+        "c2", "write_file", json.dumps({"path": "scratch/a.txt", "content": "x"}), None, {}
+    )
+    assert not scratch.needs_approval
+    escape = registry.check_call(
+        "c3", "write_file", json.dumps({"path": "scratch/../a.txt", "content": "x"}), None, {}
+    )
+    assert escape.needs_approval
+    assert escape.approval_reason is not None and "scratch" in escape.approval_reason
+    calc = registry.check_call(
+        "c4", "calculator", '{"expression": "1"}', None, {"calculator": "always"}
+    )
+    assert calc.needs_approval
+    trusted = registry.check_call(
+        "c5", "run_shell", json.dumps({"command": "ls"}), None, {"run_shell": "never"}
+    )
+    assert not trusted.needs_approval
+
+
+def test_schemas_are_openai_function_tools() -> None:
+    schemas = builtin_registry().schemas(["calculator", "write_file"])
+    assert [s["function"]["name"] for s in schemas] == ["calculator", "write_file"]
+    params = schemas[1]["function"]["parameters"]
+    assert params["type"] == "object" and set(params["required"]) == {"path", "content"}
+
+
+async def test_run_tool_turns_failures_into_error_results(context: ToolContext) -> None:
+    activities = ToolActivities(builtin_registry(), context.workspace)
+    unknown = await activities.run_tool(
+        ToolRequest(call_id="c", tool="nope", arguments={}, idempotency_key="k")
+    )
+    assert unknown.is_error and "unknown tool" in unknown.output
+    bad = await activities.run_tool(
+        ToolRequest(
+            call_id="c", tool="calculator", arguments={"expression": 5}, idempotency_key="k"
+        )
+    )
+    assert bad.is_error and "invalid arguments" in bad.output
+    refused = await activities.run_tool(
+        ToolRequest(call_id="c", tool="read_file", arguments={"path": "../x"}, idempotency_key="k")
+    )
+    assert refused.is_error and "outside the workspace" in refused.output
+    ok = await activities.run_tool(
+        ToolRequest(
+            call_id="c", tool="calculator", arguments={"expression": "2*21"}, idempotency_key="k"
+        )
+    )
+    assert not ok.is_error and ok.output == "42"

@@ -1,0 +1,81 @@
+"""The worker: settings -> client (pydantic converter) -> Worker hosting the agent workflow,
+the LLM activity and the tool activity. The one place things are registered.
+
+    python worker.py            # polls the task queue until Ctrl-C / SIGTERM
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.builtin_tools import builtin_registry
+from activities.llm import LlmActivities
+from activities.tools import ToolActivities, ToolRegistry
+from runtime.settings import Settings
+from runtime.temporal import connect
+from workflows.agent import AgentWorkflow
+
+# A dead worker's sticky queue otherwise holds the next workflow task for 10 s.
+STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+
+
+def build_worker(
+    client: Client,
+    settings: Settings,
+    *,
+    registry: ToolRegistry | None = None,
+    task_queue: str | None = None,
+    graceful_shutdown: timedelta = timedelta(seconds=5),
+    activities: bool = True,
+) -> Worker:
+    """A worker for the agent workflow and its activities on the settings' task queue.
+
+    With `activities=False` it hosts only the workflow: enough to answer queries, and it
+    never takes an LLM or tool call that a short-lived process would then abandon.
+    """
+    registry = registry or builtin_registry()
+    llm = LlmActivities(registry, api_key=settings.api_key, base_url=settings.openai_base_url)
+    tools = ToolActivities(registry, settings.workspace_dir)
+    return Worker(
+        client,
+        task_queue=task_queue or settings.task_queue,
+        workflows=[AgentWorkflow],
+        activities=[llm.call_llm, tools.run_tool] if activities else [],
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        graceful_shutdown_timeout=graceful_shutdown,
+    )
+
+
+async def main() -> None:
+    settings = Settings()
+    client = await connect(settings)
+    worker = build_worker(client, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    model = (
+        "offline model"
+        if not settings.endpoint_configured
+        else settings.openai_base_url or "OpenAI"
+    )
+    print(
+        f"worker polling task queue {settings.task_queue!r} on "
+        f"{client.service_client.config.target_host} "
+        f"(model endpoint: {model}; workspace: {settings.workspace_dir})",
+        file=sys.stderr,
+        flush=True,
+    )
+    async with worker:
+        await stop.wait()
+    print("worker stopped", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,425 @@
+"""AgentWorkflow: the durable agent loop (LLM -> tool calls -> observations -> ... -> answer).
+
+Every step appends events; the state queries return is the fold of the published log.
+Deterministic code only: time and ids through `workflow.*`, all I/O in activities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Literal
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from temporalio.contrib.workflow_streams import WorkflowStream
+
+    from workflows import errors, search
+    from workflows.events import (
+        Action,
+        AgentEvent,
+        AgentState,
+        ApprovalRequested,
+        ApprovalResolved,
+        Cancelled,
+        Done,
+        ErrorEvent,
+        Failed,
+        Observation,
+        TaskStarted,
+        Thought,
+        apply,
+    )
+    from workflows.models import (
+        AgentOutcome,
+        AgentTask,
+        Contract,
+        Decision,
+        DecisionOutcome,
+        LlmContext,
+        LlmRequest,
+        LlmResult,
+        ToolCall,
+        ToolRequest,
+        ToolResult,
+    )
+    from workflows.stream import EVENTS_TOPIC
+
+LLM_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+TOOL_START_TO_CLOSE = timedelta(minutes=15)
+TOOL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+)
+
+Via = Literal["update", "signal"]
+
+
+class EventPage(Contract):
+    """Answer of the `events` query: events with seq >= since, and where to ask next."""
+
+    events: list[AgentEvent]
+    next_seq: int
+
+
+def request_id_for(step: int, call_id: str) -> str:
+    """Approval request ids are predictable, so a decision may arrive before the request."""
+    return f"{step}-{call_id}"
+
+
+def _same_decision(decision: Decision, outcome: DecisionOutcome) -> bool:
+    return decision.decision == outcome.decision and (
+        decision.arguments is None or decision.arguments == outcome.arguments
+    )
+
+
+@workflow.defn(name="AgentWorkflow")
+class AgentWorkflow:
+    """One agent task. The workflow id is the task id."""
+
+    @workflow.init
+    def __init__(self, task: AgentTask) -> None:
+        self._task = task
+        self._log: list[AgentEvent] = []
+        self._state = AgentState()
+        self._stream = WorkflowStream()
+        self._events_topic = self._stream.topic(EVENTS_TOPIC)
+        self._early_decisions: dict[str, tuple[Decision, Via]] = {}
+        self._published_status: tuple[str, int] | None = None
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, task: AgentTask) -> AgentOutcome:
+        """Run the loop until an answer, a limit, a non-retryable error or a cancellation."""
+        self._append(TaskStarted(task_id=workflow.info().workflow_id, task=task, **self._meta(0)))
+        try:
+            return await self._loop()
+        except asyncio.CancelledError:
+            self._append(Cancelled(**self._meta(self._state.step)))
+            await self._close_stream()
+            raise
+
+    async def _loop(self) -> AgentOutcome:
+        task = self._task
+        while True:
+            used = self._state.usage.total
+            if self._state.step >= task.max_steps:
+                raise await self._fail(
+                    "max_steps",
+                    f"reached max_steps={task.max_steps} without a final answer; every thought "
+                    "and observation so far is kept, resume with a higher max_steps to go on",
+                )
+            if task.token_budget is not None and used >= task.token_budget:
+                raise await self._fail(
+                    "token_budget",
+                    f"used {used} tokens of the token_budget of {task.token_budget}; resume "
+                    "with a higher budget to go on",
+                )
+            step = self._state.step + 1
+            result = await self._call_llm(step)
+            self._append(
+                Thought(
+                    content=result.content,
+                    tool_calls=result.tool_calls,
+                    usage=result.usage,
+                    finish_reason=result.finish_reason,
+                    model=result.model,
+                    attempt=result.attempt,
+                    **self._meta(step),
+                )
+            )
+            if not result.tool_calls:
+                self._append(Done(result=result.content, **self._meta(step)))
+                await self._close_stream()
+                return AgentOutcome(
+                    result=result.content,
+                    steps=step,
+                    usage=self._state.usage,
+                    last_seq=self._state.last_seq,
+                )
+            for call in result.tool_calls:
+                self._append(
+                    Action(
+                        call_id=call.call_id,
+                        tool=call.tool,
+                        arguments=call.arguments,
+                        raw_arguments=call.raw_arguments,
+                        needs_approval=call.needs_approval and call.problem is None,
+                        **self._meta(step),
+                    )
+                )
+            await self._await_approvals(step, result)
+            outputs = await asyncio.gather(*(self._run_call(step, c) for c in result.tool_calls))
+            for call, output in zip(result.tool_calls, outputs, strict=True):
+                self._append(
+                    Observation(
+                        call_id=call.call_id,
+                        tool=call.tool,
+                        output=output.output,
+                        is_error=output.is_error,
+                        **self._meta(step),
+                    )
+                )
+
+    async def _call_llm(self, step: int) -> LlmResult:
+        model = self._task.model
+        try:
+            result: LlmResult = await workflow.execute_activity(
+                "call_llm",
+                LlmRequest(step=step, message_count=len(self._state.messages), model=model),
+                result_type=LlmResult,
+                start_to_close_timeout=timedelta(seconds=model.request_timeout_seconds * 10),
+                heartbeat_timeout=LLM_HEARTBEAT_TIMEOUT,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=60),
+                    maximum_attempts=model.max_attempts,
+                    non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
+                ),
+            )
+            return result
+        except ActivityError as err:
+            cause = err.cause
+            detail = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+            failure = await self._fail("llm_error", f"the LLM call of step {step} failed: {detail}")
+            raise failure from None
+
+    # --- approval ---------------------------------------------------------------------------
+
+    async def _await_approvals(self, step: int, result: LlmResult) -> None:
+        waiting: list[str] = []
+        for call in result.tool_calls:
+            if not call.needs_approval or call.problem is not None or call.arguments is None:
+                continue
+            request_id = request_id_for(step, call.call_id)
+            self._append(
+                ApprovalRequested(
+                    request_id=request_id,
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    arguments=call.arguments,
+                    reason=call.approval_reason,
+                    model_reason=result.content or None,
+                    **self._meta(step),
+                )
+            )
+            waiting.append(request_id)
+            if (early := self._early_decisions.pop(request_id, None)) is not None:
+                self._record_decision(*early)
+        if not waiting:
+            return
+        settings = self._task.approval
+        try:
+            await workflow.wait_condition(
+                lambda: all(r in self._state.decisions for r in waiting),
+                timeout=timedelta(seconds=settings.timeout_seconds),
+            )
+        except TimeoutError:
+            for request_id in waiting:
+                if request_id not in self._state.decisions:
+                    self._append(
+                        ApprovalResolved(
+                            request_id=request_id,
+                            decision="timeout",
+                            message=f"no decision within {settings.timeout_seconds:g} s",
+                            via="timeout",
+                            **self._meta(step),
+                        )
+                    )
+            if settings.on_timeout == "fail":
+                raise await self._fail(
+                    "approval_timeout",
+                    f"no approval decision within {settings.timeout_seconds:g} s",
+                ) from None
+
+    async def _run_call(self, step: int, call: ToolCall) -> ToolResult:
+        if call.problem is not None or call.arguments is None:
+            return ToolResult(output=call.problem or "the call has no arguments", is_error=True)
+        arguments = call.arguments
+        note = ""
+        if call.needs_approval:
+            outcome = self._state.decisions[request_id_for(step, call.call_id)]
+            if outcome.decision == "timeout":
+                return ToolResult(
+                    output="Nobody decided on this call in time, so it was not run.", is_error=True
+                )
+            if outcome.decision == "reject":
+                why = f" The reviewer said: {outcome.message}" if outcome.message else ""
+                return ToolResult(
+                    output=f"A person rejected this {call.tool} call; it was not run.{why}",
+                    is_error=True,
+                )
+            arguments = outcome.arguments if outcome.arguments is not None else arguments
+            note = f"\n[approved with a note: {outcome.message}]" if outcome.message else ""
+        result: ToolResult = await workflow.execute_activity(
+            "run_tool",
+            ToolRequest(
+                call_id=call.call_id,
+                tool=call.tool,
+                arguments=arguments,
+                idempotency_key=f"{workflow.info().workflow_id}/{step}/{call.call_id}",
+            ),
+            result_type=ToolResult,
+            start_to_close_timeout=TOOL_START_TO_CLOSE,
+            heartbeat_timeout=TOOL_HEARTBEAT_TIMEOUT,
+            retry_policy=TOOL_RETRY,
+        )
+        return result.model_copy(update={"output": result.output + note}) if note else result
+
+    def _record_decision(self, decision: Decision, via: Via) -> DecisionOutcome:
+        existing = self._state.decisions.get(decision.request_id)
+        if existing is not None:
+            if not _same_decision(decision, existing):
+                raise ApplicationError(
+                    f"request {decision.request_id} was already decided: {existing.decision}",
+                    type=errors.DECISION_CONFLICT,
+                )
+            return existing.model_copy(update={"duplicate": True})
+        self._append(
+            ApprovalResolved(
+                request_id=decision.request_id,
+                decision=decision.decision,
+                approver=decision.approver,
+                message=decision.message,
+                arguments=decision.arguments,
+                via=via,
+                **self._meta(self._state.step),
+            )
+        )
+        return self._state.decisions[decision.request_id]
+
+    def _check_decision(self, decision: Decision) -> None:
+        existing = self._state.decisions.get(decision.request_id)
+        if existing is not None:
+            if not _same_decision(decision, existing):
+                raise ApplicationError(
+                    f"request {decision.request_id} was already decided: {existing.decision}"
+                    + (f" by {existing.approver}" if existing.approver else ""),
+                    type=errors.DECISION_CONFLICT,
+                )
+            return
+        if decision.request_id not in self._state.pending_approvals:
+            if self._state.finished or not self._state.pending_approvals:
+                raise ApplicationError(
+                    f"task is {self._state.status}, not waiting for approval "
+                    f"(request {decision.request_id})",
+                    type=errors.TASK_NOT_WAITING,
+                )
+            raise ApplicationError(
+                f"unknown approval request {decision.request_id}; pending: "
+                + ", ".join(self._state.pending_approvals),
+                type=errors.UNKNOWN_REQUEST,
+            )
+
+    @workflow.update(name="decide")
+    async def decide(self, decision: Decision) -> DecisionOutcome:
+        """Approve or reject one request. Repeating a decision returns the first outcome."""
+        return self._record_decision(decision, "update")
+
+    @decide.validator
+    def _validate_decide(self, decision: Decision) -> None:
+        self._check_decision(decision)
+
+    @workflow.signal(name="approve")
+    def approve(self, decision: Decision) -> None:
+        """Approve a request (for `temporal workflow signal --name approve`)."""
+        self._signal_decision(decision.model_copy(update={"decision": "approve"}))
+
+    @workflow.signal(name="reject")
+    def reject(self, decision: Decision) -> None:
+        """Reject a request (for `temporal workflow signal --name reject`)."""
+        self._signal_decision(decision.model_copy(update={"decision": "reject"}))
+
+    def _signal_decision(self, decision: Decision) -> None:
+        request_id = decision.request_id
+        if request_id in self._state.decisions:
+            existing = self._state.decisions[request_id]
+            self._append(
+                ErrorEvent(
+                    kind="duplicate_decision",
+                    message=f"ignored a second decision ({decision.decision}) for request "
+                    f"{request_id}, already decided: {existing.decision}",
+                    **self._meta(self._state.step),
+                )
+            )
+        elif request_id in self._state.pending_approvals:
+            self._record_decision(decision, "signal")
+        elif self._state.finished:
+            self._append(
+                ErrorEvent(
+                    kind="late_decision",
+                    message=f"ignored a decision for request {request_id}: the task has ended",
+                    **self._meta(self._state.step),
+                )
+            )
+        else:
+            # A fast approver can decide before the step that asks reaches its wait.
+            self._early_decisions[request_id] = (decision, "signal")
+
+    # --- queries ----------------------------------------------------------------------------
+
+    @workflow.query(name="state")
+    def state(self) -> AgentState:
+        """The fold of every event published so far."""
+        return self._state
+
+    @workflow.query(name="events")
+    def events(self, since: int = 0) -> EventPage:
+        """Events with seq >= since."""
+        first = max(0, since)
+        return EventPage(events=self._log[first:], next_seq=len(self._log))
+
+    @workflow.query(name="llm_context")
+    def llm_context(self, message_count: int) -> LlmContext:
+        """The conversation an LLM step reads (its first `message_count` messages)."""
+        return LlmContext(
+            messages=self._state.messages[:message_count],
+            tools=self._task.tools,
+            approval_policy=self._task.approval.policy,
+        )
+
+    # --- the log ----------------------------------------------------------------------------
+
+    def _meta(self, step: int) -> dict[str, object]:
+        return {
+            "seq": len(self._log),
+            "step": step,
+            "at": workflow.now(),
+            "history_length": workflow.info().get_current_history_length(),
+        }
+
+    def _append(self, event: AgentEvent) -> None:
+        self._state = apply(self._state, event)
+        self._log.append(event)
+        self._events_topic.publish(event)
+        self._publish_status()
+
+    def _publish_status(self) -> None:
+        current = (self._state.status, self._state.step)
+        if current == self._published_status:
+            return
+        self._published_status = current
+        workflow.upsert_search_attributes(
+            [
+                search.AGENT_STATUS.value_set(self._state.status),
+                search.AGENT_STEP.value_set(self._state.step),
+            ]
+        )
+        workflow.upsert_memo({"status": self._state.status, "step": self._state.step})
+
+    async def _fail(self, kind: str, reason: str) -> ApplicationError:
+        self._append(Failed(kind=kind, reason=reason, **self._meta(self._state.step)))
+        await self._close_stream()
+        return ApplicationError(reason, kind, type=errors.AGENT_FAILED, non_retryable=True)
+
+    async def _close_stream(self) -> None:
+        # Release long-poll subscribers and let every handler finish before the run ends.
+        self._stream.detach_pollers()
+        await workflow.wait_condition(workflow.all_handlers_finished)

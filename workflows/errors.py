@@ -1,0 +1,21 @@
+"""ApplicationError types, in one place so raise sites and handling sites cannot drift."""
+
+# The model endpoint refused the request (400/401/403/404/422): retrying cannot help.
+LLM_REQUEST_REJECTED = "LlmRequestRejected"
+# Worth retrying: 408/409/429/5xx, timeouts, dropped connections.
+LLM_UNAVAILABLE = "LlmUnavailable"
+# The endpoint answered with something that is not a chat completion.
+LLM_MALFORMED_RESPONSE = "LlmMalformedResponse"
+# The task names a real model but the worker has no endpoint configured.
+LLM_NOT_CONFIGURED = "LlmNotConfigured"
+
+# The workflow ends as failed with one of these: max_steps, token_budget, llm_error, ...
+AGENT_FAILED = "AgentFailed"
+AGENT_CANCELLED = "AgentCancelled"
+
+# Approval decisions that are refused before they enter history.
+UNKNOWN_REQUEST = "UnknownApprovalRequest"
+DECISION_CONFLICT = "DecisionConflict"
+TASK_NOT_WAITING = "TaskNotWaiting"
+
+NON_RETRYABLE_LLM_ERRORS = [LLM_REQUEST_REJECTED, LLM_NOT_CONFIGURED]

@@ -1,0 +1,207 @@
+"""Contracts that cross a boundary: workflow input, activity inputs and results, decisions.
+
+Everything here is stored in Temporal history, so these shapes are contracts:
+fields are only ever added, optional, never renamed or removed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OFFLINE_MODEL = "offline"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful assistant that completes the user's task step by step. "
+    "Use the tools you are given when they help; when you have the answer, reply with it "
+    "in plain text and call no tool."
+)
+
+
+class Contract(BaseModel):
+    """Base for every stored model: unknown fields are refused, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSettings(Contract):
+    """Which model to call and how. Recorded in history; never holds a secret."""
+
+    name: str = Field(
+        default=OFFLINE_MODEL,
+        min_length=1,
+        description="Model name at the OpenAI-compatible endpoint, or 'offline' for the "
+        "built-in deterministic offline model.",
+    )
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+    request_timeout_seconds: float = Field(
+        default=120,
+        gt=0,
+        description="Longest wait for the next streamed chunk before the attempt is retried.",
+    )
+    max_attempts: int = Field(
+        default=8, ge=1, description="LLM attempts per step, retries included."
+    )
+
+
+Decider = Literal["approve", "reject"]
+ApprovalRule = Literal["always", "never", "outside_scratch"]
+
+
+class ApprovalSettings(Contract):
+    """Which tool calls wait for a person, and for how long."""
+
+    policy: dict[str, ApprovalRule] = Field(
+        default_factory=dict,
+        description="Per-tool override of the registry default: always, never, or "
+        "outside_scratch (a path argument outside the workspace's scratch/ folder).",
+    )
+    timeout_seconds: float = Field(
+        default=7 * 24 * 3600, gt=0, description="How long one request may wait for a decision."
+    )
+    on_timeout: Literal["reject", "fail"] = "reject"
+
+
+class AgentTask(Contract):
+    """Input of one agent task: everything the loop needs, recorded once in history."""
+
+    task: str = Field(min_length=1, max_length=200_000, description="What the agent should do.")
+    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, max_length=200_000)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    tools: list[str] | None = Field(
+        default=None, description="Tool names the model may call; None means every registered tool."
+    )
+    max_steps: int = Field(default=20, ge=1, le=100_000, description="Most LLM calls for the task.")
+    token_budget: int | None = Field(
+        default=None, ge=1, description="Most tokens (in + out, all steps) the task may use."
+    )
+    approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
+
+
+class ToolCallRequest(Contract):
+    """A tool call as the model asked for it, as sent back to the model in the conversation."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ChatMessage(Contract):
+    """One message of the conversation in OpenAI chat format."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCallRequest] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+class Usage(Contract):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class ToolCall(Contract):
+    """A tool call the model made, checked by the LLM activity against the tool registry.
+
+    `problem` is set when the call cannot run as given (unknown tool, arguments that are
+    not JSON or fail validation); the workflow then feeds the problem back to the model
+    instead of running anything.
+    """
+
+    call_id: str
+    tool: str
+    raw_arguments: str
+    arguments: dict[str, Any] | None = None
+    problem: str | None = None
+    needs_approval: bool = False
+    approval_reason: str | None = None
+
+
+class LlmRequest(Contract):
+    """Input of `call_llm`: a reference to the conversation, never the conversation itself.
+
+    The activity reads the first `message_count` messages from the workflow through the
+    `llm_context` query, so each message enters history once, as the result that made it.
+    """
+
+    step: int
+    message_count: int
+    model: ModelSettings
+
+
+class LlmContext(Contract):
+    """What the LLM activity reads from the workflow: the conversation and the tool setup."""
+
+    messages: list[ChatMessage]
+    tools: list[str] | None
+    approval_policy: dict[str, ApprovalRule]
+
+
+class LlmResult(Contract):
+    """The assistant's message for one step, assembled from the stream."""
+
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    model: str = ""
+    attempt: int = 1
+
+
+class ToolRequest(Contract):
+    """Input of `run_tool`."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str = Field(description="workflow_id/step/call_id, stable across retries.")
+
+
+class ToolResult(Contract):
+    output: str
+    is_error: bool = False
+
+
+class Decision(Contract):
+    """A person's answer to one approval request (Update `decide`, Signals `approve`/`reject`)."""
+
+    request_id: str = Field(min_length=1)
+    decision: Decider = "approve"
+    arguments: dict[str, Any] | None = Field(
+        default=None, description="Edited arguments to run instead of the model's."
+    )
+    message: str | None = Field(default=None, description="Told to the model with the outcome.")
+    approver: str | None = None
+
+
+class DecisionOutcome(Contract):
+    """What `decide` returns: the decision that took effect for the request."""
+
+    request_id: str
+    decision: Literal["approve", "reject", "timeout"]
+    approver: str | None = None
+    message: str | None = None
+    arguments: dict[str, Any] | None = None
+    duplicate: bool = Field(default=False, description="True when an earlier call decided it.")
+
+
+class AgentOutcome(Contract):
+    """The workflow's result when the task ends with an answer."""
+
+    status: Literal["done"] = "done"
+    result: str
+    steps: int
+    usage: Usage
+    last_seq: int
