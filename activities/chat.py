@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
 import openai
 
 from workflows.models import ChatMessage, ModelSettings, Usage
@@ -86,7 +85,7 @@ class OpenAIChat:
             messages=to_openai_messages(messages),
             stream=True,
             stream_options={"include_usage": True},
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            timeout=openai.Timeout(timeout, connect=min(timeout, 10.0)),
             **options,
         )
         async for chunk in response:

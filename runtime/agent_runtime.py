@@ -62,11 +62,16 @@ class DecisionError(TaskError):
 class TaskHandle:
     """One task, however it was reached: result, state, events, approve, cancel, stream."""
 
-    def __init__(self, runtime: AgentRuntime, task_id: str) -> None:
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        task_id: str,
+        workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] | None = None,
+    ) -> None:
         self._runtime = runtime
         self.id = task_id
         self._handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
-            runtime.client.get_workflow_handle_for(AgentWorkflow.run, task_id)
+            workflow or runtime.client.get_workflow_handle_for(AgentWorkflow.run, task_id)
         )
 
     def __repr__(self) -> str:
@@ -131,6 +136,7 @@ class TaskHandle:
         return await self.decide(decision)
 
     async def decide(self, decision: Decision) -> DecisionOutcome:
+        """Apply a decision through the `decide` Update; repeats return the first outcome."""
         try:
             outcome: DecisionOutcome = await self._handle.execute_update(
                 "decide", decision, result_type=DecisionOutcome
@@ -142,7 +148,28 @@ class TaskHandle:
                 raise DecisionError(self.id, cause.message, cause.type) from err
             raise
         except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message:
+                return await self._decision_after_close(decision)
             raise _not_found(self.id, err) from err
+
+    async def _decision_after_close(self, decision: Decision) -> DecisionOutcome:
+        # A closed workflow takes no Update, but a repeat of a decision it applied
+        # must still get the first outcome, and anything else a clear refusal.
+        state = await self.state()
+        existing = state.decisions.get(decision.request_id)
+        if existing is None:
+            raise DecisionError(
+                self.id,
+                f"task is {state.status}, not waiting for approval (request {decision.request_id})",
+                errors.TASK_NOT_WAITING,
+            )
+        if not decision.repeats(existing):
+            raise DecisionError(
+                self.id,
+                f"request {decision.request_id} was already decided: {existing.decision}",
+                errors.DECISION_CONFLICT,
+            )
+        return existing.model_copy(update={"duplicate": True})
 
     async def cancel(self) -> None:
         try:
@@ -179,7 +206,7 @@ class AgentRuntime:
             task = self.new_task(task)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:
-            await self.client.start_workflow(
+            started = await self.client.start_workflow(
                 AgentWorkflow.run,
                 task,
                 id=task_id,
@@ -188,8 +215,9 @@ class AgentRuntime:
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
         except WorkflowAlreadyStartedError:
-            pass  # a closed task with this id: the caller gets that task back
-        return TaskHandle(self, task_id)
+            return TaskHandle(self, task_id)  # a closed task with this id: that task
+        # Keep the started handle: it follows the run chain from this start.
+        return TaskHandle(self, task_id, started)
 
     async def resume(self, task_id: str, approval: Decision | None = None) -> TaskHandle:
         """The handle of an existing task, after applying `approval` if one is given."""

@@ -3,11 +3,14 @@ binaries, no downloads), the fake OpenAI-protocol server, and per-test workers."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -106,3 +109,71 @@ async def dev_runtime(
     """An AgentRuntime on the dev server with a worker on the test's queue."""
     async with running_worker(dev_env.client, settings):
         yield AgentRuntime(dev_env.client, settings)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class WorkerProcess:
+    """`python worker.py` as a real subprocess on the test's task queue."""
+
+    def __init__(self, address: str, settings: Settings) -> None:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OPENAI_", "WAYSTATION_", "TEMPORAL_"))
+        }
+        env.update(
+            TEMPORAL_ADDRESS=address,
+            WAYSTATION_TASK_QUEUE=settings.task_queue,
+            WAYSTATION_WORKSPACE=str(settings.workspace_dir),
+            WAYSTATION_DATA_DIR=str(settings.data_dir),
+            WAYSTATION_EMBEDDED_SERVER="false",
+        )
+        if settings.openai_base_url:
+            env["OPENAI_BASE_URL"] = settings.openai_base_url
+        if settings.api_key:
+            env["OPENAI_API_KEY"] = settings.api_key
+        self.log = settings.data_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(REPO / "worker.py")],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    async def ready(self, timeout: float = 20.0) -> WorkerProcess:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while "worker polling" not in self.log.read_text():
+            if self.process.poll() is not None or loop.time() > deadline:
+                raise RuntimeError(f"worker did not start:\n{self.log.read_text()}")
+            await asyncio.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, exactly like a crashed machine."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+
+@pytest.fixture
+def spawn_worker(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> Iterator[Callable[[], Awaitable[WorkerProcess]]]:
+    """Start worker subprocesses against the dev server; all are killed after the test."""
+    started: list[WorkerProcess] = []
+    address = dev_env.client.service_client.config.target_host
+
+    async def spawn() -> WorkerProcess:
+        worker = WorkerProcess(address, settings)
+        started.append(worker)
+        return await worker.ready()
+
+    yield spawn
+    for worker in started:
+        worker.kill()

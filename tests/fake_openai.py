@@ -122,7 +122,8 @@ class FakeOpenAI:
                         reply.headers,
                     )
                     return
-                self._stream(str(body.get("model")), reply)
+                model = str(body.get("model"))
+                self._stream(model, reply, fake.calls(model))
 
             def _json(
                 self, status: int, payload: Any, headers: dict[str, str] | None = None
@@ -136,11 +137,11 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _stream(self, model: str, reply: Reply) -> None:
+            def _stream(self, model: str, reply: Reply, number: int) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                for index, chunk in enumerate(_chunks(model, reply)):
+                for index, chunk in enumerate(_chunks(model, reply, number)):
                     if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:
                         self.wfile.flush()
                         self.connection.close()
@@ -154,7 +155,8 @@ class FakeOpenAI:
         return Handler
 
 
-def _chunks(model: str, reply: Reply) -> list[dict[str, Any]]:
+def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
+    """The stream of one reply; tool call ids are `call_<request number>_<index>`."""
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -166,7 +168,7 @@ def _chunks(model: str, reply: Reply) -> list[dict[str, Any]]:
         if word or i:
             chunks.append(chunk({"content": word + (" " if i < len(words) - 1 else "")}))
     for index, (name, raw) in enumerate(reply.tool_calls):
-        call_id = f"call_{uuid.uuid4().hex[:8]}"
+        call_id = f"call_{number}_{index}"
         head = {"index": index, "id": call_id, "type": "function"}
         chunks.append(
             chunk({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})

@@ -14,15 +14,8 @@ from runtime.agent_runtime import AgentRuntime, TaskFailedError, TaskHandle
 from runtime.settings import Settings
 from tests.conftest import running_worker
 from tests.fake_openai import FakeOpenAI, Reply, error, hang, text, tools
-from workflows.models import AgentTask, ModelSettings
-
-
-def agent_task(model: str, task: str = "add up some numbers", **kw: Any) -> AgentTask:
-    return AgentTask(
-        task=task,
-        model=ModelSettings(name=model, request_timeout_seconds=kw.pop("timeout", 5)),
-        **kw,
-    )
+from tests.helpers import agent_task
+from workflows.models import AgentTask
 
 
 async def history_payload_text(handle: TaskHandle, runtime: AgentRuntime) -> str:

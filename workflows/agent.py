@@ -15,7 +15,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from temporalio.contrib.workflow_streams import WorkflowStream
+    from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
     from workflows import errors, search
     from workflows.events import (
@@ -67,15 +67,18 @@ class EventPage(Contract):
     next_seq: int
 
 
+class RunCarry(Contract):
+    """What one run hands the next at continue-as-new: the log, its fold, the stream."""
+
+    events: list[AgentEvent]
+    state: AgentState
+    stream: WorkflowStreamState | None = None
+    early_decisions: list[Decision] = []
+
+
 def request_id_for(step: int, call_id: str) -> str:
     """Approval request ids are predictable, so a decision may arrive before the request."""
     return f"{step}-{call_id}"
-
-
-def _same_decision(decision: Decision, outcome: DecisionOutcome) -> bool:
-    return decision.decision == outcome.decision and (
-        decision.arguments is None or decision.arguments == outcome.arguments
-    )
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -83,21 +86,31 @@ class AgentWorkflow:
     """One agent task. The workflow id is the task id."""
 
     @workflow.init
-    def __init__(self, task: AgentTask) -> None:
+    def __init__(self, task: AgentTask, carry: RunCarry | None = None) -> None:
+        # The SDK applies type hints only when every parameter has a payload, so a start
+        # with the task alone (the usual case) hands it over as a plain dict.
+        task = AgentTask.model_validate(task)
+        carry = RunCarry.model_validate(carry) if carry is not None else None
         self._task = task
-        self._log: list[AgentEvent] = []
-        self._state = AgentState()
-        self._stream = WorkflowStream()
+        self._log: list[AgentEvent] = list(carry.events) if carry else []
+        self._state = carry.state if carry else AgentState()
+        self._stream = WorkflowStream(prior_state=carry.stream if carry else None)
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
-        self._early_decisions: dict[str, tuple[Decision, Via]] = {}
+        self._early_decisions: dict[str, tuple[Decision, Via]] = {
+            d.request_id: (d, "signal") for d in (carry.early_decisions if carry else [])
+        }
         self._published_status: tuple[str, int] | None = None
+        self._first_step_of_run = self._state.step
 
     # --- the loop ---------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, task: AgentTask) -> AgentOutcome:
+    async def run(self, task: AgentTask, carry: RunCarry | None = None) -> AgentOutcome:
         """Run the loop until an answer, a limit, a non-retryable error or a cancellation."""
-        self._append(TaskStarted(task_id=workflow.info().workflow_id, task=task, **self._meta(0)))
+        if carry is None:
+            self._append(
+                TaskStarted(task_id=workflow.info().workflow_id, task=self._task, **self._meta(0))
+            )
         try:
             return await self._loop()
         except asyncio.CancelledError:
@@ -108,6 +121,8 @@ class AgentWorkflow:
     async def _loop(self) -> AgentOutcome:
         task = self._task
         while True:
+            if self._should_continue_as_new():
+                await self._continue_as_new()
             used = self._state.usage.total
             if self._state.step >= task.max_steps:
                 raise await self._fail(
@@ -166,6 +181,26 @@ class AgentWorkflow:
                         **self._meta(step),
                     )
                 )
+
+    def _should_continue_as_new(self) -> bool:
+        if workflow.info().is_continue_as_new_suggested():
+            return True
+        every = self._task.continue_as_new_after_steps
+        return every is not None and self._state.step - self._first_step_of_run >= every
+
+    async def _continue_as_new(self) -> None:
+        task = self._task
+
+        def next_run(stream: WorkflowStreamState) -> list[object]:
+            carry = RunCarry(
+                events=self._log,
+                state=self._state,
+                stream=stream,
+                early_decisions=[d for d, _ in self._early_decisions.values()],
+            )
+            return [task, carry]
+
+        await self._stream.continue_as_new(next_run)
 
     async def _call_llm(self, step: int) -> LlmResult:
         model = self._task.model
@@ -276,7 +311,7 @@ class AgentWorkflow:
     def _record_decision(self, decision: Decision, via: Via) -> DecisionOutcome:
         existing = self._state.decisions.get(decision.request_id)
         if existing is not None:
-            if not _same_decision(decision, existing):
+            if not decision.repeats(existing):
                 raise ApplicationError(
                     f"request {decision.request_id} was already decided: {existing.decision}",
                     type=errors.DECISION_CONFLICT,
@@ -298,7 +333,7 @@ class AgentWorkflow:
     def _check_decision(self, decision: Decision) -> None:
         existing = self._state.decisions.get(decision.request_id)
         if existing is not None:
-            if not _same_decision(decision, existing):
+            if not decision.repeats(existing):
                 raise ApplicationError(
                     f"request {decision.request_id} was already decided: {existing.decision}"
                     + (f" by {existing.approver}" if existing.approver else ""),

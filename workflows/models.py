@@ -78,6 +78,12 @@ class AgentTask(Contract):
         default=None, ge=1, description="Most tokens (in + out, all steps) the task may use."
     )
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    continue_as_new_after_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Start a fresh run (continue-as-new) after this many steps in one run; "
+        "Temporal's own suggestion triggers it too.",
+    )
 
 
 class ToolCallRequest(Contract):
@@ -184,6 +190,12 @@ class Decision(Contract):
     )
     message: str | None = Field(default=None, description="Told to the model with the outcome.")
     approver: str | None = None
+
+    def repeats(self, outcome: DecisionOutcome) -> bool:
+        """Whether this decision is a repeat of `outcome` (else it conflicts with it)."""
+        return self.decision == outcome.decision and (
+            self.arguments is None or self.arguments == outcome.arguments
+        )
 
 
 class DecisionOutcome(Contract):
