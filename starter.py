@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import getpass
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -404,4 +405,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Temporal's core threads may still call back after a cancelled long poll; letting the
+    # interpreter finalize under them can abort the process. Everything is flushed: leave.
+    os._exit(code)

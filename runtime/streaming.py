@@ -17,7 +17,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 from temporalio.client import Client
-from temporalio.contrib.workflow_streams import PollInput, PollResult, WorkflowStreamClient
+from temporalio.contrib.workflow_streams import (
+    PollInput,
+    PollResult,
+    WorkflowStreamClient,
+    WorkflowStreamItem,
+)
 from temporalio.contrib.workflow_streams._types import _decode_payload
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
@@ -82,6 +87,26 @@ class StreamItem(BaseModel):
 
 def decode_item(topic: str, offset: int, value: Any) -> StreamItem:
     return StreamItem(offset=offset, topic=topic, data=_data_adapter.validate_python(value))
+
+
+async def with_gaps(
+    start: int, raw_items: AsyncIterator[WorkflowStreamItem[Any]]
+) -> AsyncIterator[list[StreamItem]]:
+    """Decode an all-topics upstream; where offsets jump, put a gap item first, never skip.
+
+    The upstream restarts silently at the retained base when the offset asked for was
+    truncated away; offsets of an all-topics read are contiguous, so any jump is a loss.
+    """
+    expected = start
+    async for raw in raw_items:
+        batch: list[StreamItem] = []
+        if raw.offset > expected:
+            gap = StreamGap(start=expected, end=raw.offset)
+            batch.append(StreamItem(offset=expected, topic="gap", data=gap))
+        if raw.offset >= expected:
+            batch.append(decode_item(raw.topic, raw.offset, raw.data))
+            expected = raw.offset + 1
+            yield batch
 
 
 @dataclass
@@ -198,26 +223,11 @@ class StreamHub:
 
     async def _pump(self, reader: _TaskReader) -> None:
         upstream = WorkflowStreamClient.create(self._client, reader.task_id)
-        expected = reader.start
+        raw_items = upstream.subscribe(from_offset=reader.start, poll_cooldown=POLL_COOLDOWN)
         try:
-            async for raw in upstream.subscribe(
-                from_offset=reader.start, poll_cooldown=POLL_COOLDOWN
-            ):
-                batch: list[StreamItem] = []
-                if raw.offset > expected:
-                    # The stream was truncated below what we asked for: say so, never skip.
-                    batch.append(
-                        StreamItem(
-                            offset=expected,
-                            topic="gap",
-                            data=StreamGap(start=expected, end=raw.offset),
-                        )
-                    )
-                item = decode_item(raw.topic, raw.offset, raw.data)
-                batch.append(item)
-                expected = raw.offset + 1
+            async for batch in with_gaps(reader.start, raw_items):
                 await self._publish(reader, batch)
-                if item.terminal:
+                if batch[-1].terminal:
                     break
         except asyncio.CancelledError:
             raise

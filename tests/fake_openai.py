@@ -29,6 +29,7 @@ class Reply:
     cut_after_chunks: int | None = None  # drop the connection after this many chunks
     chunk_delay: float = 0.0
     usage: tuple[int, int] = (11, 7)
+    stamp_chunks: bool = False  # replace each text chunk by the time it is sent (benchmarks)
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -146,6 +147,10 @@ class FakeOpenAI:
                         self.wfile.flush()
                         self.connection.close()
                         return
+                    if reply.stamp_chunks and chunk["choices"]:
+                        delta = chunk["choices"][0]["delta"]
+                        if delta.get("content"):
+                            delta["content"] = f"{time.time():.6f} "
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                     if reply.chunk_delay:

@@ -1,0 +1,204 @@
+"""Streaming: every event and token live, from any offset, across retries and continue-as-new."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.contrib.workflow_streams import WorkflowStreamItem
+from temporalio.testing import WorkflowEnvironment
+
+from runtime.agent_runtime import AgentRuntime, TaskNotFoundError
+from runtime.settings import Settings
+from runtime.streaming import StreamGap, StreamItem, with_gaps
+from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from tests.helpers import agent_task, pending_requests
+from workflows.stream import LlmAttemptStarted, TokenDelta
+
+
+def five_step_script(fake: FakeOpenAI) -> str:
+    return fake.script(
+        [
+            tools(("calculator", {"expression": f"{i} * 2"}), content=f"step {i} now")
+            for i in range(4)
+        ]
+        + [text("all five steps are done, the answer is 6")]
+    )
+
+
+async def collect(stream: AsyncIterator[StreamItem], limit: int | None = None) -> list[StreamItem]:
+    items: list[StreamItem] = []
+    async with asyncio.timeout(60):
+        async for item in stream:
+            items.append(item)
+            if limit is not None and len(items) >= limit:
+                break
+    return items
+
+
+async def test_a_live_stream_equals_the_event_log(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    handle = await dev_runtime.run(agent_task(five_step_script(fake_openai)))
+    items = await collect(dev_runtime.stream(handle.id, since=0))
+    offsets = [i.offset for i in items]
+    assert offsets == list(range(len(items)))  # global, strictly increasing, no gap
+    streamed_events = [i.data for i in items if i.topic == "events"]
+    assert streamed_events == await handle.events()
+    assert streamed_events[-1].type == "done" and items[-1].terminal
+    tokens = [i.data for i in items if i.topic == "tokens"]
+    assert tokens and all(isinstance(t, TokenDelta) for t in tokens)
+    # The tokens of each step spell the step's thought, and come before it.
+    for thought in (e for e in streamed_events if e.type == "thought"):
+        spelled = "".join(t.text for t in tokens if t.step == thought.step)  # type: ignore[union-attr]
+        assert spelled == thought.content
+
+
+async def test_reconnect_at_random_cut_points_loses_and_repeats_nothing(
+    dev_env: WorkflowEnvironment,
+    dev_runtime: AgentRuntime,
+    fake_openai: FakeOpenAI,
+    settings: Settings,
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(
+                ("calculator", {"expression": f"{i}+1"}),
+                content=f"thinking about {i}",
+                chunk_delay=0.01,
+            )
+            for i in range(4)
+        ]
+        + [text("finished")]
+    )
+    handle = await dev_runtime.run(agent_task(model))
+    rng = random.Random(20261129)
+    received: list[StreamItem] = []
+    while not (received and received[-1].terminal):
+        # Each reconnect is a new process's view: a fresh runtime, its own fan-out hub.
+        viewer = AgentRuntime(dev_env.client, settings)
+        since = received[-1].offset + 1 if received else 0
+        received += await collect(viewer.stream(handle.id, since=since), limit=rng.randint(1, 6))
+    everything = await collect(AgentRuntime(dev_env.client, settings).stream(handle.id, since=0))
+    assert [i.offset for i in received] == [i.offset for i in everything]
+    assert received == everything
+
+
+async def test_a_finished_task_streams_everything_then_ends(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    handle = await dev_runtime.run(agent_task(five_step_script(fake_openai)))
+    await handle.result()
+    items = await collect(dev_runtime.stream(handle.id, since=0))
+    assert items[0].data.type == "task_started" and items[-1].data.type == "done"
+    later = await collect(dev_runtime.stream(handle.id, since=items[5].offset))
+    assert later == items[5:]
+    events_only = await collect(dev_runtime.stream(handle.id, since=0, topics=["events"]))
+    assert [i.data for i in events_only] == await handle.events()
+
+
+async def test_a_retried_attempt_marks_its_partial_text_void(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(
+        [
+            Reply(content="this partial answer will be cut off", cut_after_chunks=4),
+            text("the real answer"),
+        ]
+    )
+    handle = await dev_runtime.run(agent_task(model))
+    items = await collect(dev_runtime.stream(handle.id, since=0))
+    tokens = [i.data for i in items if isinstance(i.data, TokenDelta)]
+    by_attempt: dict[int, str] = {}
+    for token in tokens:
+        by_attempt[token.attempt] = by_attempt.get(token.attempt, "") + token.text
+    assert set(by_attempt) == {1, 2}
+    assert by_attempt[1] == "this partial answer "
+    assert by_attempt[2] == "the real answer"
+    markers = [i for i in items if isinstance(i.data, LlmAttemptStarted)]
+    assert [(m.data.step, m.data.attempt) for m in markers] == [(1, 2)]  # type: ignore[union-attr]
+    first_token_of_retry = next(
+        i for i in items if isinstance(i.data, TokenDelta) and i.data.attempt == 2
+    )
+    assert markers[0].offset < first_token_of_retry.offset
+    thought = next(i.data for i in items if i.data.type == "thought")
+    assert thought.content == by_attempt[2] and thought.attempt == 2
+
+
+async def test_fifty_subscribers_share_one_upstream_subscription(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([tools(("run_shell", {"command": "echo hi"})), text("done")])
+    handle = await dev_runtime.run(agent_task(model))
+    [request] = await pending_requests(handle)  # the task parks: everyone can attach
+    subscribers = [
+        asyncio.create_task(collect(dev_runtime.stream(handle.id, since=0))) for _ in range(50)
+    ]
+    await asyncio.sleep(0.5)
+    await handle.approve(request)
+    results = await asyncio.gather(*subscribers)
+    assert all(r == results[0] for r in results)
+    assert results[0][-1].data.type == "done"
+    history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
+    polls = [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        == "__temporal_workflow_stream_poll"
+    ]
+    # One subscriber polls a handful of times; fifty separate ones would poll 50+ times.
+    assert 1 <= len(polls) < 15
+
+
+async def test_subscribing_before_the_task_exists(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    with pytest.raises(TaskNotFoundError, match="no task with id 'not-yet'"):
+        await collect(dev_runtime.stream("not-yet"))
+    with pytest.raises(TaskNotFoundError, match=r"within 0.3 s"):
+        await collect(dev_runtime.stream("never", wait_for_start=timedelta(seconds=0.3)))
+    model = fake_openai.script([text("hello there")])
+    waiting = asyncio.create_task(
+        collect(dev_runtime.stream("soon", wait_for_start=timedelta(seconds=20)))
+    )
+    await asyncio.sleep(0.5)
+    await dev_runtime.run(agent_task(model), task_id="soon")
+    items = await waiting
+    assert items[-1].data.type == "done"
+
+
+async def test_offsets_keep_increasing_across_continue_as_new(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    handle = await dev_runtime.run(
+        agent_task(five_step_script(fake_openai), continue_as_new_after_steps=2)
+    )
+    items = await collect(dev_runtime.stream(handle.id, since=0))
+    assert [i.offset for i in items] == list(range(len(items)))
+    assert [i.data for i in items if i.topic == "events"] == await handle.events()
+    history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
+    assert history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    assert (await handle.result()).steps == 5
+
+
+async def _raw(offsets: list[int]) -> AsyncIterator[WorkflowStreamItem[Any]]:
+    for offset in offsets:
+        yield WorkflowStreamItem(
+            topic="tokens",
+            data={"type": "token", "step": 1, "attempt": 1, "index": offset, "text": "x"},
+            offset=offset,
+        )
+
+
+async def test_truncated_offsets_become_an_explicit_gap() -> None:
+    batches = [b async for b in with_gaps(3, _raw([7, 8, 8, 9]))]
+    flat = [i for b in batches for i in b]
+    assert isinstance(flat[0].data, StreamGap)
+    assert (flat[0].data.start, flat[0].data.end) == (3, 7)
+    assert [i.offset for i in flat[1:]] == [7, 8, 9]  # the repeated 8 is dropped
