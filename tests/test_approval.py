@@ -296,3 +296,20 @@ def test_readme_shows_both_ways_to_approve() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert "starter.py approve" in readme or "ws approve" in readme
     assert "temporal workflow signal --workflow-id" in readme
+
+
+async def test_resume_with_an_approval_returns_the_same_handle_type(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI, settings: Settings
+) -> None:
+    model = fake_openai.script([tools(shell("resumed")), text("done")])
+    started = await dev_runtime.run(agent_task(model), task_id="resume-me")
+    [request] = await pending_requests(started)
+    resumed = await dev_runtime.resume(
+        "resume-me", approval=Decision(request_id=request, approver="ann")
+    )
+    assert type(resumed) is type(started) and resumed.id == started.id
+    assert (await resumed.result()).result == "done"
+    assert side_effects(settings) == ["resumed"]
+    again = await dev_runtime.run(agent_task(model), task_id="resume-me")  # same id: same task
+    assert (await again.result()).result == "done"
+    assert fake_openai.calls(model) == 2

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 from temporalio.testing import WorkflowEnvironment
 
@@ -102,3 +103,44 @@ async def test_unknown_task_is_a_clear_error(
     assert code == 1 and "no task with id 'no-such-task'" in err
     code, _, err = await starter(dev_env, settings, "approve", "no-such-task")
     assert code == 1 and "no task with id 'no-such-task'" in err
+
+
+def test_run_in_a_terminal_asks_y_n_inline(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    import pty
+    import select
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "WAYSTATION_"))}
+    env.update(
+        TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+        WAYSTATION_TASK_QUEUE=settings.task_queue,
+        WAYSTATION_WORKSPACE=str(settings.workspace_dir),
+        WAYSTATION_EMBEDDED_SERVER="false",
+    )
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: starter.py on a terminal
+        os.chdir(REPO)
+        os.execve(
+            sys.executable, [sys.executable, "starter.py", "run", "Run `echo typed-yes`"], env
+        )
+    screen = b""
+
+    def read_until(marker: bytes, timeout: float = 60) -> None:
+        nonlocal screen
+        deadline = time.monotonic() + timeout
+        while marker not in screen:
+            assert time.monotonic() < deadline, screen.decode(errors="replace")
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    screen += os.read(fd, 4096)
+                except OSError:
+                    break
+
+    read_until(b"approve run_shell? [y/N/message to reject]")
+    os.write(fd, b"y\n")
+    read_until(b"done after 2 step(s)")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert b"typed-yes" in screen
