@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.builtin_tools import builtin_registry
+from activities.ledger import IdempotencyLedger
 from activities.llm import LlmActivities
 from activities.tools import ToolActivities, ToolRegistry
 from runtime.settings import Settings
@@ -41,7 +42,8 @@ def build_worker(
     """
     registry = registry or builtin_registry()
     llm = LlmActivities(registry, api_key=settings.api_key, base_url=settings.openai_base_url)
-    tools = ToolActivities(registry, settings.workspace_dir)
+    ledger = IdempotencyLedger(settings.data_dir.absolute() / "ledger.sqlite3")
+    tools = ToolActivities(registry, settings.workspace_dir, ledger)
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,

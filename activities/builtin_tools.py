@@ -162,17 +162,40 @@ class WriteFileArgs(BaseModel):
     append: bool = Field(default=False, description="Append instead of replacing the file.")
 
 
+def _appended(target: Path, offset: int, data: bytes) -> bool:
+    """Whether `data` already stands in `target` at `offset` (an earlier attempt wrote it)."""
+    if not target.is_file() or target.stat().st_size < offset + len(data):
+        return False
+    with open(target, "rb") as handle:
+        handle.seek(offset)
+        return handle.read(len(data)) == data
+
+
 async def write_file(args: WriteFileArgs, context: ToolContext) -> str:
     target = resolve_in_workspace(context.workspace, args.path)
     if target.is_dir():
         raise ToolError(f"{args.path!r} is a directory")
+    ledger, key = context.ledger, context.idempotency_key
+    entry = ledger.lookup(key)
+    if entry is not None and entry.state == "done" and entry.result is not None:
+        return entry.result
+    data = args.content.encode()
+    verb = "appended" if args.append else "wrote"
+    result = f"{verb} {len(data)} bytes to {_relative(context.workspace, target)}"
+    if args.append and entry is not None and _appended(target, entry.detail["offset"], data):
+        ledger.finish(key, result)  # the lost attempt did append: do not append twice
+        return result
     target.parent.mkdir(parents=True, exist_ok=True)
+    offset = target.stat().st_size if target.exists() else 0
+    ledger.start(key, "write_file", {"offset": offset, "path": args.path})
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if args.append else os.O_TRUNC)
     fd = os.open(target, flags, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(args.content)
-    verb = "appended" if args.append else "wrote"
-    return f"{verb} {len(args.content.encode())} bytes to {_relative(context.workspace, target)}"
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    ledger.finish(key, result)
+    return result
 
 
 # --- shell ----------------------------------------------------------------------------------
@@ -184,6 +207,18 @@ class RunShellArgs(BaseModel):
 
 
 async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
+    ledger, key = context.ledger, context.idempotency_key
+    entry = ledger.lookup(key)
+    if entry is not None and entry.state == "done" and entry.result is not None:
+        if entry.is_error:
+            raise ToolError(entry.result)
+        return entry.result
+    if entry is not None:
+        raise ToolError(
+            "an earlier attempt started this command and was lost with its worker; whether it "
+            "finished is unknown, so it was not run a second time"
+        )
+    ledger.start(key, "run_shell", {"command": args.command})
     process = await asyncio.create_subprocess_shell(
         args.command,
         cwd=context.workspace,
@@ -197,12 +232,16 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     except TimeoutError:
         _kill_group(process.pid)
         await process.wait()
-        raise ToolError(f"command timed out after {args.timeout_seconds:g} s") from None
+        message = f"command timed out after {args.timeout_seconds:g} s"
+        ledger.finish(key, message, is_error=True)
+        raise ToolError(message) from None
     except asyncio.CancelledError:
         _kill_group(process.pid)
         raise
     text = output.decode("utf-8", errors="replace")
-    return cap_output(f"exit code {process.returncode}\n{text}")
+    result = cap_output(f"exit code {process.returncode}\n{text}")
+    ledger.finish(key, result)
+    return result
 
 
 def _kill_group(pid: int) -> None:

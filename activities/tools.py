@@ -8,6 +8,7 @@ never crash a task: they come back as an error observation the model can act on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import posixpath
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating
+from activities.ledger import IdempotencyLedger
 from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
 
 MAX_OBSERVATION_CHARS = 16_000
@@ -36,9 +38,11 @@ class ToolContext:
     workspace: Path
     idempotency_key: str
     """`workflow_id/step/call_id`: the same on every retry of the same call."""
+    ledger: IdempotencyLedger
+    """Where a side-effecting tool records what it did under its idempotency key."""
 
 
-ToolFunction = Callable[[Any, ToolContext], Awaitable[str]]
+ToolFunction = Callable[[Any, ToolContext], Awaitable[str] | str]
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,15 @@ class Tool:
     function: ToolFunction
     approval: ApprovalRule = "never"
     idempotent: bool = True
+    """A retry of the same call (same idempotency key) cannot do its effect twice, by nature
+    or through the ledger. False: a lost attempt is reported to the model, never retried."""
     timeout_seconds: float = 60.0
+
+    async def call(self, arguments: BaseModel, context: ToolContext) -> str:
+        if inspect.iscoroutinefunction(self.function):
+            return await self.function(arguments, context)  # type: ignore[no-any-return]
+        # Plain functions run in a thread so the activity's heartbeat keeps beating.
+        return await asyncio.to_thread(self.function, arguments, context)  # type: ignore[arg-type]
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools` entry for this tool."""
@@ -137,6 +149,7 @@ class ToolRegistry:
             call.problem = f"invalid arguments for {name}: {_describe(err)}"
             return call
         call.arguments = validated.model_dump(mode="json")
+        call.retry_safe = tool.idempotent
         reason = approval_needed(policy.get(name, tool.approval), call.arguments)
         call.needs_approval = reason is not None
         call.approval_reason = reason
@@ -160,9 +173,10 @@ def cap_output(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
 class ToolActivities:
     """The `run_tool` activity over a registry and a workspace directory."""
 
-    def __init__(self, registry: ToolRegistry, workspace: Path) -> None:
+    def __init__(self, registry: ToolRegistry, workspace: Path, ledger: IdempotencyLedger) -> None:
         self._registry = registry
         self._workspace = workspace
+        self._ledger = ledger
         workspace.mkdir(parents=True, exist_ok=True)
 
     @activity.defn(name="run_tool")
@@ -177,12 +191,14 @@ class ToolActivities:
             return ToolResult(
                 output=f"invalid arguments for {tool.name}: {_describe(err)}", is_error=True
             )
-        context = ToolContext(workspace=self._workspace, idempotency_key=request.idempotency_key)
+        context = ToolContext(
+            workspace=self._workspace,
+            idempotency_key=request.idempotency_key,
+            ledger=self._ledger,
+        )
         try:
             async with keep_heartbeating():
-                output = await asyncio.wait_for(
-                    tool.function(arguments, context), tool.timeout_seconds
-                )
+                output = await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
         except ToolError as err:
             return ToolResult(output=str(err), is_error=True)
         except TimeoutError:

@@ -37,8 +37,10 @@ from workflows.events import (
     ErrorEvent,
     Failed,
     Observation,
+    Resumed,
     TaskStarted,
     Thought,
+    UserMessage,
 )
 from workflows.stream import EVENTS_TOPIC, TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
 
@@ -62,6 +64,8 @@ StreamData = Annotated[
     | ApprovalRequested
     | ApprovalResolved
     | ErrorEvent
+    | Resumed
+    | UserMessage
     | Done
     | Failed
     | Cancelled

@@ -22,6 +22,7 @@ from activities.builtin_tools import (
     run_shell,
     write_file,
 )
+from activities.ledger import IdempotencyLedger
 from activities.tools import ToolActivities, ToolContext, ToolError
 from workflows.models import ToolRequest
 
@@ -30,7 +31,11 @@ from workflows.models import ToolRequest
 def context(tmp_path: Path) -> ToolContext:
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    return ToolContext(workspace=workspace, idempotency_key="wf/1/c1")
+    return ToolContext(
+        workspace=workspace,
+        idempotency_key="wf/1/c1",
+        ledger=IdempotencyLedger(tmp_path / "ledger.sqlite3"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -64,7 +69,9 @@ async def test_calculator_tool_prints_whole_numbers_plainly(context: ToolContext
 async def test_files_round_trip_inside_the_workspace(context: ToolContext) -> None:
     written = await write_file(WriteFileArgs(path="notes/a.txt", content="hello"), context)
     assert written == "wrote 5 bytes to notes/a.txt"
-    await write_file(WriteFileArgs(path="notes/a.txt", content=" world", append=True), context)
+    await write_file(
+        WriteFileArgs(path="notes/a.txt", content=" world", append=True), with_key(context, "k2")
+    )
     assert await read_file(ReadFileArgs(path="notes/a.txt"), context) == "hello world"
     assert await list_files(ListFilesArgs(path="notes"), context) == "a.txt (11 bytes)"
 
@@ -95,12 +102,60 @@ async def test_symlinks_out_of_the_workspace_are_refused(context: ToolContext) -
 async def test_run_shell_runs_in_the_workspace_with_a_timeout(context: ToolContext) -> None:
     output = await run_shell(RunShellArgs(command="pwd; echo hi >&2; exit 3"), context)
     assert output.splitlines() == ["exit code 3", str(context.workspace.resolve()), "hi"]
+    slow = with_key(context, "slow")
     with pytest.raises(ToolError, match="timed out"):
-        await run_shell(RunShellArgs(command="sleep 30", timeout_seconds=0.3), context)
+        await run_shell(RunShellArgs(command="sleep 30", timeout_seconds=0.3), slow)
+    with pytest.raises(ToolError, match="timed out"):  # the retry reports the same outcome
+        await run_shell(RunShellArgs(command="sleep 30", timeout_seconds=0.3), slow)
+
+
+def with_key(context: ToolContext, key: str) -> ToolContext:
+    return ToolContext(workspace=context.workspace, idempotency_key=key, ledger=context.ledger)
+
+
+async def test_a_retried_call_does_its_side_effect_once(context: ToolContext) -> None:
+    append = WriteFileArgs(path="log.txt", content="line\n", append=True)
+    first = await write_file(append, context)
+    assert await write_file(append, context) == first  # same key: the recorded result
+    await write_file(append, with_key(context, "another-call"))
+    assert (context.workspace / "log.txt").read_text() == "line\nline\n"
+    command = RunShellArgs(command="echo ran >> shell.txt")
+    assert await run_shell(command, with_key(context, "s1")) == await run_shell(
+        command, with_key(context, "s1")
+    )
+    assert (context.workspace / "shell.txt").read_text() == "ran\n"
+
+
+async def test_a_lost_response_is_recognised_not_repeated(context: ToolContext) -> None:
+    # An attempt appended, then its worker died before recording the result.
+    target = context.workspace / "log.txt"
+    target.write_text("before\n")
+    context.ledger.start("lost", "write_file", {"offset": len("before\n"), "path": "log.txt"})
+    with open(target, "a") as handle:
+        handle.write("effect\n")
+    retry = await write_file(
+        WriteFileArgs(path="log.txt", content="effect\n", append=True), with_key(context, "lost")
+    )
+    assert retry == "appended 7 bytes to log.txt"
+    assert target.read_text() == "before\neffect\n"
+    # An attempt that recorded its start but never appended: the retry appends once.
+    context.ledger.start(
+        "never-wrote", "write_file", {"offset": target.stat().st_size, "path": "log.txt"}
+    )
+    await write_file(
+        WriteFileArgs(path="log.txt", content="late\n", append=True),
+        with_key(context, "never-wrote"),
+    )
+    assert target.read_text() == "before\neffect\nlate\n"
+    # A shell command whose first attempt vanished is not run a second time.
+    context.ledger.start("vanished", "run_shell", {"command": "echo x >> shell.txt"})
+    with pytest.raises(ToolError, match="not run a second time"):
+        await run_shell(RunShellArgs(command="echo x >> shell.txt"), with_key(context, "vanished"))
+    assert not (context.workspace / "shell.txt").exists()
 
 
 async def test_run_shell_caps_its_output(context: ToolContext) -> None:
-    output = await run_shell(RunShellArgs(command="yes | head -c 100000"), context)
+    output = await run_shell(RunShellArgs(command="yes | head -c 100000"), with_key(context, "big"))
     assert len(output) < 17_000
     assert "[output truncated" in output
 
@@ -151,7 +206,7 @@ def test_schemas_are_openai_function_tools() -> None:
 
 
 async def test_run_tool_turns_failures_into_error_results(context: ToolContext) -> None:
-    activities = ToolActivities(builtin_registry(), context.workspace)
+    activities = ToolActivities(builtin_registry(), context.workspace, context.ledger)
     unknown = await activities.run_tool(
         ToolRequest(call_id="c", tool="nope", arguments={}, idempotency_key="k")
     )

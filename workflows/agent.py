@@ -12,7 +12,8 @@ from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
@@ -29,8 +30,10 @@ with workflow.unsafe.imports_passed_through():
         ErrorEvent,
         Failed,
         Observation,
+        Resumed,
         TaskStarted,
         Thought,
+        UserMessage,
         apply,
     )
     from workflows.models import (
@@ -42,20 +45,25 @@ with workflow.unsafe.imports_passed_through():
         LlmContext,
         LlmRequest,
         LlmResult,
+        Resumption,
         ToolCall,
         ToolRequest,
         ToolResult,
     )
     from workflows.stream import EVENTS_TOPIC
 
-LLM_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
-TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+# Activities beat every third of these on a timer, so a dead worker's call is retried
+# elsewhere within seconds while a slow but live call is left alone.
+LLM_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
+TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 TOOL_START_TO_CLOSE = timedelta(minutes=15)
-TOOL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
+RETRY_SAFE_TOOL = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
     maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
+    maximum_attempts=10,
 )
+# A tool that cannot tell whether a lost attempt took effect runs at most once.
+ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
 
 Via = Literal["update", "signal"]
 
@@ -74,6 +82,12 @@ class RunCarry(Contract):
     state: AgentState
     stream: WorkflowStreamState | None = None
     early_decisions: list[Decision] = []
+    message: str | None = None
+    """A user message to add first (a fork with an edited message)."""
+
+
+def _cancelled(err: BaseException) -> bool:
+    return isinstance(err, ActivityError) and isinstance(err.cause, CancelledError)
 
 
 def request_id_for(step: int, call_id: str) -> str:
@@ -111,18 +125,24 @@ class AgentWorkflow:
             self._append(
                 TaskStarted(task_id=workflow.info().workflow_id, task=self._task, **self._meta(0))
             )
+        elif carry.message:
+            self._append(UserMessage(content=carry.message, **self._meta(self._state.step)))
         try:
             return await self._loop()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ActivityError) as err:
+            if isinstance(err, ActivityError) and not _cancelled(err):
+                raise
             self._append(Cancelled(**self._meta(self._state.step)))
             await self._close_stream()
-            raise
+            raise asyncio.CancelledError() from None
 
     async def _loop(self) -> AgentOutcome:
-        task = self._task
+        if (unfinished := self._unfinished_step()) is not None:
+            await self._finish_step(*unfinished)
         while True:
             if self._should_continue_as_new():
                 await self._continue_as_new()
+            task = self._task
             used = self._state.usage.total
             if self._state.step >= task.max_steps:
                 raise await self._fail(
@@ -158,29 +178,56 @@ class AgentWorkflow:
                     usage=self._state.usage,
                     last_seq=self._state.last_seq,
                 )
-            for call in result.tool_calls:
-                self._append(
-                    Action(
-                        call_id=call.call_id,
-                        tool=call.tool,
-                        arguments=call.arguments,
-                        raw_arguments=call.raw_arguments,
-                        needs_approval=call.needs_approval and call.problem is None,
-                        **self._meta(step),
-                    )
+            await self._finish_step(step, result.tool_calls, result.content or None)
+
+    def _unfinished_step(self) -> tuple[int, list[ToolCall], str | None] | None:
+        """The step the log stops inside of (a fork point): its calls lack observations."""
+        for event in reversed(self._log):
+            if isinstance(event, Thought):
+                observed = {
+                    e.call_id
+                    for e in self._log
+                    if isinstance(e, Observation) and e.step == event.step
+                }
+                if all(c.call_id in observed for c in event.tool_calls):
+                    return None
+                return event.step, event.tool_calls, event.content or None
+            if isinstance(event, UserMessage | Done):
+                return None
+        return None
+
+    async def _finish_step(
+        self, step: int, calls: list[ToolCall], model_reason: str | None
+    ) -> None:
+        """Actions, approvals, tool runs and observations of a step, skipping what is logged."""
+        logged = {e.call_id for e in self._log if isinstance(e, Action) and e.step == step}
+        for call in calls:
+            if call.call_id in logged:
+                continue
+            self._append(
+                Action(
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    arguments=call.arguments,
+                    raw_arguments=call.raw_arguments,
+                    needs_approval=call.needs_approval and call.problem is None,
+                    **self._meta(step),
                 )
-            await self._await_approvals(step, result)
-            outputs = await asyncio.gather(*(self._run_call(step, c) for c in result.tool_calls))
-            for call, output in zip(result.tool_calls, outputs, strict=True):
-                self._append(
-                    Observation(
-                        call_id=call.call_id,
-                        tool=call.tool,
-                        output=output.output,
-                        is_error=output.is_error,
-                        **self._meta(step),
-                    )
+            )
+        await self._await_approvals(step, calls, model_reason)
+        observed = {e.call_id for e in self._log if isinstance(e, Observation) and e.step == step}
+        todo = [c for c in calls if c.call_id not in observed]
+        outputs = await asyncio.gather(*(self._run_call(step, c) for c in todo))
+        for call, output in zip(todo, outputs, strict=True):
+            self._append(
+                Observation(
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    output=output.output,
+                    is_error=output.is_error,
+                    **self._meta(step),
                 )
+            )
 
     def _should_continue_as_new(self) -> bool:
         if workflow.info().is_continue_as_new_suggested():
@@ -189,7 +236,7 @@ class AgentWorkflow:
         return every is not None and self._state.step - self._first_step_of_run >= every
 
     async def _continue_as_new(self) -> None:
-        task = self._task
+        task = self._task  # with any limits raised since the start
 
         def next_run(stream: WorkflowStreamState) -> list[object]:
             carry = RunCarry(
@@ -211,6 +258,7 @@ class AgentWorkflow:
                 result_type=LlmResult,
                 start_to_close_timeout=timedelta(seconds=model.request_timeout_seconds * 10),
                 heartbeat_timeout=LLM_HEARTBEAT_TIMEOUT,
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     backoff_coefficient=2.0,
@@ -221,6 +269,8 @@ class AgentWorkflow:
             )
             return result
         except ActivityError as err:
+            if _cancelled(err):
+                raise
             cause = err.cause
             detail = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
             failure = await self._fail("llm_error", f"the LLM call of step {step} failed: {detail}")
@@ -228,12 +278,19 @@ class AgentWorkflow:
 
     # --- approval ---------------------------------------------------------------------------
 
-    async def _await_approvals(self, step: int, result: LlmResult) -> None:
+    async def _await_approvals(
+        self, step: int, calls: list[ToolCall], model_reason: str | None
+    ) -> None:
         waiting: list[str] = []
-        for call in result.tool_calls:
+        for call in calls:
             if not call.needs_approval or call.problem is not None or call.arguments is None:
                 continue
             request_id = request_id_for(step, call.call_id)
+            if request_id in self._state.decisions:
+                continue
+            waiting.append(request_id)
+            if request_id in self._state.pending_approvals:
+                continue  # requested before a fork point: still waiting
             self._append(
                 ApprovalRequested(
                     request_id=request_id,
@@ -241,11 +298,10 @@ class AgentWorkflow:
                     tool=call.tool,
                     arguments=call.arguments,
                     reason=call.approval_reason,
-                    model_reason=result.content or None,
+                    model_reason=model_reason,
                     **self._meta(step),
                 )
             )
-            waiting.append(request_id)
             if (early := self._early_decisions.pop(request_id, None)) is not None:
                 self._record_decision(*early)
         if not waiting:
@@ -293,19 +349,31 @@ class AgentWorkflow:
                 )
             arguments = outcome.arguments if outcome.arguments is not None else arguments
             note = f"\n[approved with a note: {outcome.message}]" if outcome.message else ""
-        result: ToolResult = await workflow.execute_activity(
-            "run_tool",
-            ToolRequest(
-                call_id=call.call_id,
-                tool=call.tool,
-                arguments=arguments,
-                idempotency_key=f"{workflow.info().workflow_id}/{step}/{call.call_id}",
-            ),
-            result_type=ToolResult,
-            start_to_close_timeout=TOOL_START_TO_CLOSE,
-            heartbeat_timeout=TOOL_HEARTBEAT_TIMEOUT,
-            retry_policy=TOOL_RETRY,
-        )
+        try:
+            result: ToolResult = await workflow.execute_activity(
+                "run_tool",
+                ToolRequest(
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    arguments=arguments,
+                    idempotency_key=f"{workflow.info().workflow_id}/{step}/{call.call_id}",
+                ),
+                result_type=ToolResult,
+                start_to_close_timeout=TOOL_START_TO_CLOSE,
+                heartbeat_timeout=TOOL_HEARTBEAT_TIMEOUT,
+                retry_policy=RETRY_SAFE_TOOL if call.retry_safe else ONCE_ONLY_TOOL,
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            )
+        except ActivityError as err:
+            if _cancelled(err):
+                raise
+            lost = "it may or may not have taken effect; it was not run again"
+            detail = (
+                err.cause.message if isinstance(err.cause, ApplicationError) else str(err.cause)
+            )
+            return ToolResult(
+                output=f"{call.tool} did not complete ({detail}): {lost}", is_error=True
+            )
         return result.model_copy(update={"output": result.output + note}) if note else result
 
     def _record_decision(self, decision: Decision, via: Via) -> DecisionOutcome:
@@ -397,6 +465,25 @@ class AgentWorkflow:
         else:
             # A fast approver can decide before the step that asks reaches its wait.
             self._early_decisions[request_id] = (decision, "signal")
+
+    @workflow.signal(name="resume_after_failure")
+    def resume_after_failure(self, resumption: Resumption) -> None:
+        """Sent with a reset of a failed task: raise its limits and note what failed."""
+        updates: dict[str, object] = {}
+        if resumption.max_steps is not None:
+            updates["max_steps"] = resumption.max_steps
+        if resumption.token_budget is not None:
+            updates["token_budget"] = resumption.token_budget
+        self._task = self._task.model_copy(update=updates)
+        self._append(
+            Resumed(
+                failure=resumption.failure,
+                failure_kind=resumption.failure_kind,
+                max_steps=self._task.max_steps,
+                token_budget=self._task.token_budget,
+                **self._meta(self._state.step),
+            )
+        )
 
     # --- queries ----------------------------------------------------------------------------
 

@@ -98,6 +98,23 @@ class ErrorEvent(EventBase):
     message: str
 
 
+class Resumed(EventBase):
+    """A failed task was reset to its last good point and goes on (limits maybe raised)."""
+
+    type: Literal["resumed"] = "resumed"
+    failure: str | None = None
+    failure_kind: str | None = None
+    max_steps: int | None = None
+    token_budget: int | None = None
+
+
+class UserMessage(EventBase):
+    """A message from the user added to the conversation (a fork's edited message)."""
+
+    type: Literal["user_message"] = "user_message"
+    content: str
+
+
 class Done(EventBase):
     type: Literal["done"] = "done"
     result: str
@@ -122,6 +139,8 @@ AgentEvent = Annotated[
     | ApprovalRequested
     | ApprovalResolved
     | ErrorEvent
+    | Resumed
+    | UserMessage
     | Done
     | Failed
     | Cancelled,
@@ -229,6 +248,11 @@ def apply(state: AgentState, event: AgentEvent) -> AgentState:
             )
         case ErrorEvent():
             changes["errors"] = [*state.errors, f"{event.kind}: {event.message}"]
+        case Resumed():
+            changes.update(status="running", failure=None, failure_kind=None, result=None)
+        case UserMessage():
+            message = ChatMessage(role="user", content=event.content)
+            changes.update(messages=[*state.messages, message], status="running", result=None)
         case Done():
             changes.update(status="done", result=event.result)
         case Failed():

@@ -133,6 +133,11 @@ class ToolCall(Contract):
     problem: str | None = None
     needs_approval: bool = False
     approval_reason: str | None = None
+    retry_safe: bool = Field(
+        default=True,
+        description="A retry cannot do the call's effect twice (idempotent, or guarded by "
+        "the idempotency key); otherwise a lost attempt is reported, never repeated.",
+    )
 
 
 class LlmRequest(Contract):
@@ -196,6 +201,15 @@ class Decision(Contract):
         return self.decision == outcome.decision and (
             self.arguments is None or self.arguments == outcome.arguments
         )
+
+
+class Resumption(Contract):
+    """Signal `resume_after_failure`, sent with a reset: raise limits and say what failed."""
+
+    failure: str | None = None
+    failure_kind: str | None = None
+    max_steps: int | None = Field(default=None, ge=1)
+    token_budget: int | None = Field(default=None, ge=1)
 
 
 class DecisionOutcome(Contract):
