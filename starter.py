@@ -1,4 +1,4 @@
-"""The command line: run, approve/reject, stream, status, events, list, cancel, worker, server.
+"""The command line: run, approve/reject, stream, status, events, list, resume, fork, cancel.
 
     python starter.py run "What is 12 * 7? Write it to scratch/answer.txt"
     python starter.py approve TASK_ID [REQUEST_ID] [--reject --message "why"]
@@ -189,6 +189,43 @@ async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
         )
 
 
+async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    runtime = AgentRuntime(client, settings)
+    async with hosted_worker(client, settings, args.worker):
+        head = await runtime.stream_head(args.id)
+        handle = await runtime.resume(
+            args.id, max_steps=args.max_steps, token_budget=args.token_budget
+        )
+        _say(f"task {handle.id} resumed")
+        if not args.follow:
+            return 0
+        return await follow(
+            runtime, handle, since=head, as_json=False, interactive=False, on_approval="exit"
+        )
+
+
+async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings)
+    runtime = AgentRuntime(client, settings)
+    async with hosted_worker(client, settings, args.worker):
+        handle = await runtime.fork(
+            args.id,
+            args.at,
+            message=args.message,
+            new_task_id=args.new_id,
+            max_steps=args.max_steps,
+            token_budget=args.token_budget,
+        )
+        _say(f"task {handle.id} forked from {args.id} after event {args.at}")
+        if not args.follow:
+            print(handle.id)
+            return 0
+        return await follow(
+            runtime, handle, since=0, as_json=False, interactive=False, on_approval="exit"
+        )
+
+
 async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
     runtime = AgentRuntime(client, settings)
@@ -341,6 +378,23 @@ def parser() -> argparse.ArgumentParser:
     approve.add_argument("--no-follow", dest="follow", action="store_false")
     _add_worker_flag(approve)
 
+    resume = commands.add_parser("resume", help="resume a failed task from its last good point")
+    resume.add_argument("id")
+    resume.add_argument("--max-steps", type=int, help="raise the step limit")
+    resume.add_argument("--token-budget", type=int, help="raise the token budget")
+    resume.add_argument("--no-follow", dest="follow", action="store_false")
+    _add_worker_flag(resume)
+
+    fork = commands.add_parser("fork", help="start a new task from the state after an event")
+    fork.add_argument("id")
+    fork.add_argument("--at", type=int, required=True, help="event seq to fork after")
+    fork.add_argument("--message", help="a user message to add first (an edited turn)")
+    fork.add_argument("--new-id", help="id of the new task (default: ID-fork-xxxxxx)")
+    fork.add_argument("--max-steps", type=int, help="the fork's step limit")
+    fork.add_argument("--token-budget", type=int, help="the fork's token budget")
+    fork.add_argument("--no-follow", dest="follow", action="store_false")
+    _add_worker_flag(fork)
+
     stream = commands.add_parser("stream", help="follow a task's events and tokens")
     stream.add_argument("id")
     stream.add_argument("--since", type=int, default=0, help="stream offset to start from")
@@ -379,6 +433,8 @@ COMMANDS = {
     "run": cmd_run,
     "approve": cmd_approve,
     "stream": cmd_stream,
+    "resume": cmd_resume,
+    "fork": cmd_fork,
     "status": cmd_status,
     "events": cmd_events,
     "list": cmd_list,

@@ -7,12 +7,13 @@ happens only in workers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from datetime import timedelta
 from typing import Any
 
 from temporalio.client import (
     Client,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
@@ -21,12 +22,20 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.reset import reset_failed_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
 from workflows import errors
-from workflows.agent import AgentWorkflow, EventPage
-from workflows.events import AgentEvent, AgentState
-from workflows.models import AgentOutcome, AgentTask, Decision, DecisionOutcome, ModelSettings
+from workflows.agent import AgentWorkflow, EventPage, RunCarry
+from workflows.events import AgentEvent, AgentState, TaskStarted, fold
+from workflows.models import (
+    AgentOutcome,
+    AgentTask,
+    Decision,
+    DecisionOutcome,
+    ModelSettings,
+    Resumption,
+)
 
 
 class TaskError(Exception):
@@ -177,7 +186,9 @@ class TaskHandle:
         except RPCError as err:
             raise _not_found(self.id, err) from err
 
-    def stream(self, since: int = 0, topics: list[str] | None = None) -> AsyncIterator[StreamItem]:
+    def stream(
+        self, since: int = 0, topics: list[str] | None = None
+    ) -> AsyncGenerator[StreamItem, None]:
         return self._runtime.stream(self.id, since=since, topics=topics)
 
 
@@ -219,16 +230,87 @@ class AgentRuntime:
         # Keep the started handle: it follows the run chain from this start.
         return TaskHandle(self, task_id, started)
 
-    async def resume(self, task_id: str, approval: Decision | None = None) -> TaskHandle:
-        """The handle of an existing task, after applying `approval` if one is given."""
+    async def resume(
+        self,
+        task_id: str,
+        approval: Decision | None = None,
+        *,
+        max_steps: int | None = None,
+        token_budget: int | None = None,
+    ) -> TaskHandle:
+        """The handle of an existing task, going on from where it stopped.
+
+        A running task gets `approval` applied if one is given. A failed task is reset to
+        its last good point (before the activity that failed it, or just before the limit
+        it hit) and goes on, with `max_steps` / `token_budget` raised if given; its event
+        log then shows a `resumed` event naming the failure.
+        """
         handle = self.get(task_id)
         try:
-            await handle._handle.describe()
+            description = await handle._handle.describe()
         except RPCError as err:
             raise _not_found(task_id, err) from err
+        if description.status in (
+            WorkflowExecutionStatus.FAILED,
+            WorkflowExecutionStatus.TERMINATED,
+            WorkflowExecutionStatus.TIMED_OUT,
+        ):
+            await reset_failed_task(
+                self.client,
+                task_id,
+                description.run_id,
+                Resumption(max_steps=max_steps, token_budget=token_budget),
+            )
+            return self.get(task_id)
+        if max_steps is not None or token_budget is not None:
+            raise TaskError(task_id, f"task {task_id} has not failed: its limits stay as they are")
         if approval is not None:
             await handle.decide(approval)
         return handle
+
+    async def fork(
+        self,
+        task_id: str,
+        at_seq: int,
+        *,
+        message: str | None = None,
+        new_task_id: str | None = None,
+        max_steps: int | None = None,
+        token_budget: int | None = None,
+    ) -> TaskHandle:
+        """A new task that starts from the state just after event `at_seq` of `task_id`.
+
+        The original is untouched. `message` adds a user message first (an edited turn);
+        `max_steps` / `token_budget` replace the original's limits. The fork has its own
+        id and its own stream (offsets start at 0).
+        """
+        events = await self.get(task_id).events()
+        if not 0 <= at_seq < len(events):
+            raise TaskError(
+                task_id, f"task {task_id} has events 0..{len(events) - 1}, not {at_seq}"
+            )
+        kept = events[: at_seq + 1]
+        first = kept[0]
+        if not isinstance(first, TaskStarted):
+            raise TaskError(task_id, f"task {task_id}'s log does not start with task_started")
+        state = fold(kept)
+        if state.finished and message is None and state.status != "failed":
+            raise TaskError(
+                task_id, f"event {at_seq} ends the task: add a message to go on from it"
+            )
+        fork_id = new_task_id or f"{task_id}-fork-{uuid.uuid4().hex[:6]}"
+        carry = RunCarry(events=kept, state=state, message=message)
+        limits = {
+            k: v for k, v in {"max_steps": max_steps, "token_budget": token_budget}.items() if v
+        }
+        started = await self.client.start_workflow(
+            AgentWorkflow.run,
+            args=[first.task.model_copy(update=limits), carry],
+            id=fork_id,
+            task_queue=self.settings.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+        return TaskHandle(self, fork_id, started)
 
     def get(self, task_id: str) -> TaskHandle:
         return TaskHandle(self, task_id)
@@ -240,7 +322,7 @@ class AgentRuntime:
         topics: list[str] | None = None,
         *,
         wait_for_start: timedelta | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Items of the task's stream from offset `since`, ending after the terminal event.
 
         Observes only. An unknown task raises TaskNotFoundError at once, or once

@@ -17,8 +17,10 @@ from workflows.events import (
     ErrorEvent,
     Failed,
     Observation,
+    Resumed,
     TaskStarted,
     Thought,
+    UserMessage,
 )
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
@@ -98,6 +100,16 @@ class LiveView:
                 note = f": {data.message}" if data.message else ""
                 code = "32" if data.decision == "approve" else "31"
                 self._line(self._paint(f"  {data.decision}d{who} [{data.request_id}]{note}", code))
+            case Resumed():
+                self._line(
+                    self._paint(
+                        f"↺ resumed after: {data.failure} (max_steps {data.max_steps}, "
+                        f"token_budget {data.token_budget})",
+                        "1;33",
+                    )
+                )
+            case UserMessage():
+                self._line(self._paint(f"▶ user: {_short(data.content, 200)}", "1"))
             case ErrorEvent():
                 self._line(self._paint(f"! {data.kind}: {data.message}", "33"))
             case Done():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Annotated, Any, Literal
@@ -146,7 +146,7 @@ class StreamHub:
         topics: list[str] | None = None,
         *,
         wait_for_start: timedelta | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Items with offset >= since, in order, each once; ends after the terminal event.
 
         A task that does not exist raises TaskNotFoundError at once, or after
@@ -250,7 +250,7 @@ class StreamHub:
 
     async def _read_closed_range(
         self, task_id: str, start: int, end: int
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Items in [start, end) through the poll Query, which adds nothing to history."""
         handle = self._client.get_workflow_handle(task_id)
         offset = start

@@ -64,6 +64,9 @@ RETRY_SAFE_TOOL = RetryPolicy(
 )
 # A tool that cannot tell whether a lost attempt took effect runs at most once.
 ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
+# How long a reset run that meets a limit waits for `resume_after_failure` (raised limits),
+# which the runtime sends right after the reset.
+RESUME_SIGNAL_WAIT = timedelta(seconds=60)
 
 Via = Literal["update", "signal"]
 
@@ -115,6 +118,7 @@ class AgentWorkflow:
         }
         self._published_status: tuple[str, int] | None = None
         self._first_step_of_run = self._state.step
+        self._resumed = False
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -144,13 +148,17 @@ class AgentWorkflow:
                 await self._continue_as_new()
             task = self._task
             used = self._state.usage.total
+            over_budget = task.token_budget is not None and used >= task.token_budget
+            if (self._state.step >= task.max_steps or over_budget) and self._awaiting_resumption():
+                await self._wait_for_resumption()
+                continue
             if self._state.step >= task.max_steps:
                 raise await self._fail(
                     "max_steps",
                     f"reached max_steps={task.max_steps} without a final answer; every thought "
                     "and observation so far is kept, resume with a higher max_steps to go on",
                 )
-            if task.token_budget is not None and used >= task.token_budget:
+            if over_budget:
                 raise await self._fail(
                     "token_budget",
                     f"used {used} tokens of the token_budget of {task.token_budget}; resume "
@@ -179,6 +187,18 @@ class AgentWorkflow:
                     last_seq=self._state.last_seq,
                 )
             await self._finish_step(step, result.tool_calls, result.content or None)
+
+    def _awaiting_resumption(self) -> bool:
+        # A reset run (its history was copied from another run) was reset to go on; the
+        # signal with its raised limits follows the reset.
+        info = workflow.info()
+        return info.run_id != info.original_execution_run_id and not self._resumed
+
+    async def _wait_for_resumption(self) -> None:
+        try:
+            await workflow.wait_condition(lambda: self._resumed, timeout=RESUME_SIGNAL_WAIT)
+        except TimeoutError:
+            self._resumed = True  # nobody raised the limits: fail as before
 
     def _unfinished_step(self) -> tuple[int, list[ToolCall], str | None] | None:
         """The step the log stops inside of (a fork point): its calls lack observations."""
@@ -468,13 +488,14 @@ class AgentWorkflow:
 
     @workflow.signal(name="resume_after_failure")
     def resume_after_failure(self, resumption: Resumption) -> None:
-        """Sent with a reset of a failed task: raise its limits and note what failed."""
+        """Sent right after a reset of a failed task: raise its limits, note what failed."""
         updates: dict[str, object] = {}
         if resumption.max_steps is not None:
             updates["max_steps"] = resumption.max_steps
         if resumption.token_budget is not None:
             updates["token_budget"] = resumption.token_budget
         self._task = self._task.model_copy(update=updates)
+        self._resumed = True
         self._append(
             Resumed(
                 failure=resumption.failure,
