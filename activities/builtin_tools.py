@@ -5,10 +5,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import hashlib
 import math
 import operator
 import os
+import shutil
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -206,6 +209,60 @@ class RunShellArgs(BaseModel):
     timeout_seconds: float = Field(default=30, gt=0, le=600)
 
 
+# The command runs in its own session and writes its pid, output and exit code into a
+# folder named after the idempotency key. It outlives a worker that dies, so a retry can
+# wait for it or read what it did instead of running it a second time.
+_WRAPPER = (
+    'echo $$ > "$2/pid"; /bin/sh -c "$1" > "$2/output" 2>&1; '
+    'echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit_code"'
+)
+_START_GRACE = 1.0
+
+
+def _run_dir(context: ToolContext) -> Path:
+    digest = hashlib.sha256(context.idempotency_key.encode()).hexdigest()[:24]
+    return context.ledger.path.parent / "shell-runs" / digest
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _finished_result(run_dir: Path) -> str | None:
+    exit_file = run_dir / "exit_code"
+    if not exit_file.exists():
+        return None
+    output = (run_dir / "output").read_bytes().decode("utf-8", errors="replace")
+    return cap_output(f"exit code {exit_file.read_text().strip()}\n{output}")
+
+
+async def _await_earlier_attempt(run_dir: Path) -> str | None:
+    """What an earlier attempt's command did, waiting for it if it still runs.
+
+    None when it never started (it is safe to start it now).
+    """
+    deadline = time.monotonic() + _START_GRACE
+    while not (run_dir / "pid").exists():
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.05)
+    pid = int((run_dir / "pid").read_text().strip() or 0)
+    while (result := _finished_result(run_dir)) is None:
+        if not _alive(pid):
+            raise ToolError(
+                "an earlier attempt's command was killed before it finished; what it did is "
+                "unknown, so it was not run a second time"
+            )
+        await asyncio.sleep(0.05)
+    return result
+
+
 async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     ledger, key = context.ledger, context.idempotency_key
     entry = ledger.lookup(key)
@@ -213,22 +270,28 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
         if entry.is_error:
             raise ToolError(entry.result)
         return entry.result
-    if entry is not None:
-        raise ToolError(
-            "an earlier attempt started this command and was lost with its worker; whether it "
-            "finished is unknown, so it was not run a second time"
-        )
+    run_dir = _run_dir(context)
+    if entry is not None and (earlier := await _await_earlier_attempt(run_dir)) is not None:
+        ledger.finish(key, earlier)
+        return earlier
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
     ledger.start(key, "run_shell", {"command": args.command})
-    process = await asyncio.create_subprocess_shell(
+    process = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        _WRAPPER,
+        "run_shell",
         args.command,
+        str(run_dir),
         cwd=context.workspace,
         stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,  # so a timeout kills the whole process group
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,  # survives its worker; a timeout kills the whole group
     )
     try:
-        output, _ = await asyncio.wait_for(process.communicate(), args.timeout_seconds)
+        await asyncio.wait_for(process.wait(), args.timeout_seconds)
     except TimeoutError:
         _kill_group(process.pid)
         await process.wait()
@@ -238,8 +301,9 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     except asyncio.CancelledError:
         _kill_group(process.pid)
         raise
-    text = output.decode("utf-8", errors="replace")
-    result = cap_output(f"exit code {process.returncode}\n{text}")
+    result = _finished_result(run_dir)
+    if result is None:
+        raise ToolError("the command's shell ended without recording an exit code")
     ledger.finish(key, result)
     return result
 
@@ -277,7 +341,7 @@ def builtin_registry() -> ToolRegistry:
                 arguments=WriteFileArgs,
                 function=write_file,
                 approval="outside_scratch",
-                idempotent=False,
+                idempotent=True,  # through the ledger: a retry never appends twice
             ),
             Tool(
                 name="run_shell",
@@ -285,7 +349,7 @@ def builtin_registry() -> ToolRegistry:
                 arguments=RunShellArgs,
                 function=run_shell,
                 approval="always",
-                idempotent=False,
+                idempotent=True,  # through the ledger and the command's own record
                 timeout_seconds=620,
             ),
         ]

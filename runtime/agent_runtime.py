@@ -157,7 +157,8 @@ class TaskHandle:
                 raise DecisionError(self.id, cause.message, cause.type) from err
             raise
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND and "already completed" in err.message:
+            closed = ("already completed", "aborted by closing workflow")
+            if err.status == RPCStatusCode.NOT_FOUND and any(c in err.message for c in closed):
                 return await self._decision_after_close(decision)
             raise _not_found(self.id, err) from err
 

@@ -7,8 +7,8 @@ The reset point depends on what failed the task:
 - a limit (max_steps, token budget, approval timeout): the last workflow task, re-run
   with the limits raised.
 Either way a `resume_after_failure` signal follows the reset into the new run: it raises
-the limits and logs a `resumed` event. A reset run that meets a limit waits for it (the
-workflow knows it is a reset run: its original run id is not its own).
+the limits and logs a `resumed` event. After a limit the workflow keeps its run open for a
+short grace before it closes as failed, so the re-run last step meets the signal there.
 """
 
 from __future__ import annotations

@@ -209,7 +209,8 @@ class StreamHub:
 
     def _reader(self, task_id: str, since: int) -> _TaskReader:
         reader = self._readers.get(task_id)
-        if reader is None or (reader.finished and reader.error is not None):
+        # A finished reader has seen a terminal event; a task resumed since has more to say.
+        if reader is None or reader.finished:
             reader = _TaskReader(task_id=task_id, start=since)
             self._readers[task_id] = reader
             reader.task = asyncio.create_task(self._pump(reader))

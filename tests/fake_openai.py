@@ -52,6 +52,12 @@ def hang(seconds: float) -> Reply:
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that vanishes mid-stream (a killed worker) is part of the tests.
+        pass
+
+
 class FakeOpenAI:
     """The server and its scripts. `url` is the base URL for OPENAI_BASE_URL."""
 
@@ -59,7 +65,7 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self.requests: dict[str, list[dict[str, Any]]] = {}
-        server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        server = _QuietServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self._server = server
         self.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -123,8 +129,8 @@ class FakeOpenAI:
                         reply.headers,
                     )
                     return
-                model = str(body.get("model"))
-                self._stream(model, reply, fake.calls(model))
+                step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+                self._stream(str(body.get("model")), reply, step)
 
             def _json(
                 self, status: int, payload: Any, headers: dict[str, str] | None = None
@@ -161,7 +167,8 @@ class FakeOpenAI:
 
 
 def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
-    """The stream of one reply; tool call ids are `call_<request number>_<index>`."""
+    """The stream of one reply; tool call ids are `call_<step>_<index>`, the step counted
+    from the conversation, so a retried request gets the same ids."""
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:

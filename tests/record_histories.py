@@ -1,8 +1,8 @@
 """Record workflow histories for the replay test: `python -m tests.record_histories`.
 
-Run it after a deliberate change to the workflow's history shape (with `workflow.patched`
-for running tasks), and commit the files: the replay test then keeps every later change
-compatible with tasks that are already running.
+Existing files are kept: each stands for tasks that may be running somewhere. New
+scenarios are added as new files. After a deliberate change to the workflow's commands
+(guarded by `workflow.patched` for running tasks), add a scenario and commit its file.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, TaskFailedError
+from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
 from runtime.settings import Settings
 from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
-from tests.fake_openai import FakeOpenAI, error, text, tools
+from tests.fake_openai import FakeOpenAI, Reply, error, text, tools
 from worker import build_worker
 from workflows import search
-from workflows.models import AgentTask, ModelSettings
+from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -90,10 +90,55 @@ async def record() -> None:
             pass
         scenarios["max_steps_failure"] = handle.id
 
+        policy = ApprovalSettings(policy={"run_shell": "never"})
+        model = fake.script(
+            lambda body: (
+                text("all done")
+                if sum(m["role"] == "tool" for m in body["messages"]) >= 3
+                else tools(("run_shell", {"command": "echo step >> effects.txt"}))
+            )
+        )
+        handle = await runtime.run(
+            AgentTask(
+                task="continue as new",
+                model=ModelSettings(name=model),
+                approval=policy,
+                continue_as_new_after_steps=2,
+                max_steps=2,
+            ),
+            task_id="continue-as-new-then-resume",
+        )
+        try:
+            await handle.result()
+        except TaskFailedError:
+            pass
+        handle = await runtime.resume(handle.id, max_steps=10)
+        await handle.result()
+        scenarios["resumed_after_reset"] = handle.id
+
+        fork = await runtime.fork("offline-readme-task", 3, message="and now?", max_steps=5)
+        await fork.result()
+        scenarios["fork_with_message"] = fork.id
+
+        model = fake.script([Reply(content=" ".join(["slow"] * 200), chunk_delay=0.02)])
+        handle = await runtime.run(
+            AgentTask(task="cancel me", model=ModelSettings(name=model)), task_id="cancelled"
+        )
+        await asyncio.sleep(1.0)
+        await handle.cancel()
+        try:
+            await handle.result()
+        except TaskCancelledError:
+            pass
+        scenarios["cancelled_mid_stream"] = handle.id
+
         HISTORIES.mkdir(exist_ok=True)
         for name, workflow_id in scenarios.items():
+            path = HISTORIES / f"{name}.json"
+            if path.exists():
+                continue  # a recorded history stands for tasks already running: keep it
             history = await env.client.get_workflow_handle(workflow_id).fetch_history()
-            (HISTORIES / f"{name}.json").write_text(history.to_json())
+            path.write_text(history.to_json())
             print(f"recorded {name}: {len(history.events)} events")
     fake.close()
 

@@ -14,6 +14,7 @@ from activities.builtin_tools import (
     ReadFileArgs,
     RunShellArgs,
     WriteFileArgs,
+    _run_dir,
     builtin_registry,
     calculator,
     evaluate,
@@ -147,11 +148,34 @@ async def test_a_lost_response_is_recognised_not_repeated(context: ToolContext) 
         with_key(context, "never-wrote"),
     )
     assert target.read_text() == "before\neffect\nlate\n"
-    # A shell command whose first attempt vanished is not run a second time.
-    context.ledger.start("vanished", "run_shell", {"command": "echo x >> shell.txt"})
+
+
+async def test_a_retried_shell_command_reads_what_the_lost_attempt_did(
+    context: ToolContext,
+) -> None:
+    command = RunShellArgs(command="echo x >> shell.txt")
+    # Recorded as started, but the command never began: it is run now, once.
+    context.ledger.start("never-began", "run_shell", {"command": command.command})
+    assert await run_shell(command, with_key(context, "never-began")) == "exit code 0\n"
+    assert (context.workspace / "shell.txt").read_text() == "x\n"
+    # The command ran to the end after its worker died: the retry returns its output.
+    finished = with_key(context, "finished-alone")
+    run_dir = _run_dir(finished)
+    run_dir.mkdir(parents=True)
+    (run_dir / "pid").write_text("999999")
+    (run_dir / "output").write_text("it printed this\n")
+    (run_dir / "exit_code").write_text("0\n")
+    context.ledger.start("finished-alone", "run_shell", {"command": command.command})
+    assert await run_shell(command, finished) == "exit code 0\nit printed this\n"
+    # Killed mid-way (its pid is gone, no exit code): unknown, so not run a second time.
+    killed = with_key(context, "killed")
+    run_dir = _run_dir(killed)
+    run_dir.mkdir(parents=True)
+    (run_dir / "pid").write_text("999999")
+    context.ledger.start("killed", "run_shell", {"command": command.command})
     with pytest.raises(ToolError, match="not run a second time"):
-        await run_shell(RunShellArgs(command="echo x >> shell.txt"), with_key(context, "vanished"))
-    assert not (context.workspace / "shell.txt").exists()
+        await run_shell(command, killed)
+    assert (context.workspace / "shell.txt").read_text() == "x\n"
 
 
 async def test_run_shell_caps_its_output(context: ToolContext) -> None:

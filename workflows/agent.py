@@ -64,9 +64,10 @@ RETRY_SAFE_TOOL = RetryPolicy(
 )
 # A tool that cannot tell whether a lost attempt took effect runs at most once.
 ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
-# How long a reset run that meets a limit waits for `resume_after_failure` (raised limits),
-# which the runtime sends right after the reset.
-RESUME_SIGNAL_WAIT = timedelta(seconds=60)
+# After a limit ends a task, its run stays open this long for `resume_after_failure`: a
+# reset re-runs that last step and the runtime's signal with the raised limits lands here.
+RESUME_GRACE = timedelta(seconds=3)
+RESUME_GRACE_PATCH = "resume-grace-after-limit"
 
 Via = Literal["update", "signal"]
 
@@ -148,22 +149,20 @@ class AgentWorkflow:
                 await self._continue_as_new()
             task = self._task
             used = self._state.usage.total
-            over_budget = task.token_budget is not None and used >= task.token_budget
-            if (self._state.step >= task.max_steps or over_budget) and self._awaiting_resumption():
-                await self._wait_for_resumption()
-                continue
             if self._state.step >= task.max_steps:
-                raise await self._fail(
+                await self._limit_reached(
                     "max_steps",
                     f"reached max_steps={task.max_steps} without a final answer; every thought "
                     "and observation so far is kept, resume with a higher max_steps to go on",
                 )
-            if over_budget:
-                raise await self._fail(
+                continue
+            if task.token_budget is not None and used >= task.token_budget:
+                await self._limit_reached(
                     "token_budget",
                     f"used {used} tokens of the token_budget of {task.token_budget}; resume "
                     "with a higher budget to go on",
                 )
+                continue
             step = self._state.step + 1
             result = await self._call_llm(step)
             self._append(
@@ -188,17 +187,19 @@ class AgentWorkflow:
                 )
             await self._finish_step(step, result.tool_calls, result.content or None)
 
-    def _awaiting_resumption(self) -> bool:
-        # A reset run (its history was copied from another run) was reset to go on; the
-        # signal with its raised limits follows the reset.
-        info = workflow.info()
-        return info.run_id != info.original_execution_run_id and not self._resumed
-
-    async def _wait_for_resumption(self) -> None:
+    async def _limit_reached(self, kind: str, reason: str) -> None:
+        """Fail the task, unless raised limits arrive within the grace (then go on)."""
+        if not workflow.patched(RESUME_GRACE_PATCH):
+            raise await self._fail(kind, reason)
+        self._resumed = False
+        self._append(Failed(kind=kind, reason=reason, **self._meta(self._state.step)))
         try:
-            await workflow.wait_condition(lambda: self._resumed, timeout=RESUME_SIGNAL_WAIT)
+            await workflow.wait_condition(lambda: self._resumed, timeout=RESUME_GRACE)
         except TimeoutError:
-            self._resumed = True  # nobody raised the limits: fail as before
+            await self._close_stream()
+            raise ApplicationError(
+                reason, kind, type=errors.AGENT_FAILED, non_retryable=True
+            ) from None
 
     def _unfinished_step(self) -> tuple[int, list[ToolCall], str | None] | None:
         """The step the log stops inside of (a fork point): its calls lack observations."""
