@@ -284,22 +284,12 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
-    query = 'WorkflowType="AgentWorkflow"'
-    if args.status:
-        query += f' AND AgentStatus="{args.status}"'
-    count = 0
-    async for execution in client.list_workflows(query, limit=args.limit):
-        attrs = execution.typed_search_attributes
-        from workflows import search
-
-        status = attrs.get(search.AGENT_STATUS) or "?"
-        step = attrs.get(search.AGENT_STEP)
-        started = execution.start_time.strftime("%Y-%m-%d %H:%M:%S")
-        print(
-            f"{execution.id:<28} {status:<17} step {step if step is not None else '?':<4} {started}"
-        )
-        count += 1
-    if count == 0:
+    tasks, _ = await AgentRuntime(client, settings).list_tasks(args.status, page_size=args.limit)
+    for task in tasks:
+        step = task.step if task.step is not None else "?"
+        started = task.started_at.strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{task.id:<28} {task.status:<17} step {step:<4} {started}")
+    if not tasks:
         _say("no tasks" + (f" with status {args.status}" if args.status else ""))
     return 0
 
@@ -423,6 +413,7 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("id")
 
     commands.add_parser("worker", help="run a worker in the foreground")
+    commands.add_parser("api", help="serve the HTTP API (WAYSTATION_API_HOST/PORT/TOKENS)")
 
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
@@ -447,6 +438,11 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     settings = Settings()
+    if args.command == "api":
+        from runtime.http_api import main as serve
+
+        serve()  # uvicorn runs its own event loop
+        return 0
     try:
         return asyncio.run(COMMANDS[args.command](args, settings))
     except (TaskError, DecisionError, TemporalUnavailableError) as err:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -25,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from runtime.reset import reset_failed_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
-from workflows import errors
+from workflows import errors, search
 from workflows.agent import AgentWorkflow, EventPage, RunCarry
 from workflows.events import AgentEvent, AgentState, TaskStarted, fold
 from workflows.models import (
@@ -66,6 +67,16 @@ class DecisionError(TaskError):
     def __init__(self, task_id: str, message: str, kind: str | None) -> None:
         super().__init__(task_id, message)
         self.kind = kind
+
+
+class TaskSummary(BaseModel):
+    """One task as Temporal's visibility lists it (no worker needed)."""
+
+    id: str
+    status: str
+    step: int | None = None
+    started_at: datetime
+    closed_at: datetime | None = None
 
 
 class TaskHandle:
@@ -312,6 +323,29 @@ class AgentRuntime:
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         )
         return TaskHandle(self, fork_id, started)
+
+    async def list_tasks(
+        self, status: str | None = None, page_size: int = 50, page_token: bytes | None = None
+    ) -> tuple[list[TaskSummary], bytes | None]:
+        """A page of tasks, newest first, optionally only those with an AgentStatus."""
+        query = 'WorkflowType="AgentWorkflow"'
+        if status is not None:
+            query += f' AND AgentStatus="{status}"'
+        executions = self.client.list_workflows(
+            query, page_size=page_size, next_page_token=page_token
+        )
+        await executions.fetch_next_page()
+        tasks = [
+            TaskSummary(
+                id=e.id,
+                status=e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
+                step=e.typed_search_attributes.get(search.AGENT_STEP),
+                started_at=e.start_time,
+                closed_at=e.close_time,
+            )
+            for e in executions.current_page or []
+        ]
+        return tasks, executions.next_page_token
 
     def get(self, task_id: str) -> TaskHandle:
         return TaskHandle(self, task_id)

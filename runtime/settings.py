@@ -7,13 +7,21 @@ TOML profiles) are read by `temporalio.envconfig`, so an existing Temporal setup
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workflows.models import OFFLINE_MODEL
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+
+
+class ApiToken(BaseModel):
+    """A bearer token of the HTTP API: a reader starts and reads tasks, an approver decides."""
+
+    role: Literal["reader", "approver"]
+    name: str = Field(min_length=1, description="Recorded as the approver of its decisions.")
 
 
 class Settings(BaseSettings):
@@ -45,6 +53,13 @@ class Settings(BaseSettings):
     )
     dev_server_port: int = 7233
     dev_server_ui_port: int = 8233
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_tokens: dict[str, ApiToken] = Field(
+        default_factory=dict,
+        description='JSON: {"<token>": {"role": "approver", "name": "alice"}}. None: the API '
+        "binds to localhost only and lets every local caller in.",
+    )
 
     @property
     def endpoint_configured(self) -> bool:

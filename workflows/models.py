@@ -22,7 +22,7 @@ DEFAULT_SYSTEM_PROMPT = (
 class Contract(BaseModel):
     """Base for every stored model: unknown fields are refused, not silently dropped."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelSettings(Contract):
@@ -31,18 +31,20 @@ class ModelSettings(Contract):
     name: str = Field(
         default=OFFLINE_MODEL,
         min_length=1,
+        max_length=200,
         description="Model name at the OpenAI-compatible endpoint, or 'offline' for the "
         "built-in deterministic offline model.",
     )
     temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
     request_timeout_seconds: float = Field(
         default=120,
-        gt=0,
+        ge=0.1,
+        le=3600,
         description="Longest wait for the next streamed chunk before the attempt is retried.",
     )
     max_attempts: int = Field(
-        default=8, ge=1, description="LLM attempts per step, retries included."
+        default=8, ge=1, le=100, description="LLM attempts per step, retries included."
     )
 
 
@@ -55,11 +57,15 @@ class ApprovalSettings(Contract):
 
     policy: dict[str, ApprovalRule] = Field(
         default_factory=dict,
+        max_length=200,
         description="Per-tool override of the registry default: always, never, or "
         "outside_scratch (a path argument outside the workspace's scratch/ folder).",
     )
     timeout_seconds: float = Field(
-        default=7 * 24 * 3600, gt=0, description="How long one request may wait for a decision."
+        default=7 * 24 * 3600,
+        ge=1,
+        le=366 * 24 * 3600,
+        description="How long one request may wait for a decision (at most a year).",
     )
     on_timeout: Literal["reject", "fail"] = "reject"
 
@@ -71,16 +77,22 @@ class AgentTask(Contract):
     system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, max_length=200_000)
     model: ModelSettings = Field(default_factory=ModelSettings)
     tools: list[str] | None = Field(
-        default=None, description="Tool names the model may call; None means every registered tool."
+        default=None,
+        max_length=200,
+        description="Tool names the model may call; None means every registered tool.",
     )
     max_steps: int = Field(default=20, ge=1, le=100_000, description="Most LLM calls for the task.")
     token_budget: int | None = Field(
-        default=None, ge=1, description="Most tokens (in + out, all steps) the task may use."
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Most tokens (in + out, all steps) the task may use.",
     )
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
     continue_as_new_after_steps: int | None = Field(
         default=None,
         ge=1,
+        le=100_000,
         description="Start a fresh run (continue-as-new) after this many steps in one run; "
         "Temporal's own suggestion triggers it too.",
     )
@@ -208,8 +220,8 @@ class Resumption(Contract):
 
     failure: str | None = None
     failure_kind: str | None = None
-    max_steps: int | None = Field(default=None, ge=1)
-    token_budget: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=1, le=100_000)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
 
 
 class DecisionOutcome(Contract):

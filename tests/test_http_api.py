@@ -1,0 +1,346 @@
+"""The HTTP API over real HTTP: uvicorn in this process, the dev server, a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.testing import WorkflowEnvironment
+
+from runtime.agent_runtime import AgentRuntime
+from runtime.http_api import create_app
+from runtime.settings import ApiToken, Settings
+from tests.conftest import running_worker
+from tests.fake_openai import FakeOpenAI, text, tools
+
+READER = "reader-token"
+APPROVER = "approver-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The API on a free port, with a reader and an approver token, and a worker."""
+    settings = settings.model_copy(
+        update={
+            "api_tokens": {
+                READER: ApiToken(role="reader", name="rita"),
+                APPROVER: ApiToken(role="approver", name="alice"),
+            }
+        }
+    )
+    runtime = AgentRuntime(dev_env.client, settings)
+    app = create_app(settings, runtime)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    async with running_worker(dev_env.client, settings):
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {APPROVER}"},
+            timeout=30,
+        ) as client:
+            client._transport_runtime = runtime  # type: ignore[attr-defined]
+            yield client
+    server.should_exit = True
+    await serving
+
+
+async def sse_items(
+    client: httpx.AsyncClient,
+    path: str,
+    headers: dict[str, str] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Parse a Server-Sent Events response into {id, event, data} dicts."""
+    items: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    async with client.stream("GET", path, headers=headers) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if not line:
+                if "data" in current:
+                    items.append(current)
+                    if limit is not None and len(items) >= limit:
+                        break
+                current = {}
+            elif line.startswith(":"):
+                continue  # heartbeat comment
+            else:
+                field, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                current[field] = json.loads(value) if field == "data" else value
+    return items
+
+
+async def wait_pending(client: httpx.AsyncClient, task_id: str) -> list[str]:
+    async with asyncio.timeout(20):
+        while True:
+            state = (await client.get(f"/tasks/{task_id}")).json()["state"]
+            if state["pending_approvals"]:
+                return list(state["pending_approvals"])
+            await asyncio.sleep(0.05)
+
+
+async def test_start_stream_approve_done_and_reconnect(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI, settings: Settings
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(("run_shell", {"command": "echo via-http >> effects.txt"}), content="shall I?"),
+            text("done via http"),
+        ]
+    )
+    created = await api.post("/tasks", json={"task": "run it", "model": {"name": model}})
+    assert created.status_code == 201, created.text
+    task_id = created.json()["id"]
+    assert created.json()["links"]["events"] == f"/tasks/{task_id}/events"
+
+    [request] = await wait_pending(api, task_id)
+    approved = await api.post(f"/tasks/{task_id}/approve", json={"request_id": request})
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["approver"] == "alice"
+
+    everything = await sse_items(api, f"/tasks/{task_id}/events")
+    assert everything[-1]["event"] == "done"
+    assert everything[-1]["data"]["result"] == "done via http"
+    offsets = [int(i["id"]) for i in everything]
+    assert offsets == list(range(len(everything)))
+    resolved = [i for i in everything if i["event"] == "approval_resolved"]
+    assert resolved[0]["data"]["approver"] == "alice"  # from the token, not the body
+
+    # A client cut off after 5 items reconnects with Last-Event-ID: exactly the rest.
+    first = await sse_items(api, f"/tasks/{task_id}/events", limit=5)
+    rest = await sse_items(
+        api, f"/tasks/{task_id}/events", headers={"Last-Event-ID": first[-1]["id"]}
+    )
+    assert first + rest == everything
+    from_query = await sse_items(api, f"/tasks/{task_id}/events?since=3&topics=events")
+    assert [i["id"] for i in from_query] == [
+        i["id"] for i in everything[3:] if i["event"] != "token"
+    ]
+
+    log = (await api.get(f"/tasks/{task_id}/log?since=2&limit=3")).json()
+    assert [e["seq"] for e in log["events"]] == [2, 3, 4] and log["next_seq"] == 5
+    assert (settings.workspace_dir / "effects.txt").read_text() == "via-http\n"
+
+
+async def test_twenty_identical_approvals_run_the_tool_once(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI, settings: Settings
+) -> None:
+    model = fake_openai.script(
+        [tools(("run_shell", {"command": "echo once >> effects.txt"})), text("ok")]
+    )
+    task_id = (await api.post("/tasks", json={"task": "x", "model": {"name": model}})).json()["id"]
+    [request] = await wait_pending(api, task_id)
+    answers = await asyncio.gather(
+        *(api.post(f"/tasks/{task_id}/approve", json={"request_id": request}) for _ in range(20))
+    )
+    assert {a.status_code for a in answers} == {200}
+    assert len({a.text for a in answers}) == 1
+    conflict = await api.post(f"/tasks/{task_id}/reject", json={"request_id": request})
+    assert conflict.status_code == 409 and conflict.json()["error"] == "decision_conflict"
+    unknown = await api.post(f"/tasks/{task_id}/approve", json={"request_id": "9-nope"})
+    assert unknown.status_code in (404, 409)
+    async with asyncio.timeout(20):
+        while (await api.get(f"/tasks/{task_id}")).json()["state"]["status"] != "done":
+            await asyncio.sleep(0.05)
+    assert (settings.workspace_dir / "effects.txt").read_text() == "once\n"
+    not_waiting = await api.post(f"/tasks/{task_id}/approve", json={"request_id": "5-other"})
+    assert not_waiting.status_code == 409 and not_waiting.json()["error"] == "task_not_waiting"
+
+
+async def test_idempotency_key_returns_the_same_task(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("hi")])
+    body = {"task": "greet", "model": {"name": model}}
+    first = await api.post("/tasks", json=body, headers={"Idempotency-Key": "k-123"})
+    again = await api.post("/tasks", json=body, headers={"Idempotency-Key": "k-123"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    different = await api.post(
+        "/tasks", json={**body, "task": "something else"}, headers={"Idempotency-Key": "k-123"}
+    )
+    assert different.status_code == 409 and different.json()["error"] == "idempotency_conflict"
+    assert fake_openai.calls(model) <= 1
+
+
+async def test_auth_roles_and_clear_errors(api: httpx.AsyncClient, fake_openai: FakeOpenAI) -> None:
+    anonymous = await api.get("/tasks", headers={"Authorization": ""})
+    assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer"
+    wrong = await api.get("/tasks", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"] == "unauthorized"
+    reader = {"Authorization": f"Bearer {READER}"}
+    model = fake_openai.script([tools(("run_shell", {"command": "true"})), text("ok")])
+    created = await api.post("/tasks", json={"task": "x", "model": {"name": model}}, headers=reader)
+    assert created.status_code == 201
+    task_id = created.json()["id"]
+    [request] = await wait_pending(api, task_id)
+    refused = await api.post(
+        f"/tasks/{task_id}/approve", json={"request_id": request}, headers=reader
+    )
+    assert refused.status_code == 403 and "rita" in refused.json()["detail"]
+    listed = (await api.get("/tasks?status=waiting_approval", headers=reader)).json()
+    assert task_id in [t["id"] for t in listed["tasks"]]
+    assert (await api.get("/tasks/nope", headers=reader)).status_code == 404
+    bad = await api.post("/tasks", json={"task": "", "max_steps": 0}, headers=reader)
+    assert bad.status_code == 422
+    assert {tuple(f["loc"][-1:]) for f in bad.json()["fields"]} == {("task",), ("max_steps",)}
+    await api.post(f"/tasks/{task_id}/cancel")
+
+
+async def test_no_input_makes_the_server_fail(api: httpx.AsyncClient) -> None:
+    """Schemathesis over the OpenAPI schema: no 500, whatever it sends; still healthy after."""
+    import schemathesis
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hypothesis_settings
+    from hypothesis import strategies as st
+    from schemathesis.generation import GenerationMode
+
+    schema = (await api.get("/openapi.json")).json()
+    assert {
+        "/tasks",
+        "/tasks/{task_id}",
+        "/tasks/{task_id}/events",
+        "/tasks/{task_id}/approve",
+    } <= set(schema["paths"])
+    for path in schema["paths"].values():
+        for operation in path.values():
+            assert (
+                "200" in operation["responses"]
+                or "201" in operation["responses"]
+                or "202" in operation["responses"]
+            )
+    loaded = schemathesis.openapi.from_dict(schema)
+    base_url = str(api.base_url)
+    failures: list[str] = []
+    sent: list[int] = []
+
+    def check_all() -> None:
+        for result in loaded.get_all_operations():
+            operation = result.ok()  # type: ignore[union-attr]
+            if operation.path.endswith("/events"):
+                continue  # an open SSE stream is not a request/response exchange
+            # Task inputs reach the workflow: fuzz them hardest (a bad one could wedge a task).
+            examples = (
+                80 if (operation.method.upper(), operation.path) == ("POST", "/tasks") else 20
+            )
+
+            @hypothesis_settings(
+                max_examples=examples,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            )
+            @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+            def exercise(case: Any) -> None:
+                response = case.call(
+                    base_url=base_url, headers={"Authorization": f"Bearer {APPROVER}"}, timeout=30
+                )
+                sent.append(response.status_code)
+                if response.status_code >= 500:
+                    where = f"{case.method} {case.formatted_path}"
+                    failures.append(f"{where}: {response.status_code} {response.text[:200]}")
+
+            exercise()
+
+    def check_malformed() -> None:
+        """Malformed input of every kind: a clear 4xx, never a 500."""
+        json_value = st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+            ),
+            max_leaves=8,
+        )
+        task_body = st.fixed_dictionaries(
+            {},
+            optional={
+                "task": json_value,
+                "max_steps": json_value,
+                "token_budget": json_value,
+                "tools": json_value,
+                "model": json_value
+                | st.fixed_dictionaries(
+                    {"name": st.just("offline")},
+                    optional={
+                        "request_timeout_seconds": json_value,
+                        "temperature": json_value,
+                        "max_tokens": json_value,
+                    },
+                ),
+                "approval": json_value,
+                "surprise": json_value,
+            },
+        )
+        with httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {APPROVER}"}, timeout=30
+        ) as http:
+            printable = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=30)
+
+            @hypothesis_settings(
+                max_examples=60,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            )
+            @given(body=task_body | json_value, task_id=printable.filter(bool), query=printable)
+            def exercise(body: Any, task_id: str, query: str) -> None:
+                task = "/tasks/" + urllib.parse.quote(task_id, safe="")
+                # json.dumps writes NaN and Infinity, which Python's JSON reader accepts.
+                raw = json.dumps(body)
+                headers = {"Content-Type": "application/json"}
+                for response in (
+                    http.post("/tasks", content=raw, headers=headers),
+                    http.post(f"{task}/approve", content=raw, headers=headers),
+                    http.post(f"{task}/resume", content=raw, headers=headers),
+                    http.get("/tasks", params={"status": query, "page_token": query}),
+                    http.get(f"{task}/log", params={"since": query}),
+                ):
+                    sent.append(response.status_code)
+                    if response.status_code >= 500:
+                        where = f"{response.request.method} {response.request.url}"
+                        failures.append(f"{where}: {response.text[:200]}")
+
+            exercise()
+
+    await asyncio.to_thread(check_all)
+    await asyncio.to_thread(check_malformed)
+    assert failures == []
+    assert len(sent) >= 100 and {200, 404, 422} <= set(sent)
+    # Nothing it accepted may wedge a task: no workflow task failed on any input.
+    runtime: AgentRuntime = api._transport_runtime  # type: ignore[attr-defined]
+    async for execution in runtime.client.list_workflows('WorkflowType="AgentWorkflow"'):
+        history = await runtime.client.get_workflow_handle(execution.id).fetch_history()
+        broken = [
+            e
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            # a reset (POST /resume) records its own workflow task failure: not a wedge
+            and e.workflow_task_failed_event_attributes.cause
+            != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW
+        ]
+        if broken:
+            started = history.events[0].workflow_execution_started_event_attributes
+            why = broken[0].workflow_task_failed_event_attributes.failure.message
+            failures.append(f"{execution.id}: {why}; input {started.input.payloads[0].data!r}")
+    assert failures == []
+    assert (await api.get("/tasks")).status_code == 200
