@@ -134,7 +134,12 @@ def _task_id_for(key: str) -> str:
     return "task-" + hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def create_app(settings: Settings | None = None, runtime: AgentRuntime | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    runtime: AgentRuntime | None = None,
+    *,
+    sse_ping_seconds: float = SSE_PING_SECONDS,
+) -> FastAPI:
     """The API over `runtime` (or one connected from `settings` at start-up)."""
     settings = settings or Settings()
     tokens: dict[str, ApiToken] = dict(settings.api_tokens)
@@ -403,7 +408,7 @@ def create_app(settings: Settings | None = None, runtime: AgentRuntime | None = 
                     data=item.data.model_dump_json(), event=item.data.type, id=str(item.offset)
                 )
 
-        return EventSourceResponse(items(), ping=SSE_PING_SECONDS)
+        return EventSourceResponse(items(), ping=sse_ping_seconds)
 
     return app
 

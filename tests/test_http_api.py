@@ -43,7 +43,7 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
         }
     )
     runtime = AgentRuntime(dev_env.client, settings)
-    app = create_app(settings, runtime)
+    app = create_app(settings, runtime, sse_ping_seconds=0.5)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
@@ -139,6 +139,22 @@ async def test_start_stream_approve_done_and_reconnect(
     log = (await api.get(f"/tasks/{task_id}/log?since=2&limit=3")).json()
     assert [e["seq"] for e in log["events"]] == [2, 3, 4] and log["next_seq"] == 5
     assert (settings.workspace_dir / "effects.txt").read_text() == "via-http\n"
+
+
+async def test_sse_sends_heartbeat_comments_while_a_task_waits(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([tools(("run_shell", {"command": "true"})), text("ok")])
+    task_id = (await api.post("/tasks", json={"task": "x", "model": {"name": model}})).json()["id"]
+    await wait_pending(api, task_id)
+    comments = 0
+    async with asyncio.timeout(10), api.stream("GET", f"/tasks/{task_id}/events") as response:
+        async for line in response.aiter_lines():
+            comments += line.startswith(":")
+            if comments >= 2:
+                break
+    assert comments >= 2
+    await api.post(f"/tasks/{task_id}/cancel")
 
 
 async def test_twenty_identical_approvals_run_the_tool_once(
