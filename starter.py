@@ -308,6 +308,40 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _masked(value: Any) -> Any:
+    text = str(value)
+    return "****" if len(text) <= 8 else text[:3] + "****" + text[-2:]
+
+
+async def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    from runtime.temporal import ensure_search_attributes
+
+    client = await connect(settings)
+    await ensure_search_attributes(client)
+    _say(f"search attributes registered on namespace {client.namespace!r}")
+    return 0
+
+
+async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    from runtime.temporal import connect_config
+
+    shown: dict[str, Any] = json.loads(settings.model_dump_json())
+    shown["openai_api_key"] = _masked(settings.api_key) if settings.api_key else None
+    shown["encryption_keys"] = {k: "****" for k in settings.encryption_keys}
+    shown["api_tokens"] = {
+        _masked(token): value.model_dump() for token, value in settings.api_tokens.items()
+    }
+    temporal = {k: v for k, v in connect_config(settings).items() if k != "tls"}
+    if "api_key" in temporal:
+        temporal["api_key"] = _masked(temporal["api_key"])
+    temporal["tls"] = bool(connect_config(settings).get("tls"))
+    shown["temporal"] = temporal
+    shown["default_model"] = settings.default_model
+    shown["workspace_dir"] = str(settings.workspace_dir)
+    print(json.dumps(shown, indent=2, default=str))
+    return 0
+
+
 async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     server = DevServer(settings)
     if args.action == "stop":
@@ -413,6 +447,8 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("id")
 
     commands.add_parser("worker", help="run a worker in the foreground")
+    commands.add_parser("config", help="the effective settings, secrets masked")
+    commands.add_parser("setup", help="register the search attributes on the namespace")
     commands.add_parser("api", help="serve the HTTP API (WAYSTATION_API_HOST/PORT/TOKENS)")
 
     server = commands.add_parser("server", help="the embedded Temporal dev server")
@@ -431,6 +467,8 @@ COMMANDS = {
     "list": cmd_list,
     "cancel": cmd_cancel,
     "worker": cmd_worker,
+    "config": cmd_config,
+    "setup": cmd_setup,
     "server": cmd_server,
 }
 

@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from activities.chat import ChatBackend, ChatDelta, OpenAIChat
 from activities.heartbeat import keep_heartbeating
 from activities.offline_model import OfflineModel
+from activities.spans import span
 from activities.tools import ToolRegistry
 from workflows import errors
 from workflows.models import OFFLINE_MODEL, LlmContext, LlmRequest, LlmResult, Usage
@@ -205,17 +206,21 @@ class LlmActivities:
         context = await self._read_context(request)
         attempt = activity.info().attempt
         message = AssembledMessage()
-        async with keep_heartbeating(), TokenPublisher(request.step, attempt) as tokens:
-            try:
-                stream = backend.stream(
-                    context.messages, self._registry.schemas(context.tools), request.model
-                )
-                async for delta in stream:
-                    message.add(delta)
-                    if delta.text:
-                        tokens.publish(delta.text)
-            except openai.OpenAIError as err:
-                raise classify_provider_error(err) from err
+        with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
+            async with keep_heartbeating(), TokenPublisher(request.step, attempt) as tokens:
+                try:
+                    stream = backend.stream(
+                        context.messages, self._registry.schemas(context.tools), request.model
+                    )
+                    async for delta in stream:
+                        message.add(delta)
+                        if delta.text:
+                            tokens.publish(delta.text)
+                except openai.OpenAIError as err:
+                    raise classify_provider_error(err) from err
+            s.set_attribute("llm.input_tokens", message.usage.input_tokens)
+            s.set_attribute("llm.output_tokens", message.usage.output_tokens)
+            s.set_attribute("llm.tool_calls", len(message.calls))
         if message.finish_reason is None:
             raise ApplicationError(
                 "the model's stream ended before the message was complete",

@@ -21,6 +21,7 @@ from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating
 from activities.ledger import IdempotencyLedger
+from activities.spans import span
 from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
 
 MAX_OBSERVATION_CHARS = 16_000
@@ -182,6 +183,12 @@ class ToolActivities:
     @activity.defn(name="run_tool")
     async def run_tool(self, request: ToolRequest) -> ToolResult:
         """Run one tool call. Errors the model can act on come back as `is_error` results."""
+        with span("tool call", tool=request.tool, idempotency_key=request.idempotency_key) as s:
+            result = await self._run(request)
+            s.set_attribute("tool.is_error", result.is_error)
+            return result
+
+    async def _run(self, request: ToolRequest) -> ToolResult:
         tool = self._registry.get(request.tool)
         if tool is None:
             return ToolResult(output=f"unknown tool {request.tool!r}", is_error=True)

@@ -204,6 +204,12 @@ class TaskHandle:
         return self._runtime.stream(self.id, since=since, topics=topics)
 
 
+def _summary(text: str, limit: int = 200) -> str:
+    """What the Web UI shows for a task (encoded like every payload when a codec is on)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _not_found(task_id: str, err: RPCError) -> Exception:
     if err.status == RPCStatusCode.NOT_FOUND:
         return TaskNotFoundError(task_id, f"no task with id {task_id!r}")
@@ -236,6 +242,7 @@ class AgentRuntime:
                 task_queue=self.settings.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=_summary(task.task),
             )
         except WorkflowAlreadyStartedError:
             return TaskHandle(self, task_id)  # a closed task with this id: that task

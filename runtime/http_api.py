@@ -15,11 +15,15 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
+from cryptography.exceptions import InvalidTag
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from google.protobuf import json_format
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from temporalio.api.common.v1 import Payloads
 from temporalio.service import RPCError
 
 from runtime.agent_runtime import (
@@ -183,6 +187,38 @@ def create_app(
     Runtime = Annotated[AgentRuntime, Depends(runtime_of)]
     Reader = Annotated[Caller, Depends(caller)]
     Approver = Annotated[Caller, Depends(approver)]
+
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=settings.codec_cors_origins,
+        allow_methods=["POST", "GET", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type", "X-Namespace"],
+    )
+    codec = settings.payload_codec()
+
+    async def run_codec(request: Request, encode: bool) -> JSONResponse:
+        if codec is None:
+            raise ApiError(404, "no_codec", "payload encryption is off on this server")
+        try:
+            payloads = json_format.Parse(await request.body(), Payloads())
+        except json_format.ParseError as err:
+            raise ApiError(400, "invalid_payloads", f"not a Payloads message: {err}") from None
+        try:
+            done = await (codec.encode if encode else codec.decode)(list(payloads.payloads))
+        except (ValueError, InvalidTag) as err:
+            raise ApiError(400, "undecodable", f"cannot decode these payloads: {err}") from None
+        body = json_format.MessageToDict(Payloads(payloads=done))
+        return JSONResponse(body)
+
+    @app.post("/codec/decode", tags=["codec"], response_model=dict[str, Any])
+    async def codec_decode(request: Request, who: Reader) -> JSONResponse:
+        """Codec server: decrypt payloads for the Temporal Web UI and CLI (`--codec-endpoint`)."""
+        return await run_codec(request, encode=False)
+
+    @app.post("/codec/encode", tags=["codec"], response_model=dict[str, Any])
+    async def codec_encode(request: Request, who: Reader) -> JSONResponse:
+        """Codec server: encrypt payloads (for `temporal workflow signal` with a codec)."""
+        return await run_codec(request, encode=True)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:

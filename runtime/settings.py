@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.codec import EncryptionCodec, parse_keys
 from workflows.models import OFFLINE_MODEL
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
@@ -25,7 +26,10 @@ class ApiToken(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="WAYSTATION_", frozen=True, extra="ignore")
+    # An empty variable (as compose passes an unset one) means "not set".
+    model_config = SettingsConfigDict(
+        env_prefix="WAYSTATION_", frozen=True, extra="ignore", env_ignore_empty=True
+    )
 
     task_queue: str = "waystation"
     data_dir: Path = Field(
@@ -55,6 +59,18 @@ class Settings(BaseSettings):
     dev_server_ui_port: int = 8233
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    encryption_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='JSON: {"<key id>": "<base64 32-byte key>"}; old keys stay to decrypt.',
+    )
+    encryption_key_id: str | None = Field(
+        default=None, description="The key new payloads are encrypted with."
+    )
+    codec_cors_origins: list[str] = Field(
+        default_factory=lambda: ["http://localhost:8233"],
+        description="Web UIs allowed to call the codec endpoints from a browser.",
+    )
+    tracing: bool = Field(default=False, description="OpenTelemetry spans through Temporal.")
     api_tokens: dict[str, ApiToken] = Field(
         default_factory=dict,
         description='JSON: {"<token>": {"role": "approver", "name": "alice"}}. None: the API '
@@ -74,6 +90,16 @@ class Settings(BaseSettings):
     @property
     def workspace_dir(self) -> Path:
         return (self.workspace or self.data_dir / "workspace").absolute()
+
+    def payload_codec(self) -> EncryptionCodec | None:
+        """The encryption codec, or None when no key is configured."""
+        if not self.encryption_keys:
+            return None
+        keys = parse_keys({k: v.get_secret_value() for k, v in self.encryption_keys.items()})
+        active = self.encryption_key_id or (next(iter(keys)) if len(keys) == 1 else None)
+        if active is None:
+            raise ValueError("several encryption keys: set WAYSTATION_ENCRYPTION_KEY_ID")
+        return EncryptionCodec(keys, active)
 
     @property
     def api_key(self) -> str | None:

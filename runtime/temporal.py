@@ -26,11 +26,12 @@ from temporalio.api.operatorservice.v1 import (
 )
 from temporalio.client import Client
 from temporalio.common import SearchAttributeIndexedValueType
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.codec import data_converter
 from runtime.settings import Settings
+from runtime.tracing import tracing_interceptors
 from workflows import search
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -40,6 +41,7 @@ DEV_SERVER_TUNING = ("--dynamic-config-value", "history.transferProcessorMaxPoll
 _CLI_TYPE = {
     SearchAttributeIndexedValueType.KEYWORD: "Keyword",
     SearchAttributeIndexedValueType.INT: "Int",
+    SearchAttributeIndexedValueType.DATETIME: "Datetime",
 }
 
 
@@ -198,7 +200,11 @@ async def connect(settings: Settings, *, log: bool = True) -> Client:
                 )
             await asyncio.to_thread(server.start)
     try:
-        client = await Client.connect(data_converter=pydantic_data_converter, **config)  # type: ignore[arg-type]
+        client = await Client.connect(
+            data_converter=data_converter(settings.payload_codec()),
+            interceptors=tracing_interceptors(settings),
+            **config,  # type: ignore[arg-type]
+        )
     except RuntimeError as err:
         raise TemporalUnavailableError(f"cannot connect to Temporal at {target}: {err}") from err
     with contextlib.suppress(RPCError):  # Temporal Cloud registers them through its own API

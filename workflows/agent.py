@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.workflow import ActivityCancellationType
 
@@ -117,7 +117,7 @@ class AgentWorkflow:
         self._early_decisions: dict[str, tuple[Decision, Via]] = {
             d.request_id: (d, "signal") for d in (carry.early_decisions if carry else [])
         }
-        self._published_status: tuple[str, int] | None = None
+        self._published_status: tuple[object, ...] | None = None
         self._first_step_of_run = self._state.step
         self._resumed = False
 
@@ -546,17 +546,25 @@ class AgentWorkflow:
         self._publish_status()
 
     def _publish_status(self) -> None:
-        current = (self._state.status, self._state.step)
+        pending = self._state.pending_approvals.values()
+        waiting_since = min((p.requested_at for p in pending), default=None)
+        current = (self._state.status, self._state.step, waiting_since)
         if current == self._published_status:
             return
         self._published_status = current
-        workflow.upsert_search_attributes(
-            [
-                search.AGENT_STATUS.value_set(self._state.status),
-                search.AGENT_STEP.value_set(self._state.step),
-            ]
-        )
-        workflow.upsert_memo({"status": self._state.status, "step": self._state.step})
+        updates: list[SearchAttributeUpdate[Any]] = [
+            search.AGENT_STATUS.value_set(self._state.status),
+            search.AGENT_STEP.value_set(self._state.step),
+            search.AGENT_MODEL.value_set(self._task.model.name),
+            search.AGENT_WAITING_SINCE.value_set(waiting_since)
+            if waiting_since is not None
+            else search.AGENT_WAITING_SINCE.value_unset(),
+        ]
+        workflow.upsert_search_attributes(updates)
+        memo: dict[str, object] = {"status": self._state.status, "step": self._state.step}
+        if pending:
+            memo["waiting_for"] = ", ".join(f"{p.tool} [{p.request_id}]" for p in pending)
+        workflow.upsert_memo(memo)
 
     async def _fail(self, kind: str, reason: str) -> ApplicationError:
         self._append(Failed(kind=kind, reason=reason, **self._meta(self._state.step)))

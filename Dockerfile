@@ -1,0 +1,15 @@
+# The waystation image: worker (default command), HTTP API, CLI.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY workflows workflows
+COPY activities activities
+COPY runtime runtime
+COPY worker.py starter.py ./
+RUN pip install --no-cache-dir .
+# Containers talk to a real Temporal service; data holds the tool workspace and ledger.
+ENV WAYSTATION_EMBEDDED_SERVER=false \
+    WAYSTATION_DATA_DIR=/data \
+    PYTHONUNBUFFERED=1
+VOLUME /data
+CMD ["python", "worker.py"]

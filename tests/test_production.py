@@ -1,0 +1,285 @@
+"""Beyond one machine: encryption, codec server, visibility, tracing, scale-out, compose."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from runtime.agent_runtime import AgentRuntime
+from runtime.codec import EncryptionCodec, data_converter, new_key
+from runtime.http_api import create_app
+from runtime.settings import ApiToken, Settings
+from runtime.temporal import temporal_binary
+from runtime.tracing import tracing_interceptors
+from tests.conftest import REPO, WorkerProcess, running_worker
+from tests.fake_openai import FakeOpenAI, text, tools
+from tests.helpers import agent_task, pending_requests
+from workflows import search
+
+SECRET = "the-launch-code-is-HUNTER2-and-the-plan-is-ZEBRA"
+
+
+async def test_codec_round_trip_and_key_rotation() -> None:
+    old, new = base64.b64decode(new_key()), base64.b64decode(new_key())
+    before = EncryptionCodec({"k1": old}, "k1")
+    [sealed] = await before.encode([Payload(metadata={"encoding": b"json/plain"}, data=b'"hi"')])
+    assert sealed.metadata["encryption-key-id"] == b"k1" and b"hi" not in sealed.data
+    after = EncryptionCodec({"k1": old, "k2": new}, "k2")
+    [opened] = await after.decode([sealed])  # an old payload still reads after rotation
+    assert opened.data == b'"hi"'
+    [resealed] = await after.encode([opened])
+    assert resealed.metadata["encryption-key-id"] == b"k2"
+    with pytest.raises(ValueError, match="unknown key 'k2'"):
+        await before.decode([resealed])
+    with pytest.raises(ValueError, match="32 bytes"):
+        EncryptionCodec({"short": b"x" * 16}, "short")
+
+
+@pytest.fixture
+async def encrypted_client(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> AsyncIterator[tuple[Client, Settings]]:
+    secure = Settings.model_validate(
+        {**settings.model_dump(), "encryption_keys": {"k1": new_key()}, "encryption_key_id": "k1"}
+    )
+    client = await Client.connect(
+        dev_env.client.service_client.config.target_host,
+        data_converter=data_converter(secure.payload_codec()),
+    )
+    yield client, secure
+
+
+async def test_encrypted_history_holds_no_plaintext_and_everything_still_works(
+    encrypted_client: tuple[Client, Settings], fake_openai: FakeOpenAI
+) -> None:
+    client, secure = encrypted_client
+    model = fake_openai.script(
+        [
+            tools(("calculator", {"expression": "6*7"}), content=f"thinking about {SECRET}"),
+            text(f"done: {SECRET}"),
+        ]
+    )
+    runtime = AgentRuntime(client, secure)
+    async with running_worker(client, secure):
+        handle = await runtime.run(agent_task(model, task=f"keep this secret: {SECRET}"))
+        streamed = [item async for item in runtime.stream(handle.id)]
+        outcome = await handle.result()
+        state = await handle.state()
+    assert outcome.result == f"done: {SECRET}"
+    assert streamed[-1].data.type == "done" and state.status == "done"
+    assert any(SECRET in str(i.data) for i in streamed)
+    # The model saw the plaintext conversation (decrypted in the activity).
+    assert SECRET in json.dumps(fake_openai.requests[model][0]["messages"])
+
+    address = client.service_client.config.target_host
+    process = await asyncio.create_subprocess_exec(
+        temporal_binary(),
+        "workflow",
+        "show",
+        "--workflow-id",
+        handle.id,
+        "--address",
+        address,
+        "--output",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    raw, _ = await process.communicate()
+    assert process.returncode == 0, raw.decode()
+    decoded = [
+        base64.b64decode(m).decode("utf-8", "replace")
+        for m in re.findall(r'"data":\s*"([A-Za-z0-9+/=]+)"', raw.decode())
+    ]
+    assert "HUNTER2" not in raw.decode()
+    assert not [d for d in decoded if "HUNTER2" in d]
+    assert len(decoded) > 10  # the payloads are there, encrypted
+
+    # The codec server decrypts for authorised users (the Web UI's codec endpoint).
+    app = create_app(
+        secure.model_copy(update={"api_tokens": {"t": ApiToken(role="reader", name="ui")}}), runtime
+    )
+    history = await client.get_workflow_handle(handle.id).fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes.input.payloads[0]
+    body = {
+        "payloads": [
+            {
+                "metadata": {k: base64.b64encode(v).decode() for k, v in started.metadata.items()},
+                "data": base64.b64encode(started.data).decode(),
+            }
+        ]
+    }
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api"
+    ) as api:
+        denied = await api.post("/codec/decode", json=body)
+        assert denied.status_code == 401
+        answer = await api.post("/codec/decode", json=body, headers={"Authorization": "Bearer t"})
+    assert answer.status_code == 200, answer.text
+    plaintext = base64.b64decode(answer.json()["payloads"][0]["data"]).decode()
+    assert SECRET in plaintext
+
+
+async def test_waiting_tasks_are_listed_by_the_temporal_cli(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([tools(("run_shell", {"command": "true"})), text("ok")])
+    handle = await dev_runtime.run(agent_task(model))
+    await pending_requests(handle)
+    address = dev_env.client.service_client.config.target_host
+    async with asyncio.timeout(20):
+        while True:  # visibility is eventually consistent
+            process = await asyncio.create_subprocess_exec(
+                temporal_binary(),
+                "workflow",
+                "list",
+                "--address",
+                address,
+                "--query",
+                'AgentStatus="waiting_approval"',
+                "--output",
+                "json",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await process.communicate()
+            if handle.id in out.decode():
+                break
+            await asyncio.sleep(0.2)
+    execution = await dev_env.client.get_workflow_handle(handle.id).describe()
+    attrs = execution.typed_search_attributes
+    assert attrs.get(search.AGENT_MODEL) == model
+    assert attrs.get(search.AGENT_WAITING_SINCE) is not None
+    memo = await execution.memo()
+    assert memo["status"] == "waiting_approval" and "run_shell" in memo["waiting_for"]
+    await handle.approve()
+    await handle.result()
+    done = await dev_env.client.get_workflow_handle(handle.id).describe()
+    assert done.typed_search_attributes.get(search.AGENT_WAITING_SINCE) is None
+
+
+async def test_tracing_spans_for_llm_and_tool_calls(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    traced = settings.model_copy(update={"tracing": True})
+    client = await Client.connect(
+        dev_env.client.service_client.config.target_host,
+        data_converter=data_converter(None),
+        interceptors=tracing_interceptors(traced),
+    )
+    model = fake_openai.script(
+        [tools(("calculator", {"expression": "2+2"})), text("4", usage=(30, 5))]
+    )
+    async with running_worker(client, traced):
+        handle = await AgentRuntime(client, traced).run(agent_task(model))
+        await handle.result()
+    provider.force_flush()
+    spans = exporter.get_finished_spans()
+    by_name: dict[str, list[Any]] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    assert "RunActivity:call_llm" in by_name and "RunActivity:run_tool" in by_name
+    llm = by_name["llm call"]
+    assert len(llm) == 2 and {s.attributes["model"] for s in llm} == {model}
+    assert llm[-1].attributes["llm.output_tokens"] == 5
+    [tool] = by_name["tool call"]
+    assert tool.attributes["tool"] == "calculator" and tool.attributes["tool.is_error"] is False
+    activity_spans = {s.context.span_id for s in by_name["RunActivity:call_llm"]}
+    assert all(s.parent is not None and s.parent.span_id in activity_spans for s in llm)
+    assert len({s.context.trace_id for s in [*llm, tool]}) == 1  # one trace per task
+
+
+async def test_two_worker_processes_share_fifty_tasks_and_one_survives_the_other(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    first = await WorkerProcess(address, settings).ready()
+    second = await WorkerProcess(address, settings).ready()
+    model = fake_openai.script(
+        lambda body: (
+            text("finished")
+            if sum(m["role"] == "tool" for m in body["messages"]) >= 2
+            else tools(("calculator", {"expression": "1 + 1"}), chunk_delay=0.01)
+        )
+    )
+    runtime = AgentRuntime(dev_env.client, settings)
+    try:
+        handles = [await runtime.run(agent_task(model), task_id=f"scale-{i}") for i in range(50)]
+        await asyncio.sleep(1.0)
+        first.kill()
+        outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
+        assert [o.result for o in outcomes] == ["finished"] * 50
+        identities = set()
+        for h in handles:
+            history = await dev_env.client.get_workflow_handle(h.id).fetch_history()
+            for e in history.events:
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    identities.add(e.activity_task_started_event_attributes.identity)
+        assert len(identities) == 2, identities  # both shared the work before the kill
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_docker_compose_file_is_complete_and_pinned() -> None:
+    """There is no Docker engine here: the file is checked as data."""
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgresql", "temporal", "temporal-ui", "setup", "worker", "api"} <= set(services)
+    for name, service in services.items():
+        if "image" in service:
+            image, _, tag = service["image"].rpartition(":")
+            assert image and re.fullmatch(r"\d+(\.\d+)+", tag), (
+                f"{name}: unpinned {service['image']}"
+            )
+        else:
+            assert service["build"] == ".", name
+    assert services["temporal"]["environment"]["DB"] == "postgres12"
+    assert services["temporal"]["depends_on"]["postgresql"]["condition"] == "service_healthy"
+    for name in ("postgresql", "temporal", "api"):
+        assert "healthcheck" in services[name], name
+    for name in ("setup", "worker", "api"):
+        env = services[name]["environment"]
+        assert (
+            env["TEMPORAL_ADDRESS"] == "temporal:7233"
+            and env["WAYSTATION_EMBEDDED_SERVER"] == "false"
+        )
+    # Workers scale: no fixed name, no published port.
+    assert "container_name" not in services["worker"] and "ports" not in services["worker"]
+    assert (
+        services["worker"]["depends_on"]["setup"]["condition"] == "service_completed_successfully"
+    )
+    assert services["api"]["ports"] == ["8000:8000"]
+    assert "WAYSTATION_API_TOKENS" in services["api"]["environment"]
+    # The commands exist in the project.
+    assert (
+        services["worker"]["command"] == ["python", "worker.py"] and (REPO / "worker.py").exists()
+    )
+    starter = (REPO / "starter.py").read_text()
+    for name in ("setup", "api"):
+        command = services[name]["command"]
+        assert command[:2] == ["python", "starter.py"] and f'"{command[2]}"' in starter
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "FROM python:3.11" in dockerfile and "pip install" in dockerfile
+    for path in ("workflows", "activities", "runtime", "worker.py", "starter.py"):
+        assert path in dockerfile and (REPO / path).exists()
