@@ -120,11 +120,20 @@ class TaskHandle:
             raise _not_found(self.id, err) from err
 
     async def events(self, since: int = 0) -> list[AgentEvent]:
+        """Events with seq >= since, across the task's chain of continue-as-new runs."""
         try:
             page: EventPage = await self._handle.query(AgentWorkflow.events, since)
+            events = page.events
+            while since < page.first_seq and page.previous_run_id:
+                earlier = self._runtime.client.get_workflow_handle_for(
+                    AgentWorkflow.run, self.id, run_id=page.previous_run_id
+                )
+                first_later = page.first_seq
+                page = await earlier.query(AgentWorkflow.events, since)
+                events = [e for e in page.events if e.seq < first_later] + events
         except RPCError as err:
             raise _not_found(self.id, err) from err
-        return page.events
+        return events
 
     async def approve(
         self,

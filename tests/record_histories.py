@@ -132,6 +132,18 @@ async def record() -> None:
             pass
         scenarios["cancelled_mid_stream"] = handle.id
 
+        words = " ".join(f"w{i}" for i in range(300))
+        model = fake.script(
+            [tools(("calculator", {"expression": f"{i}+1"}), content=words) for i in range(5)]
+            + [text("done")]
+        )
+        handle = await runtime.run(
+            AgentTask(task="long", model=ModelSettings(name=model), continue_as_new_after_steps=2),
+            task_id="continue-as-new-chain",
+        )
+        await handle.result()
+        scenarios["continue_as_new_bounded_carry"] = handle.id
+
         HISTORIES.mkdir(exist_ok=True)
         for name, workflow_id in scenarios.items():
             path = HISTORIES / f"{name}.json"

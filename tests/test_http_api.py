@@ -344,7 +344,8 @@ async def test_no_input_makes_the_server_fail(api: httpx.AsyncClient) -> None:
     assert len(sent) >= 100 and {200, 404, 422} <= set(sent)
     # Nothing it accepted may wedge a task: no workflow task failed on any input.
     runtime: AgentRuntime = api._transport_runtime  # type: ignore[attr-defined]
-    async for execution in runtime.client.list_workflows('WorkflowType="AgentWorkflow"'):
+    mine = f'WorkflowType="AgentWorkflow" AND TaskQueue="{runtime.settings.task_queue}"'
+    async for execution in runtime.client.list_workflows(mine):
         history = await runtime.client.get_workflow_handle(execution.id).fetch_history()
         broken = [
             e

@@ -202,3 +202,41 @@ async def test_truncated_offsets_become_an_explicit_gap() -> None:
     assert isinstance(flat[0].data, StreamGap)
     assert (flat[0].data.start, flat[0].data.end) == (3, 7)
     assert [i.offset for i in flat[1:]] == [7, 8, 9]  # the repeated 8 is dropped
+
+
+async def test_continue_as_new_carries_a_bounded_snapshot(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    words = " ".join(f"w{i}" for i in range(300))
+    model = fake_openai.script(
+        [tools(("calculator", {"expression": f"{i}+1"}), content=words) for i in range(7)]
+        + [text("eight steps done")]
+    )
+    handle = await dev_runtime.run(agent_task(model, continue_as_new_after_steps=2))
+    assert (await handle.result()).steps == 8
+
+    # Each run's input stays small and does not grow with the task: no full log, no
+    # full stream, only the fold and the stream's latest items.
+    sizes: list[int] = []
+    run_id: str | None = None
+    while True:
+        history = await dev_env.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        sizes.append(sum(len(p.data) for p in started.input.payloads))
+        if not started.continued_execution_run_id:
+            break
+        run_id = started.continued_execution_run_id
+    assert len(sizes) == 4  # three continue-as-new hops
+    carried = list(reversed(sizes))[1:]
+    assert max(carried) < 1.5 * min(carried) and max(carried) < 500_000
+
+    # The audit trail reads across the chain of runs, without gaps.
+    events = await handle.events(0)
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert events[0].type == "task_started" and events[-1].type == "done"
+
+    # A subscriber from offset 0 is told which early offsets are gone, then gets the rest.
+    items = await collect(dev_runtime.stream(handle.id, since=0))
+    assert isinstance(items[0].data, StreamGap) and items[0].data.start == 0
+    assert [i.offset for i in items[1:]] == list(range(items[0].data.end, items[-1].offset + 1))
+    assert items[-1].data.type == "done"

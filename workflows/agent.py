@@ -68,19 +68,31 @@ ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
 # reset re-runs that last step and the runtime's signal with the raised limits lands here.
 RESUME_GRACE = timedelta(seconds=3)
 RESUME_GRACE_PATCH = "resume-grace-after-limit"
+# Stream items a run hands to the next at continue-as-new (token deltas dominate them).
+STREAM_ITEMS_KEPT = 500
 
 Via = Literal["update", "signal"]
 
 
 class EventPage(Contract):
-    """Answer of the `events` query: events with seq >= since, and where to ask next."""
+    """Answer of the `events` query: events with seq >= since, and where to ask next.
+
+    A run holds the events from `first_seq` on; older ones are in `previous_run_id` (and
+    the runs before it), which still answer this query.
+    """
 
     events: list[AgentEvent]
     next_seq: int
+    first_seq: int = 0
+    previous_run_id: str | None = None
 
 
 class RunCarry(Contract):
-    """What one run hands the next at continue-as-new: the log, its fold, the stream."""
+    """What one run hands the next at continue-as-new: the fold, the stream, the chain.
+
+    `events` is empty at continue-as-new (the previous run keeps its events and answers
+    for them; `previous_run_id` names it) and holds the prefix of the log for a fork.
+    """
 
     events: list[AgentEvent]
     state: AgentState
@@ -88,6 +100,7 @@ class RunCarry(Contract):
     early_decisions: list[Decision] = []
     message: str | None = None
     """A user message to add first (a fork with an edited message)."""
+    previous_run_id: str | None = None
 
 
 def _cancelled(err: BaseException) -> bool:
@@ -112,6 +125,9 @@ class AgentWorkflow:
         self._task = task
         self._log: list[AgentEvent] = list(carry.events) if carry else []
         self._state = carry.state if carry else AgentState()
+        # Seq of self._log[0]: the log of earlier runs stays with them.
+        self._first_seq = self._state.last_seq + 1 - len(self._log)
+        self._previous_run_id = carry.previous_run_id if carry else None
         self._stream = WorkflowStream(prior_state=carry.stream if carry else None)
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
         self._early_decisions: dict[str, tuple[Decision, Via]] = {
@@ -258,13 +274,20 @@ class AgentWorkflow:
 
     async def _continue_as_new(self) -> None:
         task = self._task  # with any limits raised since the start
+        # The next run's input must stay far below the payload limit: the stream keeps its
+        # latest items (older offsets read as an explicit gap), the events stay in this run.
+        retained = self._stream.get_state()
+        end = retained.base_offset + len(retained.log)
+        if len(retained.log) > STREAM_ITEMS_KEPT:
+            self._stream.truncate(end - STREAM_ITEMS_KEPT)
 
         def next_run(stream: WorkflowStreamState) -> list[object]:
             carry = RunCarry(
-                events=self._log,
+                events=[],
                 state=self._state,
                 stream=stream,
                 early_decisions=[d for d, _ in self._early_decisions.values()],
+                previous_run_id=workflow.info().run_id,
             )
             return [task, carry]
 
@@ -517,8 +540,13 @@ class AgentWorkflow:
     @workflow.query(name="events")
     def events(self, since: int = 0) -> EventPage:
         """Events with seq >= since."""
-        first = max(0, since)
-        return EventPage(events=self._log[first:], next_seq=len(self._log))
+        start = max(0, since - self._first_seq)
+        return EventPage(
+            events=self._log[start:],
+            next_seq=self._first_seq + len(self._log),
+            first_seq=self._first_seq,
+            previous_run_id=self._previous_run_id,
+        )
 
     @workflow.query(name="llm_context")
     def llm_context(self, message_count: int) -> LlmContext:
@@ -533,7 +561,7 @@ class AgentWorkflow:
 
     def _meta(self, step: int) -> dict[str, object]:
         return {
-            "seq": len(self._log),
+            "seq": self._first_seq + len(self._log),
             "step": step,
             "at": workflow.now(),
             "history_length": workflow.info().get_current_history_length(),
