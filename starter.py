@@ -60,6 +60,23 @@ async def hosted_worker(
         yield
 
 
+@contextlib.asynccontextmanager
+async def session(
+    settings: Settings, worker: bool, *, activities: bool = True
+) -> AsyncIterator[AgentRuntime]:
+    """A runtime on the configured Temporal, with a worker in this process if asked."""
+    client = await connect(settings)
+    async with hosted_worker(client, settings, worker, activities=activities):
+        yield AgentRuntime(client, settings)
+
+
+async def follow_from(runtime: AgentRuntime, handle: TaskHandle, since: int) -> int:
+    """The live view of what a command set going, until the task ends or waits."""
+    return await follow(
+        runtime, handle, since=since, as_json=False, interactive=False, on_approval="exit"
+    )
+
+
 async def follow(
     runtime: AgentRuntime,
     handle: TaskHandle,
@@ -167,9 +184,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
-    runtime = AgentRuntime(client, settings)
-    async with hosted_worker(client, settings, args.worker):
+    async with session(settings, args.worker) as runtime:
         handle = await runtime.resume(args.id)
         arguments = json.loads(args.arguments) if args.arguments else None
         head = await runtime.stream_head(args.id)
@@ -182,33 +197,21 @@ async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
         )
         note = " (already decided earlier)" if outcome.duplicate else ""
         _say(f"request {outcome.request_id}: {outcome.decision}{note}")
-        if not args.follow:
-            return 0
-        return await follow(
-            runtime, handle, since=head, as_json=False, interactive=False, on_approval="exit"
-        )
+        return await follow_from(runtime, handle, head) if args.follow else 0
 
 
 async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
-    runtime = AgentRuntime(client, settings)
-    async with hosted_worker(client, settings, args.worker):
+    async with session(settings, args.worker) as runtime:
         head = await runtime.stream_head(args.id)
         handle = await runtime.resume(
             args.id, max_steps=args.max_steps, token_budget=args.token_budget
         )
         _say(f"task {handle.id} resumed")
-        if not args.follow:
-            return 0
-        return await follow(
-            runtime, handle, since=head, as_json=False, interactive=False, on_approval="exit"
-        )
+        return await follow_from(runtime, handle, head) if args.follow else 0
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
-    runtime = AgentRuntime(client, settings)
-    async with hosted_worker(client, settings, args.worker):
+    async with session(settings, args.worker) as runtime:
         handle = await runtime.fork(
             args.id,
             args.at,
@@ -221,9 +224,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
         if not args.follow:
             print(handle.id)
             return 0
-        return await follow(
-            runtime, handle, since=0, as_json=False, interactive=False, on_approval="exit"
-        )
+        return await follow_from(runtime, handle, 0)
 
 
 async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:

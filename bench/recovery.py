@@ -20,15 +20,13 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
-from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
 from tests.conftest import WorkerProcess
 from tests.fake_openai import FakeOpenAI, Reply, text, tools
-from workflows import search
+from tests.servers import start_dev_env
 from workflows.agent import LLM_HEARTBEAT_TIMEOUT, TOOL_HEARTBEAT_TIMEOUT
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 from workflows.stream import LlmAttemptStarted, TokenDelta
@@ -106,12 +104,7 @@ async def kill_inside_tool(env: WorkflowEnvironment, fake: FakeOpenAI, settings:
 async def main(repeats: int) -> None:
     fake = FakeOpenAI()
     print("starting the Temporal dev server ...", flush=True)
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=search.ALL,
-        dev_server_extra_args=list(DEV_SERVER_TUNING),
-    )
+    env = await start_dev_env()
     figures: dict[str, list[float]] = {"inside an LLM stream": [], "inside a tool": []}
     async with env:
         with TemporaryDirectory() as data:

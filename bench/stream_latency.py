@@ -16,15 +16,13 @@ import uuid
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
-from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
 from tests.fake_openai import FakeOpenAI, Reply, tools
+from tests.servers import start_dev_env
 from worker import build_worker
-from workflows import search
 from workflows.models import AgentTask, ModelSettings
 from workflows.stream import TokenDelta
 
@@ -65,12 +63,7 @@ async def main() -> None:
     steps = [tools(("calculator", {"expression": f"{i} + 1"}), content="w") for i in range(9)]
     ten_steps = fake.script([*steps, Reply(content="w", stamp_chunks=True)])
     print("starting the Temporal dev server ...", flush=True)
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=search.ALL,
-        dev_server_extra_args=list(DEV_SERVER_TUNING),
-    )
+    env = await start_dev_env()
     with TemporaryDirectory() as workspace:
         settings = Settings(
             task_queue=f"bench-{uuid.uuid4().hex[:6]}",

