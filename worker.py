@@ -48,7 +48,7 @@ def build_worker(
         client,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
-        activities=[llm.call_llm, tools.run_tool] if activities else [],
+        activities=[llm.call_llm, llm.summarize_context, tools.run_tool] if activities else [],
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         graceful_shutdown_timeout=graceful_shutdown,
     )

@@ -217,6 +217,7 @@ _WRAPPER = (
     'echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit_code"'
 )
 _START_GRACE = 1.0
+SHELL_OUTPUT_CHARS = 1_000_000  # kept whole up to this; the model is sent less
 
 
 def _run_dir(context: ToolContext) -> Path:
@@ -239,7 +240,7 @@ def _finished_result(run_dir: Path) -> str | None:
     if not exit_file.exists():
         return None
     output = (run_dir / "output").read_bytes().decode("utf-8", errors="replace")
-    return cap_output(f"exit code {exit_file.read_text().strip()}\n{output}")
+    return cap_output(f"exit code {exit_file.read_text().strip()}\n{output}", SHELL_OUTPUT_CHARS)
 
 
 async def _await_earlier_attempt(run_dir: Path) -> str | None:

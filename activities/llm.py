@@ -23,10 +23,24 @@ from activities.offline_model import OfflineModel
 from activities.spans import span
 from activities.tools import ToolRegistry
 from workflows import errors
-from workflows.models import OFFLINE_MODEL, LlmContext, LlmRequest, LlmResult, Usage
+from workflows.models import (
+    OFFLINE_MODEL,
+    ChatMessage,
+    LlmContext,
+    LlmRequest,
+    LlmResult,
+    SummaryRequest,
+    SummaryResult,
+    Usage,
+)
 from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
 
 TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
+SUMMARY_INSTRUCTIONS = (
+    "Summarize this part of an agent's conversation for the agent's own later use: the "
+    "facts learned, the results of tool calls, decisions made, and what is still open. "
+    "Be concise and keep exact values."
+)
 LLM_CONTEXT_QUERY = "llm_context"
 
 _RETRYABLE_STATUS = {408, 409, 429}
@@ -198,6 +212,35 @@ class LlmActivities:
                 type=errors.LLM_UNAVAILABLE,
             )
         return context
+
+    @activity.defn(name="summarize_context")
+    async def summarize_context(self, request: SummaryRequest) -> SummaryResult:
+        """Summarize messages [start, end) so the conversation fits the task's window."""
+        backend = self._backend(request.model.name)
+        context = await self._read_context(
+            LlmRequest(step=request.step, message_count=request.message_count, model=request.model)
+        )
+        old = context.messages[request.start : request.end]
+        if isinstance(backend, OfflineModel):
+            return SummaryResult(summary=backend.summarize(old))
+        transcript = "\n".join(
+            f"{m.role}: {m.content or ''}"
+            + "".join(f" [calls {c.name}({c.arguments})]" for c in m.tool_calls)
+            for m in old
+        )
+        prompt = [
+            ChatMessage(role="system", content=SUMMARY_INSTRUCTIONS),
+            ChatMessage(role="user", content=transcript),
+        ]
+        message = AssembledMessage()
+        with span("llm summary", model=request.model.name, step=request.step):
+            async with keep_heartbeating():
+                try:
+                    async for delta in backend.stream(prompt, [], request.model):
+                        message.add(delta)
+                except openai.OpenAIError as err:
+                    raise classify_provider_error(err) from err
+        return SummaryResult(summary="".join(message.text), usage=message.usage)
 
     @activity.defn(name="call_llm")
     async def call_llm(self, request: LlmRequest) -> LlmResult:

@@ -168,3 +168,13 @@ class OfflineModel:
             elif o.tool == "list_files":
                 parts.append(f"The workspace holds: {', '.join(o.output.splitlines()[:20])}")
         return ". ".join(p.rstrip(".") for p in parts) + "." if parts else "Nothing to report."
+
+    def summarize(self, messages: list[ChatMessage]) -> str:
+        """A deterministic digest: each message's role and opening words."""
+        lines = []
+        for m in messages:
+            text = " ".join((m.content or "").split())
+            if m.tool_calls:
+                text += " calls " + ", ".join(f"{c.name}({c.arguments[:60]})" for c in m.tool_calls)
+            lines.append(f"{m.role}: {text[:80]}")
+        return f"{LABEL} {len(messages)} earlier messages: " + " | ".join(lines)

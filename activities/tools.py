@@ -8,6 +8,7 @@ never crash a task: they come back as an error observation the model can act on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import posixpath
@@ -26,6 +27,7 @@ from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
 
 MAX_OBSERVATION_CHARS = 16_000
 SCRATCH_DIR = "scratch"
+OUTPUTS_DIR = ".tool-outputs"  # whole outputs too long to send, readable with read_file
 
 
 class ToolError(Exception):
@@ -220,4 +222,19 @@ class ToolActivities:
             return ToolResult(
                 output=f"{tool.name} failed: {type(err).__name__}: {err}", is_error=True
             )
-        return ToolResult(output=cap_output(output))
+        return ToolResult(output=self._fit(output, request.idempotency_key))
+
+    def _fit(self, output: str, key: str) -> str:
+        """Send at most MAX_OBSERVATION_CHARS; keep the whole output in the workspace."""
+        if len(output) <= MAX_OBSERVATION_CHARS:
+            return output
+        name = hashlib.sha256(key.encode()).hexdigest()[:16] + ".txt"
+        stored = self._workspace / OUTPUTS_DIR / name
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_text(output, encoding="utf-8")
+        rest = len(output) - MAX_OBSERVATION_CHARS
+        return (
+            output[:MAX_OBSERVATION_CHARS]
+            + f"\n[output truncated: {rest} more characters; the whole output is in the "
+            f"workspace at {OUTPUTS_DIR}/{name}]"
+        )

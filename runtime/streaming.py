@@ -33,6 +33,7 @@ from workflows.events import (
     ApprovalRequested,
     ApprovalResolved,
     Cancelled,
+    ContextCompacted,
     Done,
     ErrorEvent,
     Failed,
@@ -66,6 +67,7 @@ StreamData = Annotated[
     | ErrorEvent
     | Resumed
     | UserMessage
+    | ContextCompacted
     | Done
     | Failed
     | Cancelled

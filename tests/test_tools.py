@@ -178,10 +178,22 @@ async def test_a_retried_shell_command_reads_what_the_lost_attempt_did(
     assert (context.workspace / "shell.txt").read_text() == "x\n"
 
 
-async def test_run_shell_caps_its_output(context: ToolContext) -> None:
-    output = await run_shell(RunShellArgs(command="yes | head -c 100000"), with_key(context, "big"))
-    assert len(output) < 17_000
-    assert "[output truncated" in output
+async def test_long_output_is_sent_truncated_and_kept_whole(context: ToolContext) -> None:
+    activities = ToolActivities(builtin_registry(), context.workspace, context.ledger)
+    result = await activities.run_tool(
+        ToolRequest(
+            call_id="c",
+            tool="run_shell",
+            arguments={"command": "yes | head -c 100000"},
+            idempotency_key="wf/1/big",
+        )
+    )
+    assert len(result.output) < 17_000 and "[output truncated:" in result.output
+    stored = result.output.rsplit("workspace at ", 1)[1].rstrip("]")
+    whole = (context.workspace / stored).read_text()
+    assert whole.startswith("exit code 0\n") and len(whole) == len("exit code 0\n") + 100_000
+    readable = await read_file(ReadFileArgs(path=stored, max_chars=200_000), context)
+    assert readable == whole  # the model can read the rest with read_file
 
 
 def test_registry_reports_unknown_tools_and_bad_arguments() -> None:

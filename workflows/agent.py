@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
     from workflows import errors, search
+    from workflows.context import compaction_range
     from workflows.events import (
         Action,
         AgentEvent,
@@ -26,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalRequested,
         ApprovalResolved,
         Cancelled,
+        ContextCompacted,
         Done,
         ErrorEvent,
         Failed,
@@ -46,6 +48,8 @@ with workflow.unsafe.imports_passed_through():
         LlmRequest,
         LlmResult,
         Resumption,
+        SummaryRequest,
+        SummaryResult,
         ToolCall,
         ToolRequest,
         ToolResult,
@@ -68,8 +72,14 @@ ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
 # reset re-runs that last step and the runtime's signal with the raised limits lands here.
 RESUME_GRACE = timedelta(seconds=3)
 RESUME_GRACE_PATCH = "resume-grace-after-limit"
-# Stream items a run hands to the next at continue-as-new (token deltas dominate them).
+# Stream items a run hands to the next at continue-as-new (token deltas dominate them):
+# at most this many, and at most this many bytes of them.
 STREAM_ITEMS_KEPT = 500
+STREAM_BYTES_KEPT = 200_000
+# A run continues as new once its history passes this (as the workflow sees it, which
+# runs about 0.6x of what describe reports), well before Temporal's own suggestion, so no
+# run's history reaches 2 MB.
+HISTORY_BYTES_PER_RUN = 1_000_000
 
 Via = Literal["update", "signal"]
 
@@ -180,6 +190,7 @@ class AgentWorkflow:
                 )
                 continue
             step = self._state.step + 1
+            await self._fit_context(step)
             result = await self._call_llm(step)
             self._append(
                 Thought(
@@ -267,7 +278,12 @@ class AgentWorkflow:
             )
 
     def _should_continue_as_new(self) -> bool:
-        if workflow.info().is_continue_as_new_suggested():
+        if self._state.step == self._first_step_of_run:
+            return False  # a run makes progress before it hands over, whatever its size
+        info = workflow.info()
+        if info.is_continue_as_new_suggested():
+            return True
+        if info.get_current_history_size() > HISTORY_BYTES_PER_RUN:
             return True
         every = self._task.continue_as_new_after_steps
         return every is not None and self._state.step - self._first_step_of_run >= every
@@ -278,8 +294,14 @@ class AgentWorkflow:
         # latest items (older offsets read as an explicit gap), the events stay in this run.
         retained = self._stream.get_state()
         end = retained.base_offset + len(retained.log)
-        if len(retained.log) > STREAM_ITEMS_KEPT:
-            self._stream.truncate(end - STREAM_ITEMS_KEPT)
+        kept, size = 0, 0
+        for item in reversed(retained.log):
+            size += len(item.data) + len(item.topic)
+            if kept >= STREAM_ITEMS_KEPT or size > STREAM_BYTES_KEPT:
+                break
+            kept += 1
+        if kept < len(retained.log):
+            self._stream.truncate(end - kept)
 
         def next_run(stream: WorkflowStreamState) -> list[object]:
             carry = RunCarry(
@@ -292,6 +314,46 @@ class AgentWorkflow:
             return [task, carry]
 
         await self._stream.continue_as_new(next_run)
+
+    async def _fit_context(self, step: int) -> None:
+        """Replace older turns by a summary when the conversation outgrows the task's limit."""
+        limit = self._task.context_limit_tokens
+        if limit is None:
+            return
+        span = compaction_range(self._state.messages, limit)
+        if span is None:
+            return
+        start, end = span
+        model = self._task.model
+        result: SummaryResult = await workflow.execute_activity(
+            "summarize_context",
+            SummaryRequest(
+                step=step,
+                message_count=len(self._state.messages),
+                start=start,
+                end=end,
+                model=model,
+            ),
+            result_type=SummaryResult,
+            start_to_close_timeout=timedelta(seconds=model.request_timeout_seconds * 10),
+            heartbeat_timeout=LLM_HEARTBEAT_TIMEOUT,
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=60),
+                maximum_attempts=model.max_attempts,
+                non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
+            ),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
+        self._append(
+            ContextCompacted(
+                summary=result.summary,
+                start=start,
+                end=end,
+                usage=result.usage,
+                **self._meta(self._state.step),
+            )
+        )
 
     async def _call_llm(self, step: int) -> LlmResult:
         model = self._task.model

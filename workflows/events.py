@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
+from workflows.context import SUMMARY_PREFIX
 from workflows.models import (
     AgentTask,
     ChatMessage,
@@ -24,6 +25,7 @@ from workflows.models import (
 
 Status = Literal["pending", "running", "waiting_approval", "done", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+STEP_USAGE_KEPT = 100  # per-step usage of the latest steps; the total covers all of them
 
 
 class EventBase(Contract):
@@ -115,6 +117,16 @@ class UserMessage(EventBase):
     content: str
 
 
+class ContextCompacted(EventBase):
+    """Messages [start, end) of the conversation were replaced by a summary."""
+
+    type: Literal["context_compacted"] = "context_compacted"
+    summary: str
+    start: int
+    end: int
+    usage: Usage = Field(default_factory=Usage)
+
+
 class Done(EventBase):
     type: Literal["done"] = "done"
     result: str
@@ -141,6 +153,7 @@ AgentEvent = Annotated[
     | ErrorEvent
     | Resumed
     | UserMessage
+    | ContextCompacted
     | Done
     | Failed
     | Cancelled,
@@ -175,7 +188,9 @@ class AgentState(Contract):
     failure_kind: str | None = None
     errors: list[str] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
-    step_usage: dict[int, Usage] = Field(default_factory=dict)
+    step_usage: dict[int, Usage] = Field(
+        default_factory=dict, description="Usage of each of the latest 100 steps."
+    )
     last_seq: int = -1
 
     @property
@@ -209,10 +224,11 @@ def apply(state: AgentState, event: AgentEvent) -> AgentState:
                     for c in event.tool_calls
                 ],
             )
+            recent = {k: v for k, v in state.step_usage.items() if k > event.step - STEP_USAGE_KEPT}
             changes.update(
                 messages=[*state.messages, message],
                 usage=state.usage + event.usage,
-                step_usage={**state.step_usage, event.step: event.usage},
+                step_usage={**recent, event.step: event.usage},
             )
         case Observation():
             message = ChatMessage(role="tool", content=event.output, tool_call_id=event.call_id)
@@ -250,6 +266,12 @@ def apply(state: AgentState, event: AgentEvent) -> AgentState:
             changes["errors"] = [*state.errors, f"{event.kind}: {event.message}"]
         case Resumed():
             changes.update(status="running", failure=None, failure_kind=None, result=None)
+        case ContextCompacted():
+            summary = ChatMessage(role="user", content=SUMMARY_PREFIX + event.summary)
+            changes.update(
+                messages=[*state.messages[: event.start], summary, *state.messages[event.end :]],
+                usage=state.usage + event.usage,
+            )
         case UserMessage():
             message = ChatMessage(role="user", content=event.content)
             changes.update(messages=[*state.messages, message], status="running", result=None)

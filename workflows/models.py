@@ -89,6 +89,13 @@ class AgentTask(Contract):
         description="Most tokens (in + out, all steps) the task may use.",
     )
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    context_limit_tokens: int | None = Field(
+        default=None,
+        ge=500,
+        le=10_000_000,
+        description="Estimated tokens the conversation sent to the model may take; past it, "
+        "older turns are replaced by a summary the model writes.",
+    )
     continue_as_new_after_steps: int | None = Field(
         default=None,
         ge=1,
@@ -162,6 +169,21 @@ class LlmRequest(Contract):
     step: int
     message_count: int
     model: ModelSettings
+
+
+class SummaryRequest(Contract):
+    """Input of `summarize_context`: summarize messages [start, end) of the conversation."""
+
+    step: int
+    message_count: int
+    start: int
+    end: int
+    model: ModelSettings
+
+
+class SummaryResult(Contract):
+    summary: str
+    usage: Usage = Field(default_factory=Usage)
 
 
 class LlmContext(Contract):

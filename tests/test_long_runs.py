@@ -1,0 +1,74 @@
+"""Long runs: a 1,000-step task completes, every run's history stays small and flat per step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from runtime.agent_runtime import AgentRuntime
+from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from tests.helpers import agent_task
+
+STEPS = 1000
+TWO_KB = "x" * 2048
+
+
+async def test_a_thousand_step_task_with_flat_history(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    steps = 0
+
+    def reply(body: dict[str, Any]) -> Reply:
+        nonlocal steps
+        if not body.get("tools"):
+            return text(f"summary: {len(body['messages'])} messages")  # summarize_context
+        steps += 1
+        if steps >= STEPS:
+            return text("a thousand steps later")
+        return tools(("calculator", {"expression": "1 + 1"}), content=TWO_KB)
+
+    # The offline-free fake answers at once; the conversation carries 2 KB a step.
+    model = fake_openai.script(reply)
+    handle = await dev_runtime.run(
+        agent_task(
+            model,
+            max_steps=STEPS + 10,
+            context_limit_tokens=20_000,
+            continue_as_new_after_steps=200,
+        )
+    )
+    outcome = await handle.result()
+    assert outcome.result == "a thousand steps later" and outcome.steps >= STEPS
+
+    runs: list[tuple[int, int]] = []  # (history bytes, LLM steps) per run, newest first
+    run_id: str | None = None
+    while True:
+        run = dev_env.client.get_workflow_handle(handle.id, run_id=run_id)
+        history = await run.fetch_history()
+        # Temporal's own accounting of the run's history, which its limits apply to.
+        size = (await run.describe()).raw_info.history_size_bytes
+        steps = sum(
+            1
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "call_llm"
+        )
+        runs.append((size, steps))
+        started = history.events[0].workflow_execution_started_event_attributes
+        if not started.continued_execution_run_id:
+            break
+        run_id = started.continued_execution_run_id
+    runs.reverse()
+    assert len(runs) >= 3  # it continued as new by itself, on history size
+    assert max(size for size, _ in runs) < 2_000_000, runs
+    # Flat: a step late in the task adds no more history than one early on. The first run
+    # summarizes nothing yet, so its steps are cheapest; from then on the cost is steady.
+    per_step = [size / steps for size, steps in runs[:-1]]
+    print(
+        f"\n{outcome.steps} steps, {len(runs)} runs, KB per run {[s // 1000 for s, _ in runs]}, "
+        f"bytes per step {[round(b) for b in per_step]}"
+    )
+    assert per_step[-1] < 1.5 * per_step[1], per_step
+    assert per_step[-1] < 2.0 * per_step[0], per_step

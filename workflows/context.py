@@ -1,0 +1,44 @@
+"""The context window: estimate a conversation's size and choose what to summarize.
+
+Pure functions, used by the workflow (deterministic) and tested on their own. The strategy:
+keep the system prompt and the task, keep the most recent turns within half the limit, and
+replace everything between with a summary written by the model.
+"""
+
+from __future__ import annotations
+
+from workflows.models import ChatMessage
+
+SUMMARY_PREFIX = "[summary of the earlier conversation] "
+_KEEP = 2  # the system prompt and the task
+
+
+def estimate_tokens(messages: list[ChatMessage]) -> int:
+    """A model-independent estimate: about four characters a token, plus framing."""
+    chars = 0
+    for m in messages:
+        chars += len(m.content or "")
+        chars += sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+    return chars // 4 + 4 * len(messages)
+
+
+def compaction_range(messages: list[ChatMessage], limit: int) -> tuple[int, int] | None:
+    """Messages [start, end) to replace by a summary, or None when the window fits.
+
+    `end` starts a turn (an assistant or user message), so a tool result is never split
+    from the call it answers. None too when there is not enough old history to summarize.
+    """
+    if estimate_tokens(messages) <= limit:
+        return None
+    budget = limit // 2
+    end = len(messages)
+    tail = 0
+    for index in range(len(messages) - 1, _KEEP - 1, -1):
+        tail += estimate_tokens([messages[index]])
+        if tail > budget:
+            break
+        if messages[index].role in ("assistant", "user"):
+            end = index
+    if end - _KEEP < 2:
+        return None
+    return _KEEP, end
