@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         LlmContext,
         LlmRequest,
         LlmResult,
+        ModelSettings,
         Resumption,
         SummaryRequest,
         SummaryResult,
@@ -111,6 +112,22 @@ class RunCarry(Contract):
     message: str | None = None
     """A user message to add first (a fork with an edited message)."""
     previous_run_id: str | None = None
+
+
+def _model_call_options(model: ModelSettings) -> dict[str, Any]:
+    """Timeouts and retries of an activity that calls the model (honours Retry-After)."""
+    return {
+        "start_to_close_timeout": timedelta(seconds=model.request_timeout_seconds * 10),
+        "heartbeat_timeout": LLM_HEARTBEAT_TIMEOUT,
+        "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        "retry_policy": RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=60),
+            maximum_attempts=model.max_attempts,
+            non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
+        ),
+    }
 
 
 def _cancelled(err: BaseException) -> bool:
@@ -335,15 +352,7 @@ class AgentWorkflow:
                 model=model,
             ),
             result_type=SummaryResult,
-            start_to_close_timeout=timedelta(seconds=model.request_timeout_seconds * 10),
-            heartbeat_timeout=LLM_HEARTBEAT_TIMEOUT,
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                maximum_interval=timedelta(seconds=60),
-                maximum_attempts=model.max_attempts,
-                non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
-            ),
-            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            **_model_call_options(model),
         )
         self._append(
             ContextCompacted(
@@ -362,16 +371,7 @@ class AgentWorkflow:
                 "call_llm",
                 LlmRequest(step=step, message_count=len(self._state.messages), model=model),
                 result_type=LlmResult,
-                start_to_close_timeout=timedelta(seconds=model.request_timeout_seconds * 10),
-                heartbeat_timeout=LLM_HEARTBEAT_TIMEOUT,
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    backoff_coefficient=2.0,
-                    maximum_interval=timedelta(seconds=60),
-                    maximum_attempts=model.max_attempts,
-                    non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
-                ),
+                **_model_call_options(model),
             )
             return result
         except ActivityError as err:
