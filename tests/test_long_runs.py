@@ -8,6 +8,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
+from runtime.settings import Settings
+from tests.conftest import WorkerProcess
 from tests.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task
 
@@ -72,3 +74,34 @@ async def test_a_thousand_step_task_with_flat_history(
     )
     assert per_step[-1] < 1.5 * per_step[1], per_step
     assert per_step[-1] < 2.0 * per_step[0], per_step
+
+
+async def test_a_retry_after_a_crash_sends_the_same_conversation(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if sum(m["role"] == "tool" for m in body["messages"]) == 0:
+            return tools(("calculator", {"expression": "6*7"}), content="first")
+        return Reply(content=" ".join(["slow"] * 200), chunk_delay=0.02)  # step 2 streams slowly
+
+    model = fake_openai.script(reply)
+    first = await WorkerProcess(address, settings).ready()
+    runtime = AgentRuntime(dev_env.client, settings)
+    handle = await runtime.run(agent_task(model))
+    second = None
+    try:
+        async for item in runtime.stream(handle.id, topics=["tokens"]):
+            if item.data.step == 2:  # type: ignore[union-attr]
+                second = await WorkerProcess(address, settings).ready()
+                first.kill()  # mid-stream of step 2
+                break
+        await handle.result()
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    step_two = [r["messages"] for r in fake_openai.requests[model] if len(r["messages"]) > 2]
+    assert len(step_two) >= 2  # the killed attempt and its retry
+    assert all(messages == step_two[0] for messages in step_two)
