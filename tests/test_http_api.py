@@ -172,8 +172,6 @@ async def test_twenty_identical_approvals_run_the_tool_once(
     assert len({a.text for a in answers}) == 1
     conflict = await api.post(f"/tasks/{task_id}/reject", json={"request_id": request})
     assert conflict.status_code == 409 and conflict.json()["error"] == "decision_conflict"
-    unknown = await api.post(f"/tasks/{task_id}/approve", json={"request_id": "9-nope"})
-    assert unknown.status_code in (404, 409)
     async with asyncio.timeout(20):
         while (await api.get(f"/tasks/{task_id}")).json()["state"]["status"] != "done":
             await asyncio.sleep(0.05)
@@ -209,6 +207,8 @@ async def test_auth_roles_and_clear_errors(api: httpx.AsyncClient, fake_openai: 
     assert created.status_code == 201
     task_id = created.json()["id"]
     [request] = await wait_pending(api, task_id)
+    unknown = await api.post(f"/tasks/{task_id}/approve", json={"request_id": "9-nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_request"
     refused = await api.post(
         f"/tasks/{task_id}/approve", json={"request_id": request}, headers=reader
     )
