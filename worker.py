@@ -10,6 +10,7 @@ import asyncio
 import signal
 import sys
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -24,6 +25,18 @@ from workflows.agent import AgentWorkflow
 
 # A dead worker's sticky queue otherwise holds the next workflow task for 10 s.
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+
+
+class AgentWorker(Worker):
+    """A Worker that also closes the model client its LLM activities hold."""
+
+    def __init__(self, client: Client, *, llm: LlmActivities, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._llm = llm
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        await self._llm.close()
 
 
 def build_worker(
@@ -44,8 +57,9 @@ def build_worker(
     llm = LlmActivities(registry, api_key=settings.api_key, base_url=settings.openai_base_url)
     ledger = IdempotencyLedger(settings.data_dir.absolute() / "ledger.sqlite3")
     tools = ToolActivities(registry, settings.workspace_dir, ledger)
-    return Worker(
+    return AgentWorker(
         client,
+        llm=llm,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
         activities=[llm.call_llm, llm.summarize_context, tools.run_tool] if activities else [],

@@ -184,6 +184,11 @@ class LlmActivities:
             OpenAIChat(api_key, base_url) if (api_key or base_url) else None
         )
 
+    async def close(self) -> None:
+        """Close the endpoint's HTTP client (the worker does this as it shuts down)."""
+        if self._endpoint is not None:
+            await self._endpoint.close()
+
     def _backend(self, model_name: str) -> ChatBackend:
         if model_name == OFFLINE_MODEL:
             return self._offline
