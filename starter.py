@@ -185,7 +185,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
-        handle = await runtime.resume(args.id)
+        handle = await runtime.find(args.id)
         arguments = json.loads(args.arguments) if args.arguments else None
         head = await runtime.stream_head(args.id)
         outcome = await handle.approve(

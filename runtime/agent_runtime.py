@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -201,6 +202,13 @@ class TaskHandle:
             )
         return existing.model_copy(update={"duplicate": True})
 
+    async def describe(self) -> WorkflowExecutionDescription:
+        """Temporal's view of the task's latest run (no worker needed)."""
+        try:
+            return await self._handle.describe()
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
     async def cancel(self) -> None:
         try:
             await self._handle.cancel()
@@ -274,10 +282,7 @@ class AgentRuntime:
         log then shows a `resumed` event naming the failure.
         """
         handle = self.get(task_id)
-        try:
-            description = await handle._handle.describe()
-        except RPCError as err:
-            raise _not_found(task_id, err) from err
+        description = await handle.describe()
         if description.status in (
             WorkflowExecutionStatus.FAILED,
             WorkflowExecutionStatus.TERMINATED,
@@ -362,6 +367,12 @@ class AgentRuntime:
             for e in executions.current_page or []
         ]
         return tasks, executions.next_page_token
+
+    async def find(self, task_id: str) -> TaskHandle:
+        """The handle of an existing task, as it is: raises TaskNotFoundError, changes nothing."""
+        handle = self.get(task_id)
+        await handle.describe()
+        return handle
 
     def get(self, task_id: str) -> TaskHandle:
         return TaskHandle(self, task_id)

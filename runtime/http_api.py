@@ -11,6 +11,7 @@ import base64
 import binascii
 import hashlib
 import sys
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
@@ -41,6 +42,7 @@ from workflows.events import AgentEvent, AgentState, TaskStarted
 from workflows.models import AgentTask, ModelSettings
 
 SSE_PING_SECONDS = 15
+ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
 # Queries and Updates need a worker; an API call must not hang when none answers.
 QUERY_TIMEOUT_SECONDS = 10.0
 UPDATE_TIMEOUT_SECONDS = 30.0
@@ -148,7 +150,7 @@ def create_app(
     settings = settings or Settings()
     tokens: dict[str, ApiToken] = dict(settings.api_tokens)
     # A repeated approval with the same Idempotency-Key gets the first answer back.
-    answered: dict[tuple[str, str], ApprovalResult] = {}
+    answered: OrderedDict[tuple[str, str], ApprovalResult] = OrderedDict()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -263,7 +265,7 @@ def create_app(
         )
 
     async def existing(runtime: AgentRuntime, task_id: str) -> TaskHandle:
-        return await runtime.resume(task_id)  # raises TaskNotFoundError (404)
+        return await runtime.find(task_id)  # raises TaskNotFoundError (404)
 
     @app.post("/tasks", status_code=201, response_model=TaskCreated)
     async def create_task(
@@ -353,6 +355,8 @@ def create_app(
         )
         if key is not None:
             answered[(task_id, key)] = result
+            while len(answered) > ANSWERS_KEPT:  # the latest keys; older repeats still get
+                answered.popitem(last=False)  # the same outcome from the workflow itself
         return result
 
     @app.post("/tasks/{task_id}/approve", response_model=ApprovalResult)

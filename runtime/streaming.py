@@ -43,7 +43,7 @@ from workflows.events import (
     Thought,
     UserMessage,
 )
-from workflows.stream import EVENTS_TOPIC, TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
+from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
 
 POLL_COOLDOWN = timedelta(milliseconds=20)
 _POLL_QUERY = "__temporal_workflow_stream_poll"
@@ -274,6 +274,3 @@ class StreamHub:
                 value = self._converter.payload_converter.from_payload(payload)
                 yield decode_item(wire.topic, wire.offset, value)
                 offset = wire.offset + 1
-
-
-__all__ = ["EVENTS_TOPIC", "TOKENS_TOPIC", "StreamGap", "StreamHub", "StreamItem"]

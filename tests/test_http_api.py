@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
@@ -361,3 +362,23 @@ async def test_no_input_makes_the_server_fail(api: httpx.AsyncClient) -> None:
             failures.append(f"{execution.id}: {why}; input {started.input.payloads[0].data!r}")
     assert failures == []
     assert (await api.get("/tasks")).status_code == 200
+
+
+async def test_reading_a_failed_task_leaves_it_failed(
+    dev_env: WorkflowEnvironment, api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(lambda body: tools(("calculator", {"expression": "1"})))
+    body = {"task": "loop", "model": {"name": model}, "max_steps": 1}
+    task_id = (await api.post("/tasks", json=body)).json()["id"]
+    workflow = dev_env.client.get_workflow_handle(task_id)
+    async with asyncio.timeout(20):
+        while (await workflow.describe()).status != WorkflowExecutionStatus.FAILED:
+            await asyncio.sleep(0.1)
+    first_run = (await workflow.describe()).run_id
+    assert (await api.get(f"/tasks/{task_id}")).json()["state"]["status"] == "failed"
+    assert (await api.get(f"/tasks/{task_id}/log")).status_code == 200
+    refused = await api.post(f"/tasks/{task_id}/approve", json={"request_id": "1-x"})
+    assert refused.status_code == 409
+    # Only an explicit resume resets a failed task; reading and deciding never do.
+    described = await workflow.describe()
+    assert described.status == WorkflowExecutionStatus.FAILED and described.run_id == first_run

@@ -7,9 +7,9 @@ void; the step's `thought` event is the final word.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from workflows.models import Contract
 
@@ -31,7 +31,3 @@ class LlmAttemptStarted(Contract):
     type: Literal["llm_retry"] = "llm_retry"
     step: int
     attempt: int
-
-
-TokenItem = Annotated[TokenDelta | LlmAttemptStarted, Field(discriminator="type")]
-token_item_adapter: TypeAdapter[TokenItem] = TypeAdapter(TokenItem)
