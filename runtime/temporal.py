@@ -184,6 +184,25 @@ async def ensure_search_attributes(client: Client) -> None:
                 raise
 
 
+SERVER_STARTUP_GRACE_SECONDS = 30.0
+
+
+async def connect_when_serving(**connect_args: Any) -> Client:
+    """Client.connect, waiting out a server that listens but is still starting up.
+
+    A freshly started server accepts connections before its frontend is healthy and
+    answers "Frontend is not healthy yet" for a moment; that is a wait, not a failure.
+    """
+    deadline = time.monotonic() + SERVER_STARTUP_GRACE_SECONDS
+    while True:
+        try:
+            return await Client.connect(**connect_args)
+        except RuntimeError as err:
+            if "not healthy" not in str(err) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
 async def connect(settings: Settings, *, log: bool = True) -> Client:
     """A client with the pydantic converter; starts the embedded server when it is needed."""
     config = connect_config(settings)
@@ -200,10 +219,10 @@ async def connect(settings: Settings, *, log: bool = True) -> Client:
                 )
             await asyncio.to_thread(server.start)
     try:
-        client = await Client.connect(
+        client = await connect_when_serving(
             data_converter=data_converter(settings.payload_codec()),
             interceptors=tracing_interceptors(settings),
-            **config,  # type: ignore[arg-type]
+            **config,
         )
     except RuntimeError as err:
         raise TemporalUnavailableError(f"cannot connect to Temporal at {target}: {err}") from err

@@ -28,6 +28,7 @@ from runtime.agent_runtime import AgentRuntime, TaskHandle
 from runtime.settings import Settings
 from runtime.temporal import (
     DEV_SERVER_TUNING,
+    connect_when_serving,
     ensure_search_attributes,
     search_attribute_flags,
     temporal_binary,
@@ -244,8 +245,8 @@ async def own_server(tmp_path: Path) -> AsyncIterator[OwnDevServer]:
 async def test_dev_server_restart_mid_run(
     own_server: OwnDevServer, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:
-    client = await Client.connect(
-        f"127.0.0.1:{own_server.port}", data_converter=pydantic_data_converter
+    client = await connect_when_serving(
+        target_host=f"127.0.0.1:{own_server.port}", data_converter=pydantic_data_converter
     )
     await ensure_search_attributes(client)
     runtime = AgentRuntime(client, settings)
