@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.builtin_tools import builtin_registry
+from activities.chat import ChatBackend
 from activities.ledger import IdempotencyLedger
 from activities.llm import LlmActivities
 from activities.tools import ToolActivities, ToolRegistry
@@ -47,14 +49,21 @@ def build_worker(
     task_queue: str | None = None,
     graceful_shutdown: timedelta = timedelta(seconds=5),
     activities: bool = True,
+    backends: Mapping[str, ChatBackend] | None = None,
 ) -> Worker:
     """A worker for the agent workflow and its activities on the settings' task queue.
 
-    With `activities=False` it hosts only the workflow: enough to answer queries, and it
-    never takes an LLM or tool call that a short-lived process would then abandon.
+    With `activities=False` it takes no LLM or tool call from the server (a short-lived
+    process would abandon them), only workflow tasks, which may run pure tools locally.
+    `backends` serves models by name from something other than the OpenAI endpoint.
     """
     registry = registry or builtin_registry()
-    llm = LlmActivities(registry, api_key=settings.api_key, base_url=settings.openai_base_url)
+    llm = LlmActivities(
+        registry,
+        api_key=settings.api_key,
+        base_url=settings.openai_base_url,
+        backends=backends,
+    )
     ledger = IdempotencyLedger(settings.data_dir.absolute() / "ledger.sqlite3")
     tools = ToolActivities(registry, settings.workspace_dir, ledger)
     return AgentWorker(
@@ -62,8 +71,10 @@ def build_worker(
         llm=llm,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
-        activities=[llm.call_llm, llm.summarize_context, tools.run_tool] if activities else [],
+        activities=[llm.call_llm, llm.summarize_context, tools.run_tool],
+        no_remote_activities=not activities,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        max_cached_workflows=settings.worker_cached_tasks,
         graceful_shutdown_timeout=graceful_shutdown,
     )
 

@@ -323,6 +323,8 @@ def builtin_registry() -> ToolRegistry:
                 description="Evaluate an arithmetic expression exactly.",
                 arguments=CalculatorArgs,
                 function=calculator,
+                timeout_seconds=5,
+                local=True,  # pure and bounded: no server round trip needed
             ),
             Tool(
                 name="list_files",

@@ -19,8 +19,8 @@ DEFAULT_INTERVAL = timedelta(seconds=1)
 @contextlib.asynccontextmanager
 async def keep_heartbeating() -> AsyncIterator[None]:
     """Heartbeat every third of the heartbeat timeout until the block exits."""
-    if not activity.in_activity():
-        yield
+    if not activity.in_activity() or activity.info().is_local:
+        yield  # local activities have no heartbeat: their workflow task watches them
         return
     timeout = activity.info().heartbeat_timeout
     interval = (timeout / 3) if timeout else DEFAULT_INTERVAL

@@ -6,9 +6,11 @@ so history stays flat: each message enters history once, as the result that prod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import email.utils
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -138,7 +140,13 @@ class AssembledMessage:
 
 
 class TokenPublisher:
-    """Publishes token deltas of one attempt on the task's stream, in batches."""
+    """Publishes token deltas of one attempt on the task's stream, in batches.
+
+    Tokens are held for the first batch interval. A message that completes within it
+    publishes none: the step's thought event, appended as the call returns, carries the
+    same text at the same moment, and the task is spared a signal and a workflow task.
+    Anything slower streams live from then on.
+    """
 
     def __init__(self, step: int, attempt: int) -> None:
         self._step = step
@@ -148,20 +156,41 @@ class TokenPublisher:
             batch_interval=TOKEN_BATCH_INTERVAL, max_retry_duration=timedelta(seconds=30)
         )
         self._topic = self._client.topic(TOKENS_TOPIC)
+        self._held: list[TokenDelta] = []
+        self._live = False
+        self._go_live_timer: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> TokenPublisher:
         await self._client.__aenter__()
         if self._attempt > 1:
+            # A retry is announced at once, so viewers can drop the void partial text.
             self._topic.publish(LlmAttemptStarted(step=self._step, attempt=self._attempt))
+            self._live = True
+        else:
+            self._go_live_timer = asyncio.get_running_loop().call_later(
+                TOKEN_BATCH_INTERVAL.total_seconds(), self._go_live
+            )
         return self
 
+    def _go_live(self) -> None:
+        self._live = True
+        last = len(self._held) - 1
+        for position, delta in enumerate(self._held):
+            self._topic.publish(delta, force_flush=position == last)  # now, not a tick later
+        self._held.clear()
+
     def publish(self, text: str) -> None:
-        self._topic.publish(
-            TokenDelta(step=self._step, attempt=self._attempt, index=self._index, text=text)
-        )
+        delta = TokenDelta(step=self._step, attempt=self._attempt, index=self._index, text=text)
         self._index += 1
+        if self._live:
+            self._topic.publish(delta)
+        else:
+            self._held.append(delta)
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._go_live_timer is not None:
+            self._go_live_timer.cancel()
+        self._held.clear()  # completed (or failed) before going live: the thought has it all
         # Tokens are a live view, not the record: losing them must not fail the step.
         try:
             await self._client.__aexit__(*exc)
@@ -177,9 +206,12 @@ class LlmActivities:
         registry: ToolRegistry,
         api_key: str | None = None,
         base_url: str | None = None,
+        backends: Mapping[str, ChatBackend] | None = None,
     ) -> None:
         self._registry = registry
         self._offline = OfflineModel()
+        # Models served by something other than the OpenAI-compatible endpoint, by name.
+        self._named_backends = dict(backends or {})
         self._endpoint: OpenAIChat | None = (
             OpenAIChat(api_key, base_url) if (api_key or base_url) else None
         )
@@ -192,6 +224,8 @@ class LlmActivities:
     def _backend(self, model_name: str) -> ChatBackend:
         if model_name == OFFLINE_MODEL:
             return self._offline
+        if (named := self._named_backends.get(model_name)) is not None:
+            return named
         if self._endpoint is None:
             raise ApplicationError(
                 f"the task asks for model {model_name!r} but this worker has no model endpoint: "

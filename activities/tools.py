@@ -59,6 +59,10 @@ class Tool:
     """A retry of the same call (same idempotency key) cannot do its effect twice, by nature
     or through the ledger. False: a lost attempt is reported to the model, never retried."""
     timeout_seconds: float = 60.0
+    local: bool = False
+    """Fast (milliseconds) and pure: run as a local activity, in the worker that runs the
+    workflow task, instead of a round trip through the server. Only for idempotent tools
+    that finish well within the workflow's LOCAL_TOOL_TIMEOUT (10 s)."""
 
     async def call(self, arguments: BaseModel, context: ToolContext) -> str:
         if inspect.iscoroutinefunction(self.function):
@@ -153,6 +157,7 @@ class ToolRegistry:
             return call
         call.arguments = validated.model_dump(mode="json")
         call.retry_safe = tool.idempotent
+        call.local = tool.local and tool.idempotent
         reason = approval_needed(policy.get(name, tool.approval), call.arguments)
         call.needs_approval = reason is not None
         call.approval_reason = reason

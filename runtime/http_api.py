@@ -43,6 +43,7 @@ from workflows.models import AgentTask, ModelSettings
 
 SSE_PING_SECONDS = 15
 ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
+PAGE_TOKEN_CHECK_BYTES = 8
 # Queries and Updates need a worker; an API call must not hang when none answers.
 QUERY_TIMEOUT_SECONDS = 10.0
 UPDATE_TIMEOUT_SECONDS = 30.0
@@ -138,6 +139,27 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _task_id_for(key: str) -> str:
     return "task-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _page_token_check(token: bytes) -> bytes:
+    return hashlib.blake2b(token, digest_size=PAGE_TOKEN_CHECK_BYTES).digest()
+
+
+def encode_page_token(token: bytes) -> str:
+    """Temporal's page token with a checksum: the server chokes on tokens it did not make
+    (it retries them for seconds, then fails), so the API refuses those itself."""
+    return base64.urlsafe_b64encode(_page_token_check(token) + token).decode()
+
+
+def decode_page_token(encoded: str) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(encoded.encode())
+    except (binascii.Error, ValueError):
+        raw = b""
+    check, token = raw[:PAGE_TOKEN_CHECK_BYTES], raw[PAGE_TOKEN_CHECK_BYTES:]
+    if not token or check != _page_token_check(token):
+        raise ApiError(400, "invalid_page_token", "page_token is not one this API gave out")
+    return token
 
 
 def create_app(
@@ -307,14 +329,9 @@ def create_app(
         page_token: Annotated[str | None, Query(max_length=4096)] = None,
     ) -> TaskPage:
         """Tasks, newest first, from Temporal's visibility (paginated)."""
-        token = None
-        if page_token:
-            try:
-                token = base64.urlsafe_b64decode(page_token.encode())
-            except (binascii.Error, ValueError):
-                raise ApiError(400, "invalid_page_token", "page_token is not one we gave") from None
+        token = decode_page_token(page_token) if page_token else None
         tasks, next_token = await runtime.list_tasks(status, page_size, token)
-        encoded = base64.urlsafe_b64encode(next_token).decode() if next_token else None
+        encoded = encode_page_token(next_token) if next_token else None
         return TaskPage(tasks=tasks, next_page_token=encoded)
 
     @app.get("/tasks/{task_id}", response_model=TaskView)

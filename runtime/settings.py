@@ -55,6 +55,14 @@ class Settings(BaseSettings):
         description="Start the Temporal dev server (SQLite under data_dir) when none is reachable "
         "at a local address.",
     )
+    worker_cached_tasks: int = Field(
+        default=200,
+        ge=1,
+        le=100_000,
+        description="Running tasks a worker keeps in memory (Temporal's workflow cache). A task "
+        "past it is replayed from history when it next moves; 500 tasks waiting for approval "
+        "fit in about 100 MB at 200.",
+    )
     dev_server_port: int = 7233
     dev_server_ui_port: int = 8233
     api_host: str = "127.0.0.1"

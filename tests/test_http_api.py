@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import urllib.parse
@@ -195,6 +196,43 @@ async def test_idempotency_key_returns_the_same_task(
     )
     assert different.status_code == 409 and different.json()["error"] == "idempotency_conflict"
     assert fake_openai.calls(model) <= 1
+
+
+async def test_task_pages_walk_every_task_and_refuse_forged_tokens(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(lambda body: text("hi"))
+    started = set()
+    for i in range(5):
+        response = await api.post("/tasks", json={"task": f"page {i}", "model": {"name": model}})
+        started.add(response.json()["id"])
+    seen: list[str] = []
+    token: str | None = None
+    async with asyncio.timeout(30):
+        while started - set(seen):  # until they are done and visibility has caught up
+            seen, token = [], None
+            while True:
+                # Finished tasks only: a task that closes mid-walk moves in the order.
+                params: dict[str, str | int] = {"page_size": 2, "status": "done"}
+                if token:
+                    params["page_token"] = token
+                page = (await api.get("/tasks", params=params)).json()
+                assert len(page["tasks"]) <= 2
+                seen += [t["id"] for t in page["tasks"]]
+                token = page["next_page_token"]
+                if token is None:
+                    break
+            await asyncio.sleep(0.2)
+    assert len(seen) == len(set(seen))  # no task twice across pages
+    # Temporal retries a token it did not make for seconds and then fails; we refuse it.
+    for forged in ("AAAA", "Z2FyYmFnZQ==", token_of(b"{}")[:-2] + "xx", "%%%"):
+        response = await api.get("/tasks", params={"page_token": forged})
+        assert response.status_code == 400, forged
+        assert response.json()["error"] == "invalid_page_token"
+
+
+def token_of(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode()
 
 
 async def test_auth_roles_and_clear_errors(api: httpx.AsyncClient, fake_openai: FakeOpenAI) -> None:

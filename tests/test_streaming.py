@@ -22,9 +22,14 @@ from workflows.stream import LlmAttemptStarted, TokenDelta
 
 
 def five_step_script(fake: FakeOpenAI) -> str:
+    """Four steps that stream for a few hundred ms each, then an instant final answer."""
     return fake.script(
         [
-            tools(("calculator", {"expression": f"{i} * 2"}), content=f"step {i} now")
+            tools(
+                ("calculator", {"expression": f"{i} * 2"}),
+                content=f"step {i} now",
+                chunk_delay=0.05,
+            )
             for i in range(4)
         ]
         + [text("all five steps are done, the answer is 6")]
@@ -53,10 +58,19 @@ async def test_a_live_stream_equals_the_event_log(
     assert streamed_events[-1].type == "done" and items[-1].terminal
     tokens = [i.data for i in items if i.topic == "tokens"]
     assert tokens and all(isinstance(t, TokenDelta) for t in tokens)
-    # The tokens of each step spell the step's thought, and come before it.
-    for thought in (e for e in streamed_events if e.type == "thought"):
+    # The tokens of each streaming step spell the step's thought, and come before it; the
+    # instant last answer came whole with its thought and published no tokens at all.
+    thoughts = [e for e in streamed_events if e.type == "thought"]
+    for thought in thoughts[:-1]:
         spelled = "".join(t.text for t in tokens if t.step == thought.step)  # type: ignore[union-attr]
         assert spelled == thought.content
+        first_token = next(
+            i.offset
+            for i in items
+            if isinstance(i.data, TokenDelta) and i.data.step == thought.step
+        )
+        assert first_token < next(i.offset for i in items if i.data is thought)
+    assert not [t for t in tokens if t.step == thoughts[-1].step]  # type: ignore[union-attr]
 
 
 async def test_reconnect_at_random_cut_points_loses_and_repeats_nothing(
@@ -107,7 +121,10 @@ async def test_a_retried_attempt_marks_its_partial_text_void(
 ) -> None:
     model = fake_openai.script(
         [
-            Reply(content="this partial answer will be cut off", cut_after_chunks=4),
+            # Slow enough to go live before the cut: its partial tokens are in the stream.
+            Reply(
+                content="this partial answer will be cut off", cut_after_chunks=4, chunk_delay=0.05
+            ),
             text("the real answer"),
         ]
     )
@@ -209,7 +226,10 @@ async def test_continue_as_new_carries_a_bounded_snapshot(
 ) -> None:
     words = " ".join(f"w{i}" for i in range(300))
     model = fake_openai.script(
-        [tools(("calculator", {"expression": f"{i}+1"}), content=words) for i in range(7)]
+        [
+            tools(("calculator", {"expression": f"{i}+1"}), content=words, chunk_delay=0.001)
+            for i in range(7)
+        ]
         + [text("eight steps done")]
     )
     handle = await dev_runtime.run(agent_task(model, continue_as_new_after_steps=2))

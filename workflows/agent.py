@@ -69,6 +69,13 @@ RETRY_SAFE_TOOL = RetryPolicy(
 )
 # A tool that cannot tell whether a lost attempt took effect runs at most once.
 ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
+# Fast, pure tools run as local activities (one workflow task instead of a server round
+# trip); histories from before this ran them as ordinary activities.
+LOCAL_TOOLS_PATCH = "local-activities-for-pure-tools"
+LOCAL_TOOL_TIMEOUT = timedelta(seconds=10)
+# The memo changes with the status only (the step is in the AgentStep search attribute);
+# histories from before this wrote it every step.
+MEMO_ON_STATUS_PATCH = "memo-on-status-change"
 # After a limit ends a task, its run stays open this long for `resume_after_failure`: a
 # reset re-runs that last step and the runtime's signal with the raised limits lands here.
 RESUME_GRACE = timedelta(seconds=3)
@@ -161,6 +168,7 @@ class AgentWorkflow:
             d.request_id: (d, "signal") for d in (carry.early_decisions if carry else [])
         }
         self._published_status: tuple[object, ...] | None = None
+        self._published_memo: dict[str, object] | None = None
         self._first_step_of_run = self._state.step
         self._resumed = False
 
@@ -455,21 +463,32 @@ class AgentWorkflow:
                 )
             arguments = outcome.arguments if outcome.arguments is not None else arguments
             note = f"\n[approved with a note: {outcome.message}]" if outcome.message else ""
+        request = ToolRequest(
+            call_id=call.call_id,
+            tool=call.tool,
+            arguments=arguments,
+            idempotency_key=f"{workflow.info().workflow_id}/{step}/{call.call_id}",
+        )
         try:
-            result: ToolResult = await workflow.execute_activity(
-                "run_tool",
-                ToolRequest(
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    arguments=arguments,
-                    idempotency_key=f"{workflow.info().workflow_id}/{step}/{call.call_id}",
-                ),
-                result_type=ToolResult,
-                start_to_close_timeout=TOOL_START_TO_CLOSE,
-                heartbeat_timeout=TOOL_HEARTBEAT_TIMEOUT,
-                retry_policy=RETRY_SAFE_TOOL if call.retry_safe else ONCE_ONLY_TOOL,
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            )
+            result: ToolResult
+            if call.local and call.retry_safe and workflow.patched(LOCAL_TOOLS_PATCH):
+                result = await workflow.execute_local_activity(
+                    "run_tool",
+                    request,
+                    result_type=ToolResult,
+                    start_to_close_timeout=LOCAL_TOOL_TIMEOUT,
+                    retry_policy=RETRY_SAFE_TOOL,
+                )
+            else:
+                result = await workflow.execute_activity(
+                    "run_tool",
+                    request,
+                    result_type=ToolResult,
+                    start_to_close_timeout=TOOL_START_TO_CLOSE,
+                    heartbeat_timeout=TOOL_HEARTBEAT_TIMEOUT,
+                    retry_policy=RETRY_SAFE_TOOL if call.retry_safe else ONCE_ONLY_TOOL,
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                )
         except ActivityError as err:
             if _cancelled(err):
                 raise
@@ -636,6 +655,7 @@ class AgentWorkflow:
         self._publish_status()
 
     def _publish_status(self) -> None:
+        """Keep the search attributes (every step) and the memo (every status) current."""
         pending = self._state.pending_approvals.values()
         waiting_since = min((p.requested_at for p in pending), default=None)
         current = (self._state.status, self._state.step, waiting_since)
@@ -651,9 +671,15 @@ class AgentWorkflow:
             else search.AGENT_WAITING_SINCE.value_unset(),
         ]
         workflow.upsert_search_attributes(updates)
-        memo: dict[str, object] = {"status": self._state.status, "step": self._state.step}
+        memo: dict[str, object] = {"status": self._state.status}
         if pending:
             memo["waiting_for"] = ", ".join(f"{p.tool} [{p.request_id}]" for p in pending)
+        if workflow.patched(MEMO_ON_STATUS_PATCH):
+            if memo == self._published_memo:
+                return  # the step is in AgentStep; a memo write per step costs history
+            self._published_memo = memo
+        else:
+            memo["step"] = self._state.step
         workflow.upsert_memo(memo)
 
     async def _fail(self, kind: str, reason: str) -> ApplicationError:

@@ -157,6 +157,11 @@ class ToolCall(Contract):
         description="A retry cannot do the call's effect twice (idempotent, or guarded by "
         "the idempotency key); otherwise a lost attempt is reported, never repeated.",
     )
+    local: bool = Field(
+        default=False,
+        description="A fast, pure tool: runs as a local activity inside the workflow task, "
+        "saving a round trip through the server.",
+    )
 
 
 class LlmRequest(Contract):
