@@ -29,6 +29,11 @@ test: lint
 	@echo "==> pytest (starts its own Temporal dev server and time-skipping server)"
 	$(BIN)/pytest
 
+bench: setup
+	@echo "==> installing the benchmark peers (LangGraph), then every benchmark (about 10 min)"
+	$(BIN)/pip install --quiet --editable '.[dev,bench]'
+	$(BIN)/python -m bench
+
 worker: setup
 	$(BIN)/python worker.py
 

@@ -1,4 +1,4 @@
-"""The floor for the step-overhead bench: a bare workflow running N no-op activities."""
+"""The floor for the benchmarks: bare workflows running no-op activities, nothing of ours."""
 
 from __future__ import annotations
 
@@ -23,3 +23,19 @@ class BareLoop:
                 noop, index, start_to_close_timeout=timedelta(seconds=30)
             )
         return activities
+
+
+@workflow.defn(name="BareLocalLoop")
+class BareLocalLoop:
+    """The shape of an agent step with a pure tool: an activity, then a local activity."""
+
+    @workflow.run
+    async def run(self, steps: int) -> int:
+        for index in range(steps):
+            await workflow.execute_activity(
+                noop, index, start_to_close_timeout=timedelta(seconds=30)
+            )
+            await workflow.execute_local_activity(
+                noop, index, start_to_close_timeout=timedelta(seconds=30)
+            )
+        return steps

@@ -1,6 +1,6 @@
 """Time from a worker's SIGKILL to the task progressing on another worker.
 
-    python -m bench.recovery [--repeats 5]
+    python -m bench.recovery
 
 Worker A (a real subprocess) takes the call; worker B is started and ready; A is killed
 with SIGKILL. Measured until the call's next attempt starts on B:
@@ -11,30 +11,22 @@ The floor is the activity heartbeat timeout (a dead worker is noticed after it).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
 import time
-import uuid
-from pathlib import Path
-from tempfile import TemporaryDirectory
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
+from bench.common import Bench, Row, median, percentile, run_alone, say
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from tests.conftest import WorkerProcess
 from tests.fake_openai import FakeOpenAI, Reply, text, tools
-from tests.servers import start_dev_env
 from workflows.agent import LLM_HEARTBEAT_TIMEOUT, TOOL_HEARTBEAT_TIMEOUT
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+REPEATS = 3
 
 
 async def kill_inside_llm(env: WorkflowEnvironment, fake: FakeOpenAI, settings: Settings) -> float:
@@ -101,44 +93,26 @@ async def kill_inside_tool(env: WorkflowEnvironment, fake: FakeOpenAI, settings:
             second.kill()
 
 
-async def main(repeats: int) -> None:
-    fake = FakeOpenAI()
-    print("starting the Temporal dev server ...", flush=True)
-    env = await start_dev_env()
+async def measure(bench: Bench, repeats: int = REPEATS) -> list[Row]:
     figures: dict[str, list[float]] = {"inside an LLM stream": [], "inside a tool": []}
-    async with env:
-        with TemporaryDirectory() as data:
-            for n in range(repeats):
-                for name, scenario in (
-                    ("inside an LLM stream", kill_inside_llm),
-                    ("inside a tool", kill_inside_tool),
-                ):
-                    settings = Settings(
-                        task_queue=f"recovery-{uuid.uuid4().hex[:6]}",
-                        data_dir=Path(data) / f"{n}",
-                        workspace=Path(data) / f"{n}" / "ws",
-                        openai_api_key="sk-bench",  # type: ignore[arg-type]
-                        openai_base_url=fake.url,
-                        embedded_server=False,
-                    )
-                    seconds = await scenario(env, fake, settings)
-                    figures[name].append(seconds)
-                    print(f"repeat {n + 1}/{repeats}, kill {name}: {seconds:.2f} s", flush=True)
-    fake.close()
+    for n in range(repeats):
+        for name, scenario in (
+            ("inside an LLM stream", kill_inside_llm),
+            ("inside a tool", kill_inside_tool),
+        ):
+            seconds = await scenario(bench.env, bench.fake, bench.settings("recovery"))
+            figures[name].append(seconds)
+            say(f"recovery: repeat {n + 1}/{repeats}, SIGKILL {name}: {seconds:.2f} s")
     floor = max(LLM_HEARTBEAT_TIMEOUT, TOOL_HEARTBEAT_TIMEOUT).total_seconds()
-    print(
-        "\n| SIGKILL → next attempt on another worker | median | p95 | median / heartbeat timeout |"
-    )
-    print("|---|---|---|---|")
-    for name, values in figures.items():
-        median = statistics.median(values)
-        print(
-            f"| {name} | {median:.2f} s | {percentile(values, 0.95):.2f} s "
-            f"| {median / floor:.2f}x of {floor:g} s |"
+    return [
+        Row(
+            f"SIGKILL {name} → next attempt on another worker, median / p95",
+            f"{median(values):.2f} / {percentile(values, 0.95):.2f} s",
+            f"{median(values) / floor:.2f}x the {floor:g} s heartbeat timeout",
         )
+        for name, values in figures.items()
+    ]
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
-    asyncio.run(main(parser.parse_args().repeats))
+    run_alone(measure)

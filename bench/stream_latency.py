@@ -1,4 +1,4 @@
-"""Stream latency and history cost, on the dev server: `python -m bench.stream_latency`.
+"""Stream latency and its history cost: `python -m bench.stream_latency`.
 
 - token latency: the fake model writes into each chunk the time it sends it; the
   subscriber subtracts that from the time it receives the token (median, p95);
@@ -9,30 +9,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
-import uuid
-from pathlib import Path
-from tempfile import TemporaryDirectory
 
 from temporalio.testing import WorkflowEnvironment
 
+from bench.common import Bench, Row, percentile, run_alone, say
 from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from tests.fake_openai import FakeOpenAI, Reply, tools
-from tests.servers import start_dev_env
-from worker import build_worker
+from tests.fake_openai import Reply, tools
 from workflows.models import AgentTask, ModelSettings
 from workflows.stream import TokenDelta
 
 TOKENS = 2000
 CHUNK_DELAY = 0.002
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def run_one(
@@ -53,8 +42,8 @@ async def run_one(
     return token_ms, event_ms, len(history.events)
 
 
-async def main() -> None:
-    fake = FakeOpenAI()
+async def measure(bench: Bench) -> list[Row]:
+    fake = bench.fake
     words = " ".join("w" for _ in range(TOKENS))
     long_answer = fake.script(
         lambda body: Reply(content=words, chunk_delay=CHUNK_DELAY, stamp_chunks=True)
@@ -62,43 +51,35 @@ async def main() -> None:
     short_answer = fake.script(lambda body: Reply(content="w", stamp_chunks=True))
     steps = [tools(("calculator", {"expression": f"{i} + 1"}), content="w") for i in range(9)]
     ten_steps = fake.script([*steps, Reply(content="w", stamp_chunks=True)])
-    print("starting the Temporal dev server ...", flush=True)
-    env = await start_dev_env()
-    with TemporaryDirectory() as workspace:
-        settings = Settings(
-            task_queue=f"bench-{uuid.uuid4().hex[:6]}",
-            workspace=Path(workspace),
-            openai_api_key="sk-bench",  # type: ignore[arg-type]
-            openai_base_url=fake.url,
-            embedded_server=False,
-        )
-        async with env, build_worker(env.client, settings):
-            runtime = AgentRuntime(env.client, settings)
-            print(
-                f"streaming a {TOKENS}-token answer, {CHUNK_DELAY * 1000:g} ms between chunks ...",
-                flush=True,
-            )
-            token_ms, _, long_events = await run_one(env, runtime, long_answer)
-            print("streaming the 1-token baseline ...", flush=True)
-            _, _, short_events = await run_one(env, runtime, short_answer)
-            print("streaming a 10-step task for event latency ...", flush=True)
-            _, event_ms, _ = await run_one(env, runtime, ten_steps)
-    fake.close()
+    settings = bench.settings("stream")
+    async with bench.worker(settings):
+        runtime = AgentRuntime(bench.client, settings)
+        say(f"stream latency: a {TOKENS}-token answer, {CHUNK_DELAY * 1000:g} ms between chunks")
+        started = time.perf_counter()
+        token_ms, _, long_events = await run_one(bench.env, runtime, long_answer)
+        seconds = time.perf_counter() - started
+        say("stream latency: the 1-token baseline")
+        _, _, short_events = await run_one(bench.env, runtime, short_answer)
+        say("stream latency: a 10-step task for event latency")
+        _, event_ms, _ = await run_one(bench.env, runtime, ten_steps)
     added = long_events - short_events
-    rows = [
-        ("tokens received", f"{len(token_ms)} of {TOKENS}"),
-        ("token sent by model → received, median", f"{statistics.median(token_ms):.0f} ms"),
-        ("token sent by model → received, p95", f"{percentile(token_ms, 0.95):.0f} ms"),
-        ("event appended → received, median", f"{statistics.median(event_ms):.0f} ms"),
-        ("event appended → received, p95", f"{percentile(event_ms, 0.95):.0f} ms"),
-        (f"history events, {TOKENS}-token answer", str(long_events)),
-        ("history events, 1-token answer (baseline, same run)", str(short_events)),
-        (f"added by the {TOKENS} tokens", f"{added} (one per {TOKENS / max(added, 1):.1f} tokens)"),
+    return [
+        Row(
+            "token sent by the model → received by a subscriber, median / p95",
+            f"{statistics.median(token_ms):.0f} / {percentile(token_ms, 0.95):.0f} ms",
+            f"{len(token_ms)} of {TOKENS} tokens received, at {TOKENS / seconds:.0f} tokens/s",
+        ),
+        Row(
+            "event appended → received by a subscriber, median / p95",
+            f"{statistics.median(event_ms):.0f} / {percentile(event_ms, 0.95):.0f} ms",
+        ),
+        Row(
+            f"history events added by a {TOKENS}-token answer",
+            f"{added}: one per {TOKENS / max(added, 1):.1f} tokens",
+            f"over a 1-token answer in the same run ({short_events} events)",
+        ),
     ]
-    print("\n| figure | value |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure)

@@ -112,7 +112,9 @@ REPO = Path(__file__).resolve().parent.parent
 class WorkerProcess:
     """`python worker.py` as a real subprocess on the test's task queue."""
 
-    def __init__(self, address: str, settings: Settings) -> None:
+    def __init__(
+        self, address: str, settings: Settings, extra_env: dict[str, str] | None = None
+    ) -> None:
         env = {
             k: v
             for k, v in os.environ.items()
@@ -129,6 +131,7 @@ class WorkerProcess:
             env["OPENAI_BASE_URL"] = settings.openai_base_url
         if settings.api_key:
             env["OPENAI_API_KEY"] = settings.api_key
+        env.update(extra_env or {})
         self.log = settings.data_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as out:

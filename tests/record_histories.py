@@ -135,6 +135,30 @@ async def record() -> None:
         await handle.result()
         scenarios["continue_as_new_bounded_carry"] = handle.id
 
+        # Local-activity tools, a quiet (instant) step, a live streaming step, an approval.
+        model = fake.script(
+            [
+                tools(("calculator", {"expression": "6*7"}), content="quick"),
+                tools(
+                    ("run_shell", {"command": "echo local"}),
+                    content=" ".join(["live"] * 20),
+                    chunk_delay=0.02,
+                ),
+                tools(("calculator", {"expression": "1/0"})),
+                text("42"),
+            ]
+        )
+        handle = await runtime.run(
+            AgentTask(task="local tools", model=ModelSettings(name=model)),
+            task_id="local-tools",
+        )
+        while not (await handle.state()).pending_approvals:
+            await asyncio.sleep(0.05)
+        [request] = list((await handle.state()).pending_approvals)
+        await handle.approve(request, approver="alice")
+        await handle.result()
+        scenarios["local_tools_and_quiet_tokens"] = handle.id
+
         HISTORIES.mkdir(exist_ok=True)
         for name, workflow_id in scenarios.items():
             path = HISTORIES / f"{name}.json"

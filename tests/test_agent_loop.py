@@ -93,6 +93,40 @@ async def test_multi_step_task_with_two_tool_calls(
     assert state.status == "done" and state.usage.total == 2 * (11 + 7)
 
 
+async def test_pure_tools_run_locally_and_others_through_the_server(
+    ts_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(("calculator", {"expression": "6 * 7"}), ("calculator", {"expression": "1/0"})),
+            tools(("list_files", {"path": "."})),
+            text("done"),
+        ]
+    )
+    handle = await ts_runtime.run(agent_task(model))
+    await handle.result()
+    observations = [e for e in await handle.events() if e.type == "observation"]
+    assert [(o.output, o.is_error) for o in observations[:2]] == [
+        ("42", False),
+        ("division by zero", True),
+    ]
+    history = await ts_runtime.client.get_workflow_handle(handle.id).fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    # The calculator ran in the workflow task (recorded as markers), list_files did not.
+    assert scheduled == ["call_llm", "call_llm", "run_tool", "call_llm"]
+    markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert (
+        sum(
+            m.marker_recorded_event_attributes.marker_name == "core_local_activity" for m in markers
+        )
+        == 2
+    )
+
+
 async def test_malformed_tool_arguments_are_fed_back_and_the_model_corrects(
     ts_runtime: AgentRuntime, fake_openai: FakeOpenAI
 ) -> None:
