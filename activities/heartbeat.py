@@ -26,9 +26,11 @@ async def keep_heartbeating() -> AsyncIterator[None]:
     interval = (timeout / 3) if timeout else DEFAULT_INTERVAL
 
     async def beat() -> None:
+        # The first beat is due a third of the timeout after the start, not at once: a call
+        # that finishes sooner (most tool calls) never pays for a heartbeat.
         while True:
-            activity.heartbeat()
             await asyncio.sleep(interval.total_seconds())
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:

@@ -105,6 +105,7 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}
         for tool in tools:
             self.register(tool)
 
@@ -112,6 +113,8 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ValueError(f"tool {tool.name!r} is registered twice")
         self._tools[tool.name] = tool
+        # Built once: generating a JSON schema on every model call is a measurable cost.
+        self._schemas[tool.name] = tool.schema()
 
     def names(self) -> list[str]:
         return list(self._tools)
@@ -125,7 +128,8 @@ class ToolRegistry:
         return [self._tools[n] for n in names if n in self._tools]
 
     def schemas(self, names: list[str] | None) -> list[dict[str, Any]]:
-        return [tool.schema() for tool in self.allowed(names)]
+        """The `tools` entries the model is offered (shared: callers must not change them)."""
+        return [self._schemas[tool.name] for tool in self.allowed(names)]
 
     def check_call(
         self,

@@ -10,20 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
+)
 from temporalio.contrib.workflow_streams import (
     PollInput,
     PollResult,
     WorkflowStreamClient,
-    WorkflowStreamItem,
 )
-from temporalio.contrib.workflow_streams._types import _decode_payload
+from temporalio.contrib.workflow_streams._types import (
+    STREAM_DRAINING_ERROR_TYPE,
+    TRUNCATED_OFFSET_ERROR_TYPE,
+    _decode_payload,
+)
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -46,7 +55,10 @@ from workflows.events import (
 from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
 
 POLL_COOLDOWN = timedelta(milliseconds=20)
-_POLL_QUERY = "__temporal_workflow_stream_poll"
+# While items keep coming, the stream is followed by Query this often (the pace at which
+# the LLM activity publishes token batches).
+FOLLOW_INTERVAL = timedelta(milliseconds=100)
+_POLL = "__temporal_workflow_stream_poll"  # the stream's poll Update and Query
 
 
 class StreamGap(BaseModel):
@@ -95,24 +107,22 @@ def decode_item(topic: str, offset: int, value: Any) -> StreamItem:
     return StreamItem(offset=offset, topic=topic, data=_data_adapter.validate_python(value))
 
 
-async def with_gaps(
-    start: int, raw_items: AsyncIterator[WorkflowStreamItem[Any]]
-) -> AsyncIterator[list[StreamItem]]:
-    """Decode an all-topics upstream; where offsets jump, put a gap item first, never skip.
-
-    The upstream restarts silently at the retained base when the offset asked for was
-    truncated away; offsets of an all-topics read are contiguous, so any jump is a loss.
-    """
-    expected = start
-    async for raw in raw_items:
-        batch: list[StreamItem] = []
-        if raw.offset > expected:
-            gap = StreamGap(start=expected, end=raw.offset)
+def in_sequence(expected: int, items: Iterable[StreamItem]) -> tuple[list[StreamItem], int]:
+    """Items from offset `expected` on, in order: a gap item first where offsets jump (they
+    were truncated away), repeats dropped, nothing after a terminal item. Also returns the
+    next offset expected."""
+    batch: list[StreamItem] = []
+    for item in items:
+        if item.offset < expected:
+            continue
+        if item.offset > expected:
+            gap = StreamGap(start=expected, end=item.offset)
             batch.append(StreamItem(offset=expected, topic="gap", data=gap))
-        if raw.offset >= expected:
-            batch.append(decode_item(raw.topic, raw.offset, raw.data))
-            expected = raw.offset + 1
-            yield batch
+        batch.append(item)
+        expected = item.offset + 1
+        if item.terminal:
+            break
+    return batch, expected
 
 
 @dataclass
@@ -229,13 +239,27 @@ class StreamHub:
             reader.task.cancel()
 
     async def _pump(self, reader: _TaskReader) -> None:
-        upstream = WorkflowStreamClient.create(self._client, reader.task_id)
-        raw_items = upstream.subscribe(from_offset=reader.start, poll_cooldown=POLL_COOLDOWN)
+        """Read the task's stream for every local subscriber, costing history only when idle.
+
+        Each long-poll Update adds events to the task's history, and a subscriber that
+        re-polls after every batch would double what streaming tokens cost. So a parked
+        Update waits out quiet periods (it returns the moment something is published), and
+        while items keep coming they are followed with the poll Query every
+        FOLLOW_INTERVAL, which adds nothing to history.
+        """
+        offset = reader.start
         try:
-            async for batch in with_gaps(reader.start, raw_items):
-                await self._publish(reader, batch)
-                if batch[-1].terminal:
-                    break
+            while True:
+                result = await self._long_poll(reader.task_id, offset)
+                while True:
+                    offset, ended = await self._deliver(reader, offset, result)
+                    if ended:
+                        return
+                    if not result.more_ready:
+                        await asyncio.sleep(FOLLOW_INTERVAL.total_seconds())
+                    result = await self._query_batch(reader.task_id, offset)
+                    if not result.items:
+                        break  # quiet: park a long poll again
         except asyncio.CancelledError:
             raise
         except BaseException as err:
@@ -245,6 +269,68 @@ class StreamHub:
             with contextlib.suppress(RuntimeError):
                 async with reader.changed:
                     reader.changed.notify_all()
+
+    async def _long_poll(self, task_id: str, offset: int) -> PollResult:
+        """Park a poll Update on the task's current run until it has items from `offset`."""
+        handle = self._client.get_workflow_handle(task_id)
+        while True:
+            try:
+                update = await handle.start_update(
+                    _POLL,
+                    PollInput(topics=[], from_offset=offset),
+                    wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                    result_type=PollResult,
+                )
+                result: PollResult = await update.result()
+                if result.items or result.more_ready:
+                    return result
+                # Released empty-handed: the run is closing or continuing as new.
+            except WorkflowUpdateFailedError as err:
+                kind = getattr(err.cause, "type", None)
+                if kind == TRUNCATED_OFFSET_ERROR_TYPE:
+                    return await self._query_batch(task_id, offset)  # reads on from the base
+                if kind != STREAM_DRAINING_ERROR_TYPE:
+                    raise
+            except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
+                if isinstance(err.__cause__, asyncio.CancelledError):
+                    raise err.__cause__ from None
+                if isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND:
+                    if not await self._closed(task_id):
+                        raise
+            if await self._closed(task_id):
+                # A closed run takes no Updates: whatever is left is read by Query.
+                return await self._query_batch(task_id, offset)
+            await asyncio.sleep(POLL_COOLDOWN.total_seconds())
+
+    async def _closed(self, task_id: str) -> bool:
+        """Whether the task's latest run has closed (a run continued as new has not)."""
+        description = await self._client.get_workflow_handle(task_id).describe()
+        return description.status not in (None, WorkflowExecutionStatus.RUNNING)
+
+    async def _query_batch(self, task_id: str, offset: int) -> PollResult:
+        handle = self._client.get_workflow_handle(task_id)
+        result: PollResult = await handle.query(
+            _POLL, PollInput(topics=[], from_offset=offset), result_type=PollResult
+        )
+        return result
+
+    async def _deliver(
+        self, reader: _TaskReader, offset: int, result: PollResult
+    ) -> tuple[int, bool]:
+        """Publish a poll's items to the subscribers; (next offset, whether the stream ended)."""
+        decode = self._converter.payload_converter.from_payload
+        items = (
+            decode_item(wire.topic, wire.offset, decode(_decode_payload(wire.data)))
+            for wire in result.items
+            if wire.offset >= offset
+        )
+        batch, offset = in_sequence(offset, items)
+        if batch:
+            await self._publish(reader, batch)
+        if batch and batch[-1].terminal:
+            return offset, True
+        # A run closed without a terminal event (terminated) has nothing more to say.
+        return offset, not result.items and await self._closed(reader.task_id)
 
     async def _publish(self, reader: _TaskReader, batch: list[StreamItem]) -> None:
         async with reader.changed:
@@ -259,7 +345,7 @@ class StreamHub:
         offset = start
         while offset < end:
             result: PollResult = await handle.query(
-                _POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult
+                _POLL, PollInput(topics=[], from_offset=offset), result_type=PollResult
             )
             if not result.items:
                 return

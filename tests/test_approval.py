@@ -19,6 +19,7 @@ from tests.conftest import running_worker
 from tests.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
 from workflows import errors
+from workflows.agent import EARLY_DECISIONS_KEPT
 from workflows.models import ApprovalSettings, Decision, DecisionOutcome
 
 
@@ -235,6 +236,27 @@ async def test_a_decision_that_arrives_before_the_request_is_kept(
     resolved = of_type(await handle.events(), "approval_resolved")
     assert [(r.request_id, r.approver) for r in resolved] == [("1-call_1_0", "fast")]
     assert side_effects(settings) == ["early"]
+
+
+async def test_a_flood_of_decisions_for_requests_never_made_is_bounded(
+    dev_env: WorkflowEnvironment,
+    dev_runtime: AgentRuntime,
+    fake_openai: FakeOpenAI,
+    settings: Settings,
+) -> None:
+    model = fake_openai.script([tools(shell("real")), text("done")])
+    handle = await dev_runtime.run(agent_task(model))
+    [request] = await pending_requests(handle)
+    workflow = dev_env.client.get_workflow_handle(handle.id)
+    for i in range(EARLY_DECISIONS_KEPT + 3):
+        await workflow.signal("reject", Decision(request_id=f"99-bogus_{i}"))
+    await handle.approve(request)
+    await handle.result()
+    ignored = [e for e in of_type(await handle.events(), "error") if e.kind == "unknown_request"]
+    assert [e.message.split()[5] for e in ignored] == [
+        f"99-bogus_{i}:" for i in range(EARLY_DECISIONS_KEPT, EARLY_DECISIONS_KEPT + 3)
+    ]
+    assert side_effects(settings) == ["real"]
 
 
 async def test_no_worker_while_waiting_then_a_new_worker_process_finishes(

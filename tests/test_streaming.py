@@ -6,16 +6,14 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.workflow_streams import WorkflowStreamItem
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime, TaskNotFoundError
 from runtime.settings import Settings
-from runtime.streaming import StreamGap, StreamItem, with_gaps
+from runtime.streaming import StreamGap, StreamItem, in_sequence
 from tests.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, pending_requests
 from workflows.stream import LlmAttemptStarted, TokenDelta
@@ -204,21 +202,20 @@ async def test_offsets_keep_increasing_across_continue_as_new(
     assert (await handle.result()).steps == 5
 
 
-async def _raw(offsets: list[int]) -> AsyncIterator[WorkflowStreamItem[Any]]:
-    for offset in offsets:
-        yield WorkflowStreamItem(
-            topic="tokens",
-            data={"type": "token", "step": 1, "attempt": 1, "index": offset, "text": "x"},
+def test_truncated_offsets_become_an_explicit_gap() -> None:
+    items = [
+        StreamItem(
             offset=offset,
+            topic="tokens",
+            data=TokenDelta(step=1, attempt=1, index=offset, text="x"),
         )
-
-
-async def test_truncated_offsets_become_an_explicit_gap() -> None:
-    batches = [b async for b in with_gaps(3, _raw([7, 8, 8, 9]))]
-    flat = [i for b in batches for i in b]
-    assert isinstance(flat[0].data, StreamGap)
-    assert (flat[0].data.start, flat[0].data.end) == (3, 7)
-    assert [i.offset for i in flat[1:]] == [7, 8, 9]  # the repeated 8 is dropped
+        for offset in (2, 7, 8, 8, 9)
+    ]
+    batch, next_offset = in_sequence(3, items)
+    assert isinstance(batch[0].data, StreamGap)
+    assert (batch[0].data.start, batch[0].data.end) == (3, 7)
+    assert [i.offset for i in batch[1:]] == [7, 8, 9]  # the old 2 and the repeated 8 dropped
+    assert next_offset == 10
 
 
 async def test_continue_as_new_carries_a_bounded_snapshot(

@@ -76,6 +76,9 @@ LOCAL_TOOL_TIMEOUT = timedelta(seconds=10)
 # The memo changes with the status only (the step is in the AgentStep search attribute);
 # histories from before this wrote it every step.
 MEMO_ON_STATUS_PATCH = "memo-on-status-change"
+# A run due to continue as new may do so while it waits for a person; histories from
+# before this waited on in the same run.
+CONTINUE_AS_NEW_WHILE_WAITING_PATCH = "continue-as-new-while-waiting"
 # After a limit ends a task, its run stays open this long for `resume_after_failure`: a
 # reset re-runs that last step and the runtime's signal with the raised limits lands here.
 RESUME_GRACE = timedelta(seconds=3)
@@ -83,7 +86,10 @@ RESUME_GRACE_PATCH = "resume-grace-after-limit"
 # Stream items a run hands to the next at continue-as-new (token deltas dominate them):
 # at most this many, and at most this many bytes of them.
 STREAM_ITEMS_KEPT = 500
-STREAM_BYTES_KEPT = 200_000
+STREAM_BYTES_KEPT = 64_000
+# Signalled decisions for requests not made yet are kept (and carried to the next run) up
+# to this many; a flood of decisions for requests that never come cannot grow the task.
+EARLY_DECISIONS_KEPT = 100
 # A run continues as new once its history passes this (as the workflow sees it, which
 # runs about 0.6x of what describe reports), well before Temporal's own suggestion, so no
 # run's history reaches 2 MB.
@@ -313,8 +319,17 @@ class AgentWorkflow:
         every = self._task.continue_as_new_after_steps
         return every is not None and self._state.step - self._first_step_of_run >= every
 
-    async def _continue_as_new(self) -> None:
+    async def _continue_as_new(self, unfinished_step: int | None = None) -> None:
         task = self._task  # with any limits raised since the start
+        # A step cut short (waiting for approval) goes on in the next run, from its events.
+        carried: list[AgentEvent] = []
+        if unfinished_step is not None:
+            start = max(
+                i
+                for i, e in enumerate(self._log)
+                if isinstance(e, Thought) and e.step == unfinished_step
+            )
+            carried = self._log[start:]
         # The next run's input must stay far below the payload limit: the stream keeps its
         # latest items (older offsets read as an explicit gap), the events stay in this run.
         retained = self._stream.get_state()
@@ -330,7 +345,7 @@ class AgentWorkflow:
 
         def next_run(stream: WorkflowStreamState) -> list[object]:
             carry = RunCarry(
-                events=[],
+                events=carried,
                 state=self._state,
                 stream=stream,
                 early_decisions=[d for d, _ in self._early_decisions.values()],
@@ -421,11 +436,35 @@ class AgentWorkflow:
         if not waiting:
             return
         settings = self._task.approval
-        try:
-            await workflow.wait_condition(
-                lambda: all(r in self._state.decisions for r in waiting),
-                timeout=timedelta(seconds=settings.timeout_seconds),
+        # A request carried over from an earlier run of this task keeps its deadline; a
+        # fork is a new task, whose pending requests wait afresh.
+        first_request = workflow.now()
+        if self._previous_run_id is not None:
+            first_request = min(
+                (
+                    pending.requested_at
+                    for r, pending in self._state.pending_approvals.items()
+                    if r in waiting
+                ),
+                default=first_request,
             )
+        remaining = first_request + timedelta(seconds=settings.timeout_seconds) - workflow.now()
+        hand_over = workflow.patched(CONTINUE_AS_NEW_WHILE_WAITING_PATCH)
+
+        def decided() -> bool:
+            return all(r in self._state.decisions for r in waiting)
+
+        try:
+            if remaining <= timedelta(0):
+                raise TimeoutError
+            await workflow.wait_condition(
+                lambda: decided() or (hand_over and self._should_continue_as_new()),
+                timeout=remaining,
+            )
+            if not decided():
+                # The run is due to hand over while a person decides: the next run
+                # carries this step's events and waits on, from the same requests.
+                await self._continue_as_new(unfinished_step=step)
         except TimeoutError:
             for request_id in waiting:
                 if request_id not in self._state.decisions:
@@ -584,6 +623,15 @@ class AgentWorkflow:
                 ErrorEvent(
                     kind="late_decision",
                     message=f"ignored a decision for request {request_id}: the task has ended",
+                    **self._meta(self._state.step),
+                )
+            )
+        elif len(self._early_decisions) >= EARLY_DECISIONS_KEPT:
+            self._append(
+                ErrorEvent(
+                    kind="unknown_request",
+                    message=f"ignored a decision for request {request_id}: no such request, "
+                    f"and {EARLY_DECISIONS_KEPT} decisions already wait for theirs",
                     **self._meta(self._state.step),
                 )
             )
