@@ -20,6 +20,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.codec import EncryptionCodec, data_converter, new_key
@@ -30,6 +31,7 @@ from runtime.tracing import tracing_interceptors
 from tests.conftest import REPO, WorkerProcess, running_worker
 from tests.fake_openai import FakeOpenAI, text, tools
 from tests.helpers import agent_task, pending_requests
+from worker import STICKY_SCHEDULE_TO_START, build_worker
 from workflows import search
 
 SECRET = "the-launch-code-is-HUNTER2-and-the-plan-is-ZEBRA"
@@ -283,3 +285,20 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
     assert "FROM python:3.11" in dockerfile and "pip install" in dockerfile
     for path in ("workflows", "activities", "runtime", "worker.py", "starter.py"):
         assert path in dockerfile and (REPO / path).exists()
+
+
+async def test_worker_tuning_comes_from_settings(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    tuned = settings.model_copy(update={"worker_cached_tasks": 7})
+    config = build_worker(dev_env.client, tuned).config()
+    assert config["max_cached_workflows"] == 7
+    assert config["task_queue"] == settings.task_queue
+    assert config["sticky_queue_schedule_to_start_timeout"] == STICKY_SCHEDULE_TO_START
+    assert isinstance(config["workflow_runner"], UnsandboxedWorkflowRunner)
+    assert not config["disable_eager_activity_execution"]
+    # A worker that must not take calls from the server still runs pure tools locally.
+    local_only = build_worker(
+        dev_env.client, settings, activities=False, task_queue=settings.task_queue + "-local"
+    ).config()
+    assert local_only["no_remote_activities"] and local_only["activities"]
