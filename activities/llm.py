@@ -241,9 +241,12 @@ class LlmActivities:
         handle = activity.client().get_workflow_handle(
             info.workflow_id or "", run_id=info.workflow_run_id
         )
-        context: LlmContext = await handle.query(
-            LLM_CONTEXT_QUERY, request.message_count, result_type=LlmContext
-        )
+        # A busy worker may take seconds to answer (it may have to replay the task first):
+        # beat meanwhile, or the heartbeat timeout would abandon a call that is fine.
+        async with keep_heartbeating():
+            context: LlmContext = await handle.query(
+                LLM_CONTEXT_QUERY, request.message_count, result_type=LlmContext
+            )
         if len(context.messages) != request.message_count:
             raise ApplicationError(
                 f"conversation has {len(context.messages)} messages, expected "
