@@ -176,7 +176,7 @@ async def measure(bench: Bench, steps: int = STEPS, repeats: int = REPEATS) -> l
             continue
         value = median(values)
         rows.append(
-            Row(f"ms per step: {name}", f"{value * 1000:.1f}", f"{value / floor:.2f}x floor")
+            Row(f"ms per step: {name}", f"{value * 1000:.2f}", f"{value / floor:.2f}x floor")
         )
     return rows
 
