@@ -289,7 +289,9 @@ class StreamHub:
                 kind = getattr(err.cause, "type", None)
                 if kind == TRUNCATED_OFFSET_ERROR_TYPE:
                     return await self._query_batch(task_id, offset)  # reads on from the base
-                if kind != STREAM_DRAINING_ERROR_TYPE:
+                # Draining: the run is handing over. Otherwise the run may have closed
+                # under the parked poll (terminated, say), which the check below sees.
+                if kind != STREAM_DRAINING_ERROR_TYPE and not await self._closed(task_id):
                     raise
             except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
                 if isinstance(err.__cause__, asyncio.CancelledError):

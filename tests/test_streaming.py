@@ -257,3 +257,19 @@ async def test_continue_as_new_carries_a_bounded_snapshot(
     assert isinstance(items[0].data, StreamGap) and items[0].data.start == 0
     assert [i.offset for i in items[1:]] == list(range(items[0].data.end, items[-1].offset + 1))
     assert items[-1].data.type == "done"
+
+
+async def test_a_terminated_task_ends_its_subscriptions(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """Terminated from outside (Temporal CLI, Web UI), a task writes no terminal event:
+    its subscribers still end, with everything it published."""
+    model = fake_openai.script([tools(("run_shell", {"command": "echo hi"})), text("done")])
+    handle = await dev_runtime.run(agent_task(model))
+    await pending_requests(handle)
+    watching = asyncio.create_task(collect(dev_runtime.stream(handle.id, since=0)))
+    await asyncio.sleep(0.5)  # parked on a long poll
+    await dev_env.client.get_workflow_handle(handle.id).terminate("operator stopped it")
+    items = await asyncio.wait_for(watching, 30)
+    assert [i.data.type for i in items if i.topic == "events"][-1] == "approval_requested"
+    assert [i.offset for i in items] == list(range(len(items)))
