@@ -18,6 +18,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.builtin_tools import builtin_registry
 from activities.chat import ChatBackend
+from activities.conversation_cache import ConversationCache
 from activities.ledger import IdempotencyLedger
 from activities.llm import LlmActivities
 from activities.tools import ToolActivities, ToolRegistry
@@ -40,11 +41,11 @@ class AgentWorker(Worker):
 
     def __init__(self, client: Client, *, llm: LlmActivities, **options: Any) -> None:
         super().__init__(client, **options)
-        self._llm = llm
+        self.llm = llm
 
     async def shutdown(self) -> None:
         await super().shutdown()
-        await self._llm.close()
+        await self.llm.close()
 
 
 def build_worker(
@@ -56,7 +57,7 @@ def build_worker(
     graceful_shutdown: timedelta = timedelta(seconds=5),
     activities: bool = True,
     backends: Mapping[str, ChatBackend] | None = None,
-) -> Worker:
+) -> AgentWorker:
     """A worker for the agent workflow and its activities on the settings' task queue.
 
     With `activities=False` it takes no LLM or tool call from the server (a short-lived
@@ -64,14 +65,16 @@ def build_worker(
     `backends` serves models by name from something other than the OpenAI endpoint.
     """
     registry = registry or builtin_registry()
+    conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
     llm = LlmActivities(
         registry,
         api_key=settings.api_key,
         base_url=settings.openai_base_url,
         backends=backends,
+        conversations=conversations,
     )
     ledger = IdempotencyLedger(settings.data_dir.absolute() / "ledger.sqlite3")
-    tools = ToolActivities(registry, settings.workspace_dir, ledger)
+    tools = ToolActivities(registry, settings.workspace_dir, ledger, conversations)
     return AgentWorker(
         client,
         llm=llm,

@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import email.utils
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Literal
 
 import openai
 from temporalio import activity
@@ -20,6 +22,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError
 
 from activities.chat import ChatBackend, ChatDelta, OpenAIChat
+from activities.conversation_cache import ConversationCache
 from activities.heartbeat import keep_heartbeating
 from activities.offline_model import OfflineModel
 from activities.spans import span
@@ -33,6 +36,7 @@ from workflows.models import (
     LlmResult,
     SummaryRequest,
     SummaryResult,
+    ToolCallRequest,
     Usage,
 )
 from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
@@ -207,8 +211,12 @@ class LlmActivities:
         api_key: str | None = None,
         base_url: str | None = None,
         backends: Mapping[str, ChatBackend] | None = None,
+        conversations: ConversationCache | None = None,
     ) -> None:
         self._registry = registry
+        self._conversations = conversations or ConversationCache()
+        self.context_reads: Counter[Literal["rebuilt", "queried"]] = Counter()
+        """How each call got its conversation: rebuilt from what this worker saw, or by query."""
         self._offline = OfflineModel()
         # Models served by something other than the OpenAI-compatible endpoint, by name.
         self._named_backends = dict(backends or {})
@@ -235,6 +243,19 @@ class LlmActivities:
                 non_retryable=True,
             )
         return self._endpoint
+
+    async def _conversation(self, request: LlmRequest) -> LlmContext:
+        """The conversation of the step: rebuilt here when that provably matches, else read."""
+        workflow_id = activity.info().workflow_id or ""
+        if request.conversation_digest is not None:
+            rebuilt = self._conversations.rebuild(
+                workflow_id, request.message_count, request.conversation_digest
+            )
+            if rebuilt is not None:
+                self.context_reads["rebuilt"] += 1
+                return rebuilt
+        self.context_reads["queried"] += 1
+        return await self._read_context(request)
 
     async def _read_context(self, request: LlmRequest) -> LlmContext:
         info = activity.info()
@@ -288,7 +309,7 @@ class LlmActivities:
     async def call_llm(self, request: LlmRequest) -> LlmResult:
         """Stream one assistant message for the step; tool calls come back checked."""
         backend = self._backend(request.model.name)
-        context = await self._read_context(request)
+        context = await self._conversation(request)
         attempt = activity.info().attempt
         message = AssembledMessage()
         with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
@@ -321,7 +342,7 @@ class LlmActivities:
             )
             for index, call in sorted(message.calls.items())
         ]
-        return LlmResult(
+        result = LlmResult(
             content="".join(message.text),
             tool_calls=calls,
             usage=message.usage,
@@ -329,3 +350,15 @@ class LlmActivities:
             model=message.model or request.model.name,
             attempt=attempt,
         )
+        # The workflow appends this reply to the conversation exactly so (see events.apply).
+        reply = ChatMessage(
+            role="assistant",
+            content=result.content or None,
+            tool_calls=[
+                ToolCallRequest(id=c.call_id, name=c.tool, arguments=c.raw_arguments) for c in calls
+            ],
+        )
+        self._conversations.remember_call(
+            activity.info().workflow_id or "", request.step, context, reply
+        )
+        return result

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
+from activities.conversation_cache import ConversationCache
 from activities.heartbeat import keep_heartbeating
 from activities.ledger import IdempotencyLedger
 from activities.spans import span
@@ -185,10 +186,17 @@ def cap_output(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
 class ToolActivities:
     """The `run_tool` activity over a registry and a workspace directory."""
 
-    def __init__(self, registry: ToolRegistry, workspace: Path, ledger: IdempotencyLedger) -> None:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        workspace: Path,
+        ledger: IdempotencyLedger,
+        conversations: ConversationCache | None = None,
+    ) -> None:
         self._registry = registry
         self._workspace = workspace
         self._ledger = ledger
+        self._conversations = conversations
         workspace.mkdir(parents=True, exist_ok=True)
 
     @activity.defn(name="run_tool")
@@ -197,7 +205,9 @@ class ToolActivities:
         with span("tool call", tool=request.tool, idempotency_key=request.idempotency_key) as s:
             result = await self._run(request)
             s.set_attribute("tool.is_error", result.is_error)
-            return result
+        if self._conversations is not None:  # the next LLM call on this worker reuses it
+            self._conversations.remember_tool_output(request.idempotency_key, result.output)
+        return result
 
     async def _run(self, request: ToolRequest) -> ToolResult:
         tool = self._registry.get(request.tool)

@@ -18,14 +18,13 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from runtime.temporal import ensure_search_attributes
 from tests.fake_openai import FakeOpenAI
 from tests.servers import start_dev_env
-from worker import build_worker
+from worker import AgentWorker, build_worker
 
 # Real model calls are impossible from tests: no key or endpoint of the user's leaks in.
 for _name in list(os.environ):
@@ -82,7 +81,9 @@ def settings(tmp_path: Path, fake_openai: FakeOpenAI) -> Settings:
 
 
 @asynccontextmanager
-async def running_worker(client: Client, settings: Settings, **kw: object) -> AsyncIterator[Worker]:
+async def running_worker(
+    client: Client, settings: Settings, **kw: object
+) -> AsyncIterator[AgentWorker]:
     worker = build_worker(client, settings, **kw)  # type: ignore[arg-type]
     async with worker:
         yield worker

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from temporalio.testing import WorkflowEnvironment
+
+from activities.chat import to_openai_messages
+from activities.conversation_cache import ConversationCache
 from runtime.agent_runtime import AgentRuntime
+from runtime.settings import Settings
+from tests.conftest import running_worker
 from tests.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, of_type
-from workflows.context import SUMMARY_PREFIX, compaction_range, estimate_tokens
-from workflows.models import ChatMessage, ToolCallRequest
+from workflows.context import (
+    SUMMARY_PREFIX,
+    compaction_range,
+    conversation_digest,
+    estimate_tokens,
+)
+from workflows.models import ChatMessage, LlmContext, ToolCallRequest
 
 
 def conversation(turns: int, size: int = 400) -> list[ChatMessage]:
@@ -76,3 +87,53 @@ async def test_a_long_task_stays_within_its_context_limit(
     assert last_request[2]["content"].startswith(SUMMARY_PREFIX)
     state = await handle.state()
     assert estimate_tokens(state.messages) < 2 * limit
+
+
+def _chat(role: str, content: str | None = None, **kw: Any) -> ChatMessage:
+    return ChatMessage(role=role, content=content, **kw)  # type: ignore[arg-type]
+
+
+def test_a_worker_rebuilds_a_conversation_only_when_the_digest_proves_it() -> None:
+    cache = ConversationCache()
+    sent = [_chat("system", "be brief"), _chat("user", "add")]
+    reply = _chat(
+        "assistant",
+        "adding",
+        tool_calls=[ToolCallRequest(id="c1", name="calculator", arguments='{"expression":"1+1"}')],
+    )
+    cache.remember_call(
+        "task-1", 1, LlmContext(messages=sent, tools=["calculator"], approval_policy={}), reply
+    )
+    expected = [*sent, reply, _chat("tool", "2", tool_call_id="c1")]
+    digest = conversation_digest(expected)
+
+    assert cache.rebuild("task-1", 4, digest) is None  # the tool output is not known yet
+    cache.remember_tool_output("task-1/1/c1", "2")
+    rebuilt = cache.rebuild("task-1", 4, digest)
+    assert rebuilt is not None and rebuilt.messages == expected
+    assert rebuilt.tools == ["calculator"]
+    # Anything the worker did not see itself misses: another output (an approval note),
+    # another count, another task.
+    noted = [*sent, reply, _chat("tool", "2\n[approved with a note: ok]", tool_call_id="c1")]
+    assert cache.rebuild("task-1", 4, conversation_digest(noted)) is None
+    assert cache.rebuild("task-1", 5, digest) is None
+    assert cache.rebuild("task-2", 4, digest) is None
+
+
+async def test_llm_calls_on_the_worker_that_ran_the_step_skip_the_query(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(
+        [tools(("calculator", {"expression": f"{i} + 1"}), content=f"step {i}") for i in range(5)]
+        + [tools(("list_files", {"path": "."})), text("done")]
+    )
+    async with running_worker(dev_env.client, settings) as worker:
+        handle = await AgentRuntime(dev_env.client, settings).run(agent_task(model))
+        await handle.result()
+        state = await handle.state()
+    # The first call asks the workflow; the next five are rebuilt from what this worker
+    # saw; list_files ran as an ordinary activity, which this worker took too.
+    assert worker.llm.context_reads == {"queried": 1, "rebuilt": 6}
+    # What the model got is the workflow's own conversation, call after call.
+    sent = [r["messages"] for r in fake_openai.requests[model]]
+    assert sent[-1] == to_openai_messages(state.messages[:-1])

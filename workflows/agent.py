@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
     from workflows import errors, search
-    from workflows.context import compaction_range
+    from workflows.context import compaction_range, conversation_digest
     from workflows.events import (
         Action,
         AgentEvent,
@@ -392,7 +392,12 @@ class AgentWorkflow:
         try:
             result: LlmResult = await workflow.execute_activity(
                 "call_llm",
-                LlmRequest(step=step, message_count=len(self._state.messages), model=model),
+                LlmRequest(
+                    step=step,
+                    message_count=len(self._state.messages),
+                    model=model,
+                    conversation_digest=conversation_digest(self._state.messages),
+                ),
                 result_type=LlmResult,
                 **_model_call_options(model),
             )

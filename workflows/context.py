@@ -7,6 +7,8 @@ replace everything between with a summary written by the model.
 
 from __future__ import annotations
 
+import hashlib
+
 from workflows.models import ChatMessage
 
 SUMMARY_PREFIX = "[summary of the earlier conversation] "
@@ -42,3 +44,17 @@ def compaction_range(messages: list[ChatMessage], limit: int) -> tuple[int, int]
     if end - _KEEP < 2:
         return None
     return _KEEP, end
+
+
+def conversation_digest(messages: list[ChatMessage]) -> str:
+    """A fingerprint of exactly these messages, in order: what an LLM call will send.
+
+    The workflow puts it in the LLM activity's input; a worker that can rebuild the
+    conversation from what it saw itself proves the rebuild right against it.
+    """
+    digest = hashlib.sha256()
+    for message in messages:
+        encoded = message.model_dump_json().encode()
+        digest.update(len(encoded).to_bytes(8, "big"))
+        digest.update(encoded)
+    return digest.hexdigest()

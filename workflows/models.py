@@ -167,13 +167,17 @@ class ToolCall(Contract):
 class LlmRequest(Contract):
     """Input of `call_llm`: a reference to the conversation, never the conversation itself.
 
-    The activity reads the first `message_count` messages from the workflow through the
-    `llm_context` query, so each message enters history once, as the result that made it.
+    The activity rebuilds the conversation from what its worker saw (its previous call for
+    the task and the tool results since) when that matches `conversation_digest`, and
+    otherwise reads the first `message_count` messages from the workflow through the
+    `llm_context` query. Either way each message enters history once, as the result that
+    made it.
     """
 
     step: int
     message_count: int
     model: ModelSettings
+    conversation_digest: str | None = None
 
 
 class SummaryRequest(Contract):
