@@ -39,6 +39,13 @@ from workflows.models import (
     Resumption,
 )
 
+# A workflow task taken by a worker that then dies is retried elsewhere after this (Temporal's
+# default is 10 s). Until then the task cannot answer queries either, and a retried LLM call
+# that reads its conversation by query waits on it: measured, SIGKILLs mid-stream took up to
+# 18 s to recover at 10 s, 6 s at 5 s, 4 s at 3 s. A replay of a whole run's history takes
+# well under a second here, so 3 s still leaves room for slow workflow tasks.
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
+
 
 class TaskError(Exception):
     """Base of the errors a task operation raises."""
@@ -260,6 +267,7 @@ class AgentRuntime:
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 static_summary=_summary(task.task),
+                task_timeout=WORKFLOW_TASK_TIMEOUT,
             )
         except WorkflowAlreadyStartedError:
             return TaskHandle(self, task_id)  # a closed task with this id: that task
@@ -342,6 +350,7 @@ class AgentRuntime:
             id=fork_id,
             task_queue=self.settings.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
         )
         return TaskHandle(self, fork_id, started)
 

@@ -22,7 +22,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner
 
-from runtime.agent_runtime import AgentRuntime
+from runtime.agent_runtime import WORKFLOW_TASK_TIMEOUT, AgentRuntime
 from runtime.codec import EncryptionCodec, data_converter, new_key
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
@@ -302,3 +302,18 @@ async def test_worker_tuning_comes_from_settings(
         dev_env.client, settings, activities=False, task_queue=settings.task_queue + "-local"
     ).config()
     assert local_only["no_remote_activities"] and local_only["activities"]
+
+
+async def test_tasks_and_forks_retry_a_dead_workers_workflow_task_within_seconds(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(lambda body: text("hi"))
+    handle = await dev_runtime.run(agent_task(model))
+    await handle.result()
+    fork = await dev_runtime.fork(handle.id, 0)
+    await fork.result()
+    for task_id in (handle.id, fork.id):
+        described = await dev_env.client.get_workflow_handle(task_id).describe()
+        config = described.raw_description.execution_config
+        assert config.default_workflow_task_timeout.ToTimedelta() == WORKFLOW_TASK_TIMEOUT
+    assert WORKFLOW_TASK_TIMEOUT.total_seconds() <= 5
