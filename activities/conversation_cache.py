@@ -19,6 +19,14 @@ from workflows.models import ChatMessage, LlmContext
 
 TASKS_KEPT = 128
 OUTPUTS_KEPT = 2048
+BYTES_KEPT = 32_000_000  # conversations and outputs together, roughly: a worker's budget
+
+
+def _size(messages: list[ChatMessage]) -> int:
+    return sum(
+        len(m.content or "") + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+        for m in messages
+    )
 
 
 @dataclass(frozen=True)
@@ -26,30 +34,45 @@ class _LastCall:
     step: int
     context: LlmContext  # the tools and approval policy are the task's: fixed for its id
     reply: ChatMessage
+    size: int
 
 
 class ConversationCache:
-    """Per worker process: the latest LLM call of each task and recent tool outputs (LRU)."""
+    """Per worker process: the latest LLM call of each task and recent tool outputs, least
+    recently used first out, within a count and a byte budget."""
 
-    def __init__(self, tasks: int = TASKS_KEPT, outputs: int = OUTPUTS_KEPT) -> None:
+    def __init__(
+        self, tasks: int = TASKS_KEPT, outputs: int = OUTPUTS_KEPT, budget: int = BYTES_KEPT
+    ) -> None:
         self._tasks_kept = tasks
         self._outputs_kept = outputs
+        self._budget = budget
         self._calls: OrderedDict[str, _LastCall] = OrderedDict()
         self._outputs: OrderedDict[str, str] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def bytes_held(self) -> int:
+        return self._bytes
 
     def remember_call(
         self, workflow_id: str, step: int, context: LlmContext, reply: ChatMessage
     ) -> None:
-        self._calls[workflow_id] = _LastCall(step, context, reply)
-        self._calls.move_to_end(workflow_id)
-        while len(self._calls) > self._tasks_kept:
-            self._calls.popitem(last=False)
+        self._forget_call(workflow_id)
+        entry = _LastCall(step, context, reply, _size([*context.messages, reply]))
+        if entry.size > self._budget // 8:
+            return  # one huge conversation must not push out everyone else's
+        self._calls[workflow_id] = entry
+        self._bytes += entry.size
+        self._trim()
 
     def remember_tool_output(self, idempotency_key: str, output: str) -> None:
+        self._forget_output(idempotency_key)
+        if len(output) > self._budget // 8:
+            return
         self._outputs[idempotency_key] = output
-        self._outputs.move_to_end(idempotency_key)
-        while len(self._outputs) > self._outputs_kept:
-            self._outputs.popitem(last=False)
+        self._bytes += len(output)
+        self._trim()
 
     def rebuild(self, workflow_id: str, message_count: int, digest: str) -> LlmContext | None:
         """The conversation with this digest, if what this worker saw makes it; else None."""
@@ -64,4 +87,21 @@ class ConversationCache:
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=call.id))
         if len(messages) != message_count or conversation_digest(messages) != digest:
             return None
+        self._calls.move_to_end(workflow_id)
         return last.context.model_copy(update={"messages": messages})
+
+    def _forget_call(self, workflow_id: str) -> None:
+        if (old := self._calls.pop(workflow_id, None)) is not None:
+            self._bytes -= old.size
+
+    def _forget_output(self, key: str) -> None:
+        if (old := self._outputs.pop(key, None)) is not None:
+            self._bytes -= len(old)
+
+    def _trim(self) -> None:
+        while self._calls and (len(self._calls) > self._tasks_kept or self._bytes > self._budget):
+            self._forget_call(next(iter(self._calls)))
+        while self._outputs and (
+            len(self._outputs) > self._outputs_kept or self._bytes > self._budget
+        ):
+            self._forget_output(next(iter(self._outputs)))

@@ -137,3 +137,24 @@ async def test_llm_calls_on_the_worker_that_ran_the_step_skip_the_query(
     # What the model got is the workflow's own conversation, call after call.
     sent = [r["messages"] for r in fake_openai.requests[model]]
     assert sent[-1] == to_openai_messages(state.messages[:-1])
+
+
+def test_the_conversation_cache_keeps_to_its_budget() -> None:
+    cache = ConversationCache(tasks=3, outputs=4, budget=30_000)
+    reply = _chat("assistant", "r")
+    for i in range(10):
+        big = [_chat("user", "x" * 3000)]
+        cache.remember_call(
+            f"task-{i}", 1, LlmContext(messages=big, tools=None, approval_policy={}), reply
+        )
+        cache.remember_tool_output(f"task-{i}/1/c", "y" * 500)
+        assert cache.bytes_held <= 30_000
+    # The newest task is still there in full; the oldest are gone.
+    expected = [_chat("user", "x" * 3000), reply]
+    assert cache.rebuild("task-9", 2, conversation_digest(expected)) is not None
+    assert cache.rebuild("task-0", 2, conversation_digest(expected)) is None
+    # One conversation past an eighth of the budget is not kept, and pushes nobody out.
+    huge = LlmContext(messages=[_chat("user", "z" * 5000)], tools=None, approval_policy={})
+    cache.remember_call("task-huge", 1, huge, reply)
+    assert cache.rebuild("task-huge", 2, conversation_digest([*huge.messages, reply])) is None
+    assert cache.rebuild("task-9", 2, conversation_digest(expected)) is not None
