@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from workflows.context import conversation_digest
+from workflows.context import ConversationDigest
 from workflows.models import ChatMessage, LlmContext
 
 TASKS_KEPT = 128
@@ -35,6 +35,7 @@ class _LastCall:
     context: LlmContext  # the tools and approval policy are the task's: fixed for its id
     reply: ChatMessage
     size: int
+    digest: ConversationDigest  # follows the task's conversation, encoding only what is new
 
 
 class ConversationCache:
@@ -58,8 +59,10 @@ class ConversationCache:
     def remember_call(
         self, workflow_id: str, step: int, context: LlmContext, reply: ChatMessage
     ) -> None:
+        previous = self._calls.get(workflow_id)
+        digest = previous.digest if previous is not None else ConversationDigest()
         self._forget_call(workflow_id)
-        entry = _LastCall(step, context, reply, _size([*context.messages, reply]))
+        entry = _LastCall(step, context, reply, _size([*context.messages, reply]), digest)
         if entry.size > self._budget // 8:
             return  # one huge conversation must not push out everyone else's
         self._calls[workflow_id] = entry
@@ -85,7 +88,7 @@ class ConversationCache:
             if output is None:
                 return None
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=call.id))
-        if len(messages) != message_count or conversation_digest(messages) != digest:
+        if len(messages) != message_count or last.digest.of(messages) != digest:
             return None
         self._calls.move_to_end(workflow_id)
         return last.context.model_copy(update={"messages": messages})

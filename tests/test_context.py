@@ -15,6 +15,7 @@ from tests.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, of_type
 from workflows.context import (
     SUMMARY_PREFIX,
+    ConversationDigest,
     compaction_range,
     conversation_digest,
     estimate_tokens,
@@ -158,3 +159,16 @@ def test_the_conversation_cache_keeps_to_its_budget() -> None:
     cache.remember_call("task-huge", 1, huge, reply)
     assert cache.rebuild("task-huge", 2, conversation_digest([*huge.messages, reply])) is None
     assert cache.rebuild("task-9", 2, conversation_digest(expected)) is not None
+
+
+def test_the_running_digest_equals_the_digest_from_scratch() -> None:
+    running = ConversationDigest()
+    messages = conversation(3)
+    assert running.of(messages) == conversation_digest(messages)
+    grown = [*messages, _chat("user", "more")]  # appended: only the new message is encoded
+    assert running.of(grown) == conversation_digest(grown)
+    summarized = [grown[0], grown[1], _chat("user", "summary"), *grown[-2:]]  # replaced
+    assert running.of(summarized) == conversation_digest(summarized)
+    edited = [*summarized[:-1], _chat("user", "other")]  # same length, other last message
+    assert running.of(edited) == conversation_digest(edited)
+    assert conversation_digest(edited) != conversation_digest(summarized)

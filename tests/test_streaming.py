@@ -77,18 +77,8 @@ async def test_reconnect_at_random_cut_points_loses_and_repeats_nothing(
     fake_openai: FakeOpenAI,
     settings: Settings,
 ) -> None:
-    model = fake_openai.script(
-        [
-            tools(
-                ("calculator", {"expression": f"{i}+1"}),
-                content=f"thinking about {i}",
-                chunk_delay=0.01,
-            )
-            for i in range(4)
-        ]
-        + [text("finished")]
-    )
-    handle = await dev_runtime.run(agent_task(model))
+    # Steps slow enough to stream tokens, so cut points fall among tokens and events.
+    handle = await dev_runtime.run(agent_task(five_step_script(fake_openai)))
     rng = random.Random(20261129)
     received: list[StreamItem] = []
     while not (received and received[-1].terminal):

@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
     from workflows import errors, search
-    from workflows.context import compaction_range, conversation_digest
+    from workflows.context import ConversationDigest, compaction_range
     from workflows.events import (
         Action,
         AgentEvent,
@@ -174,6 +174,7 @@ class AgentWorkflow:
             d.request_id: (d, "signal") for d in (carry.early_decisions if carry else [])
         }
         self._published_status: tuple[object, ...] | None = None
+        self._digest = ConversationDigest()  # memory only: derived from the state's messages
         self._published_memo: dict[str, object] | None = None
         self._first_step_of_run = self._state.step
         self._resumed = False
@@ -396,7 +397,7 @@ class AgentWorkflow:
                     step=step,
                     message_count=len(self._state.messages),
                     model=model,
-                    conversation_digest=conversation_digest(self._state.messages),
+                    conversation_digest=self._digest.of(self._state.messages),
                 ),
                 result_type=LlmResult,
                 **_model_call_options(model),

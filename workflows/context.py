@@ -46,15 +46,33 @@ def compaction_range(messages: list[ChatMessage], limit: int) -> tuple[int, int]
     return _KEEP, end
 
 
-def conversation_digest(messages: list[ChatMessage]) -> str:
+class ConversationDigest:
     """A fingerprint of exactly these messages, in order: what an LLM call will send.
 
     The workflow puts it in the LLM activity's input; a worker that can rebuild the
-    conversation from what it saw itself proves the rebuild right against it.
+    conversation from what it saw itself proves the rebuild right against it. It is kept
+    up to date incrementally: a conversation that grew by appending (the same message
+    objects first) encodes only its new messages; any other change starts over.
     """
-    digest = hashlib.sha256()
-    for message in messages:
-        encoded = message.model_dump_json().encode()
-        digest.update(len(encoded).to_bytes(8, "big"))
-        digest.update(encoded)
-    return digest.hexdigest()
+
+    def __init__(self) -> None:
+        self._messages: list[ChatMessage] = []
+        self._hash = hashlib.sha256()
+
+    def of(self, messages: list[ChatMessage]) -> str:
+        known = len(self._messages)
+        if len(messages) < known or any(
+            a is not b for a, b in zip(self._messages, messages, strict=False)
+        ):
+            known, self._hash = 0, hashlib.sha256()  # older turns were replaced (a summary)
+        for message in messages[known:]:
+            encoded = message.model_dump_json().encode()
+            self._hash.update(len(encoded).to_bytes(8, "big"))
+            self._hash.update(encoded)
+        self._messages = list(messages)
+        return self._hash.copy().hexdigest()
+
+
+def conversation_digest(messages: list[ChatMessage]) -> str:
+    """The fingerprint of a conversation, computed from scratch."""
+    return ConversationDigest().of(messages)
