@@ -15,7 +15,7 @@ from temporalio.api.enums.v1 import EventType
 
 from bench.common import Bench, Row, median, percentile, run_alone, say
 from runtime.agent_runtime import AgentRuntime, TaskHandle
-from tests.fake_openai import text, tools
+from testing.fake_openai import text, tools
 from workflows.models import AgentTask, Decision, ModelSettings
 
 REPEATS = 15

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,8 +17,9 @@ from temporalio.worker import Worker
 
 from bench.instant_model import INSTANT_MODEL, InstantModel, instant_task_text
 from runtime.settings import Settings
-from tests.fake_openai import FakeOpenAI
-from tests.servers import start_dev_env
+from testing.fake_openai import FakeOpenAI
+from testing.servers import start_dev_env
+from testing.settings import isolated_settings
 from worker import build_worker
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
@@ -63,15 +63,7 @@ class Bench:
         return self.env.client.service_client.config.target_host
 
     def settings(self, name: str) -> Settings:
-        queue = f"{name}-{uuid.uuid4().hex[:6]}"
-        return Settings(
-            task_queue=queue,
-            data_dir=self.scratch / queue,
-            workspace=self.scratch / queue / "workspace",
-            openai_api_key="sk-bench",  # type: ignore[arg-type]
-            openai_base_url=self.fake.url,
-            embedded_server=False,
-        )
+        return isolated_settings(self.scratch, self.fake.url, name=name)
 
     def worker(self, settings: Settings) -> Worker:
         """An in-process agent worker that also serves the instant model."""

@@ -20,8 +20,8 @@ from temporalio.testing import WorkflowEnvironment
 from bench.common import Bench, Row, median, percentile, run_alone, say
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
-from tests.conftest import WorkerProcess
-from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import WorkerProcess
 from workflows.agent import LLM_HEARTBEAT_TIMEOUT, TOOL_HEARTBEAT_TIMEOUT
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 from workflows.stream import LlmAttemptStarted, TokenDelta

@@ -26,7 +26,7 @@ from bench.common import Bench, Row, instant_task, median, run_alone, say
 from bench.floor import BareLocalLoop, BareLoop, noop
 from bench.instant_model import InstantModel, instant_task_text
 from runtime.agent_runtime import AgentRuntime
-from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
 
 STEPS = 50

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench.common import Bench, Row, percentile, run_alone, say
 from runtime.agent_runtime import AgentRuntime
-from tests.fake_openai import Reply, tools
+from testing.fake_openai import Reply, tools
 from workflows.models import AgentTask, ModelSettings
 from workflows.stream import TokenDelta
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from bench.common import Bench, Row, run_alone, say
 from runtime.agent_runtime import AgentRuntime
-from tests.conftest import WorkerProcess
-from tests.fake_openai import tools
+from testing.fake_openai import tools
+from testing.workers import WorkerProcess
 from workflows.models import AgentTask, ModelSettings
 
 WAITING = 500

@@ -8,13 +8,13 @@ scenarios are added as new files. After a deliberate change to the workflow's co
 from __future__ import annotations
 
 import asyncio
-import uuid
+import tempfile
 from pathlib import Path
 
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
-from runtime.settings import Settings
-from tests.fake_openai import FakeOpenAI, Reply, error, text, tools
-from tests.servers import start_dev_env
+from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.servers import start_dev_env
+from testing.settings import isolated_settings
 from worker import build_worker
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
@@ -24,14 +24,8 @@ HISTORIES = Path(__file__).parent / "histories"
 async def record() -> None:
     fake = FakeOpenAI()
     env = await start_dev_env()
-    workspace = Path("/tmp") / f"waystation-record-{uuid.uuid4().hex[:6]}"
-    settings = Settings(
-        task_queue="record",
-        workspace=workspace,
-        openai_api_key="sk-test",
-        openai_base_url=fake.url,
-        embedded_server=False,
-    )
+    scratch = Path(tempfile.mkdtemp(prefix="waystation-record-"))
+    settings = isolated_settings(scratch, fake.url, name="record")
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)
         scenarios: dict[str, str] = {}

@@ -12,8 +12,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime, TaskFailedError, TaskHandle
 from runtime.settings import Settings
-from tests.conftest import running_worker
-from tests.fake_openai import FakeOpenAI, Reply, error, hang, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, error, hang, text, tools
+from testing.workers import running_worker
 from tests.helpers import agent_task
 from workflows.models import AgentTask
 

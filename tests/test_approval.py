@@ -15,8 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.agent_runtime import AgentRuntime, DecisionError, TaskFailedError
 from runtime.settings import Settings
 from runtime.temporal import temporal_binary
-from tests.conftest import running_worker
-from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
 from workflows import errors
 from workflows.agent import EARLY_DECISIONS_KEPT

@@ -12,7 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
-from tests.conftest import REPO
+from testing.workers import REPO
 
 
 async def starter(

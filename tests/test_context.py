@@ -10,8 +10,8 @@ from activities.chat import to_openai_messages
 from activities.conversation_cache import ConversationCache
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
-from tests.conftest import running_worker
-from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import running_worker
 from tests.helpers import agent_task, of_type
 from workflows.context import (
     SUMMARY_PREFIX,

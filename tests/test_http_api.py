@@ -20,8 +20,8 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.agent_runtime import AgentRuntime
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
-from tests.conftest import running_worker
-from tests.fake_openai import FakeOpenAI, text, tools
+from testing.fake_openai import FakeOpenAI, text, tools
+from testing.workers import running_worker
 
 READER = "reader-token"
 APPROVER = "approver-token"

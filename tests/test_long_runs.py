@@ -11,8 +11,8 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
-from tests.conftest import WorkerProcess
-from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import WorkerProcess
 from tests.helpers import agent_task, pending_requests
 from workflows.models import Decision
 from workflows.stream import LlmAttemptStarted, TokenDelta

@@ -28,8 +28,8 @@ from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from runtime.temporal import temporal_binary
 from runtime.tracing import tracing_interceptors
-from tests.conftest import REPO, WorkerProcess, running_worker
-from tests.fake_openai import FakeOpenAI, text, tools
+from testing.fake_openai import FakeOpenAI, text, tools
+from testing.workers import REPO, WorkerProcess, running_worker
 from tests.helpers import agent_task, pending_requests
 from worker import STICKY_SCHEDULE_TO_START, build_worker
 from workflows import search

@@ -16,8 +16,8 @@ from activities.builtin_tools import builtin_registry
 from activities.tools import Tool, ToolContext
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
 from runtime.settings import Settings
-from tests.conftest import running_worker
-from tests.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from workflows.models import ApprovalSettings
 

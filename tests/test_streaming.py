@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.agent_runtime import AgentRuntime, TaskNotFoundError
 from runtime.settings import Settings
 from runtime.streaming import StreamGap, StreamItem, in_sequence
-from tests.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, pending_requests
 from workflows.stream import LlmAttemptStarted, TokenDelta
 

@@ -33,8 +33,8 @@ from runtime.temporal import (
     search_attribute_flags,
     temporal_binary,
 )
-from tests.conftest import WorkerProcess, running_worker
-from tests.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task
 from workflows.agent import AgentWorkflow
 from workflows.models import ApprovalSettings, Decision

