@@ -1,0 +1,294 @@
+"""The task routes: start, list, read, decide, resume, cancel, and follow a task."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from pydantic import BaseModel, Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from runtime.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, TaskSummary
+from runtime.api.auth import Approver, Caller, Reader, Runtime
+from runtime.api.errors import ApiError, within
+from runtime.api.paging import decode_page_token, encode_page_token
+from workflows.events import AgentEvent, AgentState, TaskStarted
+from workflows.models import AgentTask, ModelSettings
+
+router = APIRouter(tags=["tasks"])
+
+ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
+# Queries and Updates need a worker; an API call must not hang when none answers.
+QUERY_TIMEOUT_SECONDS = 10.0
+UPDATE_TIMEOUT_SECONDS = 30.0
+SSE_PING_SECONDS = 15.0
+
+
+class Links(BaseModel):
+    self: str
+    events: str
+    approve: str
+
+
+class TaskCreated(BaseModel):
+    id: str
+    status: str
+    links: Links
+
+
+class TaskPage(BaseModel):
+    tasks: list[TaskSummary]
+    next_page_token: str | None = None
+
+
+class TaskView(BaseModel):
+    id: str
+    state: AgentState
+
+
+class ApprovalBody(BaseModel):
+    request_id: str | None = Field(default=None, description="Default: the only pending one.")
+    message: str | None = Field(default=None, max_length=10_000)
+    arguments: dict[str, Any] | None = None
+
+
+class ApprovalResult(BaseModel):
+    """The decision that took effect, the same for every repeat of it."""
+
+    task_id: str
+    request_id: str
+    decision: Literal["approve", "reject", "timeout"]
+    approver: str | None
+    message: str | None
+    arguments: dict[str, Any] | None
+
+
+class ResumeBody(BaseModel):
+    max_steps: int | None = Field(default=None, ge=1, le=100_000)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+
+
+class EventLogPage(BaseModel):
+    events: list[AgentEvent]
+    next_seq: int
+
+
+def task_id_for(key: str) -> str:
+    """The task id an Idempotency-Key stands for: a retried POST finds the same task."""
+    return "task-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def links(task_id: str) -> Links:
+    return Links(
+        self=f"/tasks/{task_id}",
+        events=f"/tasks/{task_id}/events",
+        approve=f"/tasks/{task_id}/approve",
+    )
+
+
+def _answered(request: Request) -> OrderedDict[tuple[str, str], ApprovalResult]:
+    answers: OrderedDict[tuple[str, str], ApprovalResult] = request.app.state.answered
+    return answers
+
+
+@router.post("/tasks", status_code=201, response_model=TaskCreated)
+async def create_task(
+    body: AgentTask,
+    runtime: Runtime,
+    who: Reader,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> TaskCreated:
+    """Start a task. With an Idempotency-Key, a retried POST returns the same task."""
+    if "model" not in body.model_fields_set:
+        body = body.model_copy(update={"model": ModelSettings(name=runtime.settings.default_model)})
+    task_id = task_id_for(idempotency_key) if idempotency_key else None
+    if task_id is not None:
+        try:
+            handle: TaskHandle | None = await runtime.find(task_id)
+        except TaskNotFoundError:
+            handle = None
+        if handle is not None:
+            first = (await within(QUERY_TIMEOUT_SECONDS, handle.events(0), "a query"))[:1]
+            if first and isinstance(first[0], TaskStarted) and first[0].task != body:
+                raise ApiError(
+                    409, "idempotency_conflict", "Idempotency-Key reused with a different task"
+                )
+            response.status_code = 200
+            state = await within(QUERY_TIMEOUT_SECONDS, handle.state(), "a query")
+            return TaskCreated(id=task_id, status=state.status, links=links(task_id))
+    handle = await runtime.run(body, task_id=task_id)
+    return TaskCreated(id=handle.id, status="running", links=links(handle.id))
+
+
+@router.get("/tasks", response_model=TaskPage)
+async def list_tasks(
+    runtime: Runtime,
+    who: Reader,
+    status: Literal["running", "waiting_approval", "done", "failed", "cancelled"] | None = None,
+    page_size: Annotated[int, Query(ge=1, le=500)] = 50,
+    page_token: Annotated[str | None, Query(max_length=4096)] = None,
+) -> TaskPage:
+    """Tasks, newest first, from Temporal's visibility (paginated)."""
+    token = decode_page_token(page_token) if page_token else None
+    tasks, next_token = await runtime.list_tasks(status, page_size, token)
+    encoded = encode_page_token(next_token) if next_token else None
+    return TaskPage(tasks=tasks, next_page_token=encoded)
+
+
+@router.get("/tasks/{task_id}", response_model=TaskView)
+async def get_task(task_id: str, runtime: Runtime, who: Reader) -> TaskView:
+    """The folded state: status, step, pending approvals, result, usage."""
+    handle = await runtime.find(task_id)
+    state = await within(QUERY_TIMEOUT_SECONDS, handle.state(), "the state query")
+    return TaskView(id=task_id, state=state)
+
+
+async def _decide(
+    request: Request,
+    task_id: str,
+    body: ApprovalBody,
+    reject: bool,
+    runtime: AgentRuntime,
+    who: Caller,
+    key: str | None,
+) -> ApprovalResult:
+    answered = _answered(request)
+    if key is not None and (task_id, key) in answered:
+        return answered[(task_id, key)]
+    handle = await runtime.find(task_id)
+    decided = handle.approve(
+        body.request_id,
+        reject=reject,
+        message=body.message,
+        arguments=body.arguments,
+        approver=who.name,  # from the token, never from the body
+    )
+    outcome = await within(
+        UPDATE_TIMEOUT_SECONDS, decided, "the decision (it applies once a worker is back)"
+    )
+    result = ApprovalResult(
+        task_id=task_id,
+        request_id=outcome.request_id,
+        decision=outcome.decision,
+        approver=outcome.approver,
+        message=outcome.message,
+        arguments=outcome.arguments,
+    )
+    if key is not None:
+        answered[(task_id, key)] = result
+        while len(answered) > ANSWERS_KEPT:  # the latest keys; older repeats still get
+            answered.popitem(last=False)  # the same outcome from the workflow itself
+    return result
+
+
+@router.post("/tasks/{task_id}/approve", response_model=ApprovalResult)
+async def approve(
+    request: Request,
+    task_id: str,
+    runtime: Runtime,
+    who: Approver,
+    body: ApprovalBody | None = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> ApprovalResult:
+    """Approve a pending tool call (the `decide` Update). Repeats get the same answer."""
+    return await _decide(
+        request, task_id, body or ApprovalBody(), False, runtime, who, idempotency_key
+    )
+
+
+@router.post("/tasks/{task_id}/reject", response_model=ApprovalResult)
+async def reject(
+    request: Request,
+    task_id: str,
+    runtime: Runtime,
+    who: Approver,
+    body: ApprovalBody | None = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> ApprovalResult:
+    """Reject a pending tool call; the message reaches the model."""
+    return await _decide(
+        request, task_id, body or ApprovalBody(), True, runtime, who, idempotency_key
+    )
+
+
+@router.post("/tasks/{task_id}/resume", response_model=TaskView)
+async def resume(
+    task_id: str, runtime: Runtime, who: Approver, body: ResumeBody | None = None
+) -> TaskView:
+    """Resume a failed task from its last good point, limits raised if given."""
+    body = body or ResumeBody()
+    handle = await runtime.resume(task_id, max_steps=body.max_steps, token_budget=body.token_budget)
+    return TaskView(id=task_id, state=await handle.state())
+
+
+@router.post("/tasks/{task_id}/cancel", status_code=202, response_model=TaskView)
+async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
+    """Request cancellation: the running call is cancelled, a `cancelled` event follows."""
+    handle = await runtime.find(task_id)
+    await handle.cancel()
+    state = await within(QUERY_TIMEOUT_SECONDS, handle.state(), "the state query")
+    return TaskView(id=task_id, state=state)
+
+
+@router.get("/tasks/{task_id}/log", response_model=EventLogPage)
+async def event_log(
+    task_id: str,
+    runtime: Runtime,
+    who: Reader,
+    since: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> EventLogPage:
+    """Plain JSON pages of the event log, by seq, for clients that cannot do SSE."""
+    handle = await runtime.find(task_id)
+    events = (await within(QUERY_TIMEOUT_SECONDS, handle.events(since), "a query"))[:limit]
+    return EventLogPage(events=events, next_seq=since + len(events))
+
+
+def _stream_start(since: int | None, last_event_id: str | None) -> int:
+    if last_event_id is None:
+        return since or 0
+    try:
+        last = int(last_event_id)
+    except ValueError:
+        raise ApiError(400, "invalid_last_event_id", "Last-Event-ID is an offset") from None
+    if last < 0:
+        raise ApiError(
+            400, "invalid_last_event_id", "Last-Event-ID is an offset this stream sent (0 or more)"
+        )
+    return last + 1
+
+
+@router.get(
+    "/tasks/{task_id}/events",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
+)
+async def events(
+    request: Request,
+    task_id: str,
+    runtime: Runtime,
+    who: Reader,
+    since: Annotated[int | None, Query(ge=0)] = None,
+    topics: Annotated[str | None, Query(pattern=r"^(events|tokens)(,(events|tokens))*$")] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    """Server-Sent Events: `id` is the stream offset, `event` the item's type.
+
+    Reconnect with `Last-Event-ID` (or `?since=`) to get exactly what was missed. The
+    stream ends after the task's terminal event; comments keep proxies from timing out.
+    """
+    start = _stream_start(since, last_event_id)
+    await runtime.find(task_id)
+    wanted = topics.split(",") if topics else None
+
+    async def items() -> AsyncIterator[ServerSentEvent]:
+        async for item in runtime.stream(task_id, since=start, topics=wanted):
+            yield ServerSentEvent(
+                data=item.data.model_dump_json(), event=item.data.type, id=str(item.offset)
+            )
+
+    return EventSourceResponse(items(), ping=request.app.state.sse_ping_seconds)
