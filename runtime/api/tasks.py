@@ -71,6 +71,17 @@ class ResumeBody(BaseModel):
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
 
 
+class ForkBody(BaseModel):
+    at_seq: int = Field(
+        ge=0, description="The event to fork after: the fork starts from the state just after it."
+    )
+    message: str | None = Field(
+        default=None, min_length=1, max_length=100_000, description="A user message to add first."
+    )
+    max_steps: int | None = Field(default=None, ge=1, le=100_000)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+
+
 class EventLogPage(BaseModel):
     events: list[AgentEvent]
     next_seq: int
@@ -223,6 +234,20 @@ async def resume(
     body = body or ResumeBody()
     handle = await runtime.resume(task_id, max_steps=body.max_steps, token_budget=body.token_budget)
     return TaskView(id=task_id, state=await handle.state())
+
+
+@router.post("/tasks/{task_id}/fork", status_code=201, response_model=TaskCreated)
+async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
+    """A new task from the state just after event `at_seq`; the original is untouched."""
+    await runtime.find(task_id)
+    handle = await runtime.fork(
+        task_id,
+        body.at_seq,
+        message=body.message,
+        max_steps=body.max_steps,
+        token_budget=body.token_budget,
+    )
+    return TaskCreated(id=handle.id, status="running", links=links(handle.id))
 
 
 @router.post("/tasks/{task_id}/cancel", status_code=202, response_model=TaskView)
