@@ -204,9 +204,17 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
         head = await runtime.stream_head(args.id)
         handle = await runtime.resume(
-            args.id, max_steps=args.max_steps, token_budget=args.token_budget
+            args.id, max_steps=args.max_steps, token_budget=args.token_budget, message=args.message
         )
         _say(f"task {handle.id} resumed")
+        return await follow_from(runtime, handle, head) if args.follow else 0
+
+
+async def cmd_repair(args: argparse.Namespace, settings: Settings) -> int:
+    async with session(settings, args.worker) as runtime:
+        head = await runtime.stream_head(args.id)
+        handle = await runtime.repair(args.id, by=_approver())
+        _say(f"task {handle.id} repaired: reset to its last good workflow task")
         return await follow_from(runtime, handle, head) if args.follow else 0
 
 
@@ -253,19 +261,15 @@ def _emit(item: StreamItem, view: LiveView, as_json: bool) -> None:
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
     runtime = AgentRuntime(client, settings)
-    handle = runtime.get(args.id)
-    try:
-        async with hosted_worker(client, settings, args.worker, activities=False):
-            state = await asyncio.wait_for(handle.state(), args.timeout)
-    except TimeoutError:
-        description = await client.get_workflow_handle(args.id).describe()
-        memo = await description.memo()
+    handle = await runtime.find(args.id)
+    if (stuck := await handle.stuck()) is not None:
         _say(
-            f"no worker answered within {args.timeout:g} s (start one: python worker.py). "
-            f"Temporal says: {description.status.name if description.status else '?'}, "
-            f"memo {memo}"
+            f"task {args.id} is stuck: its workflow task failed {stuck.attempts} times in a row: "
+            f"{stuck.problem}\nrepair it with: python starter.py repair {args.id}"
         )
         return EXIT_FAILED
+    async with hosted_worker(client, settings, args.worker, activities=False):
+        state = await handle.state(within=timedelta(seconds=args.timeout))
     if args.json:
         print(state.model_dump_json(indent=2))
     else:
@@ -277,7 +281,7 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
     handle = AgentRuntime(client, settings).get(args.id)
     async with hosted_worker(client, settings, args.worker, activities=False):
-        events = await asyncio.wait_for(handle.events(args.since), args.timeout)
+        events = await handle.events(args.since, within=timedelta(seconds=args.timeout))
     for event in events:
         print(event.model_dump_json())
     return 0
@@ -407,8 +411,16 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("id")
     resume.add_argument("--max-steps", type=int, help="raise the step limit")
     resume.add_argument("--token-budget", type=int, help="raise the token budget")
+    resume.add_argument("--message", help="a user message for the model, e.g. what to do instead")
     resume.add_argument("--no-follow", dest="follow", action="store_false")
     _add_worker_flag(resume)
+
+    repair = commands.add_parser(
+        "repair", help="reset a stuck task to its last good workflow task (decisions kept)"
+    )
+    repair.add_argument("id")
+    repair.add_argument("--no-follow", dest="follow", action="store_false")
+    _add_worker_flag(repair)
 
     fork = commands.add_parser("fork", help="start a new task from the state after an event")
     fork.add_argument("id")
@@ -462,6 +474,7 @@ COMMANDS = {
     "approve": cmd_approve,
     "stream": cmd_stream,
     "resume": cmd_resume,
+    "repair": cmd_repair,
     "fork": cmd_fork,
     "status": cmd_status,
     "events": cmd_events,

@@ -16,9 +16,11 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.blob_store import SqliteBlobStore
 from activities.builtin_tools import builtin_registry
 from activities.chat import ChatBackend
 from activities.conversation_cache import ConversationCache
+from activities.conversation_store import ConversationStore
 from activities.ledger import IdempotencyLedger
 from activities.llm import LlmActivities
 from activities.tools import ToolActivities, ToolRegistry
@@ -66,8 +68,10 @@ def build_worker(
     """
     registry = registry or builtin_registry()
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
+    blobs = SqliteBlobStore(settings.data_dir.absolute() / "conversations.sqlite3")
     llm = LlmActivities(
         registry,
+        ConversationStore(blobs, settings.payload_codec()),
         api_key=settings.api_key,
         base_url=settings.openai_base_url,
         backends=backends,
@@ -80,7 +84,7 @@ def build_worker(
         llm=llm,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
-        activities=[llm.call_llm, llm.summarize_context, tools.run_tool],
+        activities=[llm.call_llm, llm.summarize_context, llm.save_conversation, tools.run_tool],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,

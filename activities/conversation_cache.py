@@ -6,7 +6,7 @@ produced, and the tool results since. When this worker made that call and ran th
 land on one worker), it can rebuild the conversation itself. Every rebuild is checked
 against the digest the workflow computed; anything else (another worker made the call, a
 summary, a rejected call, a fork, a message from a person) misses, and the activity asks
-the workflow by query as before.
+the workflow by query and the conversation store.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from workflows.context import ConversationDigest
-from workflows.models import ChatMessage, LlmContext
+from workflows.conversation import (
+    ConversationDigest,
+    message_digest,
+    tool_message,
+)
+from workflows.models import ApprovalRule, ChatMessage
 
 TASKS_KEPT = 128
 OUTPUTS_KEPT = 2048
@@ -30,9 +34,22 @@ def _size(messages: list[ChatMessage]) -> int:
 
 
 @dataclass(frozen=True)
+class Conversation:
+    """The messages an LLM step sends, their digests, and the task's tool setup."""
+
+    messages: list[ChatMessage]
+    digests: list[str]
+    tools: list[str] | None
+    approval_policy: dict[str, ApprovalRule]
+
+    def content(self) -> dict[str, ChatMessage]:
+        return dict(zip(self.digests, self.messages, strict=True))
+
+
+@dataclass(frozen=True)
 class _LastCall:
     step: int
-    context: LlmContext  # the tools and approval policy are the task's: fixed for its id
+    conversation: Conversation
     reply: ChatMessage
     size: int
     digest: ConversationDigest  # follows the task's conversation, encoding only what is new
@@ -57,12 +74,12 @@ class ConversationCache:
         return self._bytes
 
     def remember_call(
-        self, workflow_id: str, step: int, context: LlmContext, reply: ChatMessage
+        self, workflow_id: str, step: int, conversation: Conversation, reply: ChatMessage
     ) -> None:
         previous = self._calls.get(workflow_id)
         digest = previous.digest if previous is not None else ConversationDigest()
         self._forget_call(workflow_id)
-        entry = _LastCall(step, context, reply, _size([*context.messages, reply]), digest)
+        entry = _LastCall(step, conversation, reply, _size([*conversation.messages, reply]), digest)
         if entry.size > self._budget // 8:
             return  # one huge conversation must not push out everyone else's
         self._calls[workflow_id] = entry
@@ -77,21 +94,31 @@ class ConversationCache:
         self._bytes += len(output)
         self._trim()
 
-    def rebuild(self, workflow_id: str, message_count: int, digest: str) -> LlmContext | None:
+    def known(self, workflow_id: str) -> dict[str, ChatMessage]:
+        """Messages of the task's latest conversation this worker holds, by digest."""
+        last = self._calls.get(workflow_id)
+        return last.conversation.content() if last is not None else {}
+
+    def rebuild(self, workflow_id: str, message_count: int, digest: str) -> Conversation | None:
         """The conversation with this digest, if what this worker saw makes it; else None."""
         last = self._calls.get(workflow_id)
         if last is None:
             return None
-        messages = [*last.context.messages, last.reply]
+        messages = [*last.conversation.messages, last.reply]
         for call in last.reply.tool_calls:
             output = self._outputs.get(f"{workflow_id}/{last.step}/{call.id}")
             if output is None:
                 return None
-            messages.append(ChatMessage(role="tool", content=output, tool_call_id=call.id))
-        if len(messages) != message_count or last.digest.of(messages) != digest:
+            messages.append(tool_message(call.id, output))
+        if len(messages) != message_count:
+            return None
+        digests = [*last.conversation.digests]
+        digests += [message_digest(m) for m in messages[len(digests) :]]
+        if last.digest.of(digests) != digest:
             return None
         self._calls.move_to_end(workflow_id)
-        return last.context.model_copy(update={"messages": messages})
+        known = last.conversation
+        return Conversation(messages, digests, known.tools, known.approval_policy)
 
     def _forget_call(self, workflow_id: str) -> None:
         if (old := self._calls.pop(workflow_id, None)) is not None:

@@ -1,7 +1,11 @@
-"""The `call_llm` activity: read the conversation, stream one assistant message, publish tokens.
+"""The model activities: `call_llm` (stream one assistant message, publish its tokens),
+`summarize_context` and `save_conversation`.
 
-The conversation is read from the workflow (`llm_context` query) rather than passed in,
-so history stays flat: each message enters history once, as the result that produced it.
+None of them gets the conversation in its input, so history stays flat: each message
+enters history once, as the result that produced it. The conversation is rebuilt from what
+this worker saw when that provably matches, and otherwise read through the workflow's
+`llm_context` query (what the current run holds) and the conversation store (what earlier
+runs saved when they handed over).
 """
 
 from __future__ import annotations
@@ -18,39 +22,56 @@ from typing import Literal
 
 import openai
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError
 
 from activities.chat import ChatBackend, ChatDelta, OpenAIChat
-from activities.conversation_cache import ConversationCache
-from activities.heartbeat import keep_heartbeating
+from activities.conversation_cache import Conversation, ConversationCache
+from activities.conversation_store import ConversationStore
+from activities.heartbeat import Watchdog, watched
 from activities.offline_model import OfflineModel
 from activities.spans import span
 from activities.tools import ToolRegistry
 from workflows import errors
+from workflows.conversation import assistant_message, conversation_digest, message_digest
 from workflows.models import (
     OFFLINE_MODEL,
     ChatMessage,
+    ConversationSnapshot,
     LlmContext,
     LlmRequest,
     LlmResult,
+    ModelSettings,
     SummaryRequest,
     SummaryResult,
-    ToolCallRequest,
     Usage,
 )
 from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
 
 TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
+# Publishing the last tokens may not hold up the answer for longer than this.
+PUBLISHER_EXIT_SECONDS = 5.0
+# How long the work around the model call may go without progress.
+CONVERSATION_READ_SECONDS = 120.0
 SUMMARY_INSTRUCTIONS = (
     "Summarize this part of an agent's conversation for the agent's own later use: the "
     "facts learned, the results of tool calls, decisions made, and what is still open. "
     "Be concise and keep exact values."
 )
-LLM_CONTEXT_QUERY = "llm_context"
 
 _RETRYABLE_STATUS = {408, 409, 429}
 _REJECTED_STATUS = {400, 401, 403, 404, 422}
+# How endpoints say the prompt is longer than the model's context (OpenAI's code, llama.cpp's
+# and vLLM's messages).
+_CONTEXT_TOO_LONG = (
+    "context_length_exceeded",
+    "maximum context length",
+    "exceeds the available context size",
+    "context window",
+    "prompt is too long",
+    "too many tokens",
+)
 
 
 def retry_after(headers: object) -> timedelta | None:
@@ -83,11 +104,20 @@ def _provider_message(err: openai.APIStatusError) -> str:
     return err.message
 
 
+def _context_too_long(err: openai.APIStatusError, message: str) -> bool:
+    code = getattr(err, "code", None)
+    text = f"{code or ''} {message}".lower()
+    return any(marker in text for marker in _CONTEXT_TOO_LONG)
+
+
 def classify_provider_error(err: Exception) -> ApplicationError:
     """Map a provider error onto retryable or not, keeping the provider's own message."""
     if isinstance(err, openai.APIStatusError):
         status = err.status_code
-        detail = f"model endpoint answered {status}: {_provider_message(err)}"
+        message = _provider_message(err)
+        detail = f"model endpoint answered {status}: {message}"
+        if status in (400, 413) and _context_too_long(err, message):
+            return ApplicationError(detail, type=errors.LLM_CONTEXT_TOO_LONG, non_retryable=True)
         if status in _REJECTED_STATUS or (400 <= status < 500 and status not in _RETRYABLE_STATUS):
             return ApplicationError(detail, type=errors.LLM_REQUEST_REJECTED, non_retryable=True)
         return ApplicationError(
@@ -149,7 +179,11 @@ class TokenPublisher:
     Tokens are held for the first batch interval. A message that completes within it
     publishes none: the step's thought event, appended as the call returns, carries the
     same text at the same moment, and the task is spared a signal and a workflow task.
-    Anything slower streams live from then on.
+    Anything slower streams live from then on, a batch every TOKEN_BATCH_INTERVAL.
+
+    The batching timer is our own: the stream client's background flusher waits with
+    `asyncio.wait_for`, which on Python 3.11 can swallow the cancellation that stops it,
+    and then never lets its `async with` block exit.
     """
 
     def __init__(self, step: int, attempt: int) -> None:
@@ -157,31 +191,40 @@ class TokenPublisher:
         self._attempt = attempt
         self._index = 0
         self._client = WorkflowStreamClient.from_within_activity(
-            batch_interval=TOKEN_BATCH_INTERVAL, max_retry_duration=timedelta(seconds=30)
+            max_retry_duration=timedelta(seconds=30)
         )
         self._topic = self._client.topic(TOKENS_TOPIC)
         self._held: list[TokenDelta] = []
         self._live = False
-        self._go_live_timer: asyncio.TimerHandle | None = None
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TokenPublisher:
-        await self._client.__aenter__()
         if self._attempt > 1:
             # A retry is announced at once, so viewers can drop the void partial text.
             self._topic.publish(LlmAttemptStarted(step=self._step, attempt=self._attempt))
             self._live = True
-        else:
-            self._go_live_timer = asyncio.get_running_loop().call_later(
-                TOKEN_BATCH_INTERVAL.total_seconds(), self._go_live
-            )
+            self._wake.set()
+        self._flusher = asyncio.create_task(self._flush_in_batches())
         return self
 
-    def _go_live(self) -> None:
-        self._live = True
-        last = len(self._held) - 1
-        for position, delta in enumerate(self._held):
-            self._topic.publish(delta, force_flush=position == last)  # now, not a tick later
-        self._held.clear()
+    async def _flush_in_batches(self) -> None:
+        interval = TOKEN_BATCH_INTERVAL.total_seconds()
+        if not self._live:
+            await asyncio.sleep(interval)
+            self._live = True
+            for delta in self._held:
+                self._topic.publish(delta)
+            self._held.clear()
+            await self._client.flush()
+        while True:
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({woken}, timeout=interval)
+            finally:
+                woken.cancel()
+            self._wake.clear()
+            await self._client.flush()
 
     def publish(self, text: str) -> None:
         delta = TokenDelta(step=self._step, attempt=self._attempt, index=self._index, text=text)
@@ -192,28 +235,37 @@ class TokenPublisher:
             self._held.append(delta)
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._go_live_timer is not None:
-            self._go_live_timer.cancel()
-        self._held.clear()  # completed (or failed) before going live: the thought has it all
-        # Tokens are a live view, not the record: losing them must not fail the step.
-        try:
-            await self._client.__aexit__(*exc)
-        except Exception:
-            activity.logger.warning("could not publish token deltas", exc_info=True)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._flusher
+        if not self._live:
+            return  # completed (or failed) before going live: the thought has it all
+        # Tokens are a live view, not the record: losing them must not fail or stall the step.
+        closing = asyncio.ensure_future(self._client.flush())
+        done, _ = await asyncio.wait({closing}, timeout=PUBLISHER_EXIT_SECONDS)
+        if not done:
+            closing.cancel()
+            activity.logger.warning("gave up publishing the last token deltas of this attempt")
+        elif (err := closing.exception()) is not None:
+            activity.logger.warning("could not publish token deltas", exc_info=err)
 
 
 class LlmActivities:
-    """`call_llm` over a tool registry and the configured endpoint (or the offline model)."""
+    """The model activities over a tool registry, the configured endpoint (or the offline
+    model) and the conversation store. Built once per worker (worker.py)."""
 
     def __init__(
         self,
         registry: ToolRegistry,
+        store: ConversationStore,
         api_key: str | None = None,
         base_url: str | None = None,
         backends: Mapping[str, ChatBackend] | None = None,
         conversations: ConversationCache | None = None,
     ) -> None:
         self._registry = registry
+        self._store = store
         self._conversations = conversations or ConversationCache()
         self.context_reads: Counter[Literal["rebuilt", "queried"]] = Counter()
         """How each call got its conversation: rebuilt from what this worker saw, or by query."""
@@ -244,86 +296,161 @@ class LlmActivities:
             )
         return self._endpoint
 
-    async def _conversation(self, request: LlmRequest) -> LlmContext:
+    # --- the conversation -------------------------------------------------------------------
+
+    async def _conversation(self, message_count: int, digest: str) -> Conversation:
         """The conversation of the step: rebuilt here when that provably matches, else read."""
         workflow_id = activity.info().workflow_id or ""
-        if request.conversation_digest is not None:
-            rebuilt = self._conversations.rebuild(
-                workflow_id, request.message_count, request.conversation_digest
-            )
-            if rebuilt is not None:
-                self.context_reads["rebuilt"] += 1
-                return rebuilt
+        rebuilt = self._conversations.rebuild(workflow_id, message_count, digest)
+        if rebuilt is not None:
+            self.context_reads["rebuilt"] += 1
+            return rebuilt
         self.context_reads["queried"] += 1
-        return await self._read_context(request)
-
-    async def _read_context(self, request: LlmRequest) -> LlmContext:
-        info = activity.info()
-        handle = activity.client().get_workflow_handle(
-            info.workflow_id or "", run_id=info.workflow_run_id
-        )
-        # A busy worker may take seconds to answer (it may have to replay the task first):
-        # beat meanwhile, or the heartbeat timeout would abandon a call that is fine.
-        async with keep_heartbeating():
-            context: LlmContext = await handle.query(
-                LLM_CONTEXT_QUERY, request.message_count, result_type=LlmContext
-            )
-        if len(context.messages) != request.message_count:
+        context = await self._query_context(message_count)
+        messages = await self._fill(context, workflow_id)
+        if conversation_digest(context.digests) != digest:
             raise ApplicationError(
-                f"conversation has {len(context.messages)} messages, expected "
-                f"{request.message_count}",
+                "the conversation read back does not match the step's; reading it again",
+                type=errors.LLM_UNAVAILABLE,
+            )
+        return Conversation(messages, context.digests, context.tools, context.approval_policy)
+
+    async def _query_context(self, message_count: int) -> LlmContext:
+        from workflows.agent import AgentWorkflow  # the workflow module imports this one
+
+        info = activity.info()
+        handle = activity.client().get_workflow_handle_for(
+            AgentWorkflow.run, info.workflow_id or "", run_id=info.workflow_run_id
+        )
+        context = await handle.query(AgentWorkflow.llm_context, message_count)
+        if len(context.digests) != message_count:
+            raise ApplicationError(
+                f"conversation has {len(context.digests)} messages, expected {message_count}",
                 type=errors.LLM_UNAVAILABLE,
             )
         return context
+
+    async def _fill(self, context: LlmContext, workflow_id: str) -> list[ChatMessage]:
+        """The messages of `context`: what the run held, what this worker saw, the store."""
+        known = self._conversations.known(workflow_id)
+        found = {
+            d: m
+            for d, m in zip(context.digests, context.messages, strict=True)
+            if m is not None and message_digest(m) == d
+        }
+        found.update({d: known[d] for d in context.digests if d not in found and d in known})
+        missing = [d for d in context.digests if d not in found]
+        if missing:
+            found.update(await self._store.get(missing))
+        if lost := [d for d in context.digests if d not in found]:
+            raise ApplicationError(
+                f"{len(lost)} message(s) of the conversation are neither in the task's current "
+                "run nor in the conversation store: every worker of a task queue must share "
+                "one store (WAYSTATION_DATABASE_URL when workers run on several machines)",
+                type=errors.CONVERSATION_LOST,
+                non_retryable=True,
+            )
+        return [found[d] for d in context.digests]
+
+    @activity.defn(name="save_conversation")
+    async def save_conversation(self, snapshot: ConversationSnapshot) -> None:
+        """Put every message of the conversation in the store, before its run hands over (or
+        as a fork starts from another task's run): the next run holds only references."""
+        watchdog = Watchdog(CONVERSATION_READ_SECONDS, "saving the conversation")
+        async with watched(watchdog):
+            context = await self._query_context(snapshot.message_count)
+            held = {d: m for d, m in zip(context.digests, context.messages, strict=True) if m}
+            if snapshot.source_workflow_id and snapshot.source_run_id:
+                held.update(await self._content_of_source(snapshot, context.digests, held))
+            await self._store.put(held)
+            rest = [d for d in context.digests if d not in held]
+            stored = await self._store.get(rest)
+        if lost := [d for d in rest if d not in stored]:
+            raise ApplicationError(
+                f"{len(lost)} message(s) of the conversation could not be found to save",
+                type=errors.CONVERSATION_LOST,
+                non_retryable=True,
+            )
+
+    async def _content_of_source(
+        self, snapshot: ConversationSnapshot, digests: list[str], held: dict[str, ChatMessage]
+    ) -> dict[str, ChatMessage]:
+        from workflows.agent import AgentWorkflow
+
+        client: Client = activity.client()
+        source = client.get_workflow_handle_for(
+            AgentWorkflow.run, snapshot.source_workflow_id or "", run_id=snapshot.source_run_id
+        )
+        wanted = [d for d in digests if d not in held]
+        found = await source.query(AgentWorkflow.conversation_content, wanted)
+        return {d: m for d, m in found.items() if message_digest(m) == d}
+
+    # --- the model --------------------------------------------------------------------------
 
     @activity.defn(name="summarize_context")
     async def summarize_context(self, request: SummaryRequest) -> SummaryResult:
         """Summarize messages [start, end) so the conversation fits the task's window."""
         backend = self._backend(request.model.name)
-        context = await self._read_context(
-            LlmRequest(step=request.step, message_count=request.message_count, model=request.model)
-        )
-        old = context.messages[request.start : request.end]
-        if isinstance(backend, OfflineModel):
-            return SummaryResult(summary=backend.summarize(old))
-        transcript = "\n".join(
-            f"{m.role}: {m.content or ''}"
-            + "".join(f" [calls {c.name}({c.arguments})]" for c in m.tool_calls)
-            for m in old
-        )
-        prompt = [
-            ChatMessage(role="system", content=SUMMARY_INSTRUCTIONS),
-            ChatMessage(role="user", content=transcript),
-        ]
-        message = AssembledMessage()
-        with span("llm summary", model=request.model.name, step=request.step):
-            async with keep_heartbeating():
-                try:
-                    async for delta in backend.stream(prompt, [], request.model):
-                        message.add(delta)
-                except openai.OpenAIError as err:
-                    raise classify_provider_error(err) from err
+        watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
+        async with watched(watchdog):
+            conversation = await self._conversation(
+                request.message_count, request.conversation_digest
+            )
+            old = conversation.messages[request.start : request.end]
+            if isinstance(backend, OfflineModel):
+                return SummaryResult(summary=backend.summarize(old))
+            transcript = "\n".join(
+                f"{m.role}: {m.content or ''}"
+                + "".join(f" [calls {c.name}({c.arguments})]" for c in m.tool_calls)
+                for m in old
+            )
+            prompt = [
+                ChatMessage(role="system", content=SUMMARY_INSTRUCTIONS),
+                ChatMessage(role="user", content=transcript),
+            ]
+            message = await self._stream(backend, prompt, [], request.model, watchdog, None)
         return SummaryResult(summary="".join(message.text), usage=message.usage)
+
+    async def _stream(
+        self,
+        backend: ChatBackend,
+        messages: list[ChatMessage],
+        tools: list[dict[str, object]],
+        model: ModelSettings,
+        watchdog: Watchdog,
+        tokens: TokenPublisher | None,
+    ) -> AssembledMessage:
+        """One streamed completion; the watchdog allows the first chunk more time."""
+        message = AssembledMessage()
+        watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
+        try:
+            async for delta in backend.stream(messages, tools, model):
+                message.add(delta)
+                if watchdog.progress == 0:
+                    watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
+                watchdog.advance()
+                if delta.text and tokens is not None:
+                    tokens.publish(delta.text)
+        except openai.OpenAIError as err:
+            raise classify_provider_error(err) from err
+        return message
 
     @activity.defn(name="call_llm")
     async def call_llm(self, request: LlmRequest) -> LlmResult:
         """Stream one assistant message for the step; tool calls come back checked."""
         backend = self._backend(request.model.name)
-        context = await self._conversation(request)
         attempt = activity.info().attempt
-        message = AssembledMessage()
+        watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
         with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
-            async with keep_heartbeating(), TokenPublisher(request.step, attempt) as tokens:
-                try:
-                    stream = backend.stream(
-                        context.messages, self._registry.schemas(context.tools), request.model
+            async with watched(watchdog):
+                conversation = await self._conversation(
+                    request.message_count, request.conversation_digest
+                )
+                schemas = self._registry.schemas(conversation.tools)
+                async with TokenPublisher(request.step, attempt) as tokens:
+                    message = await self._stream(
+                        backend, conversation.messages, schemas, request.model, watchdog, tokens
                     )
-                    async for delta in stream:
-                        message.add(delta)
-                        if delta.text:
-                            tokens.publish(delta.text)
-                except openai.OpenAIError as err:
-                    raise classify_provider_error(err) from err
             s.set_attribute("llm.input_tokens", message.usage.input_tokens)
             s.set_attribute("llm.output_tokens", message.usage.output_tokens)
             s.set_attribute("llm.tool_calls", len(message.calls))
@@ -337,8 +464,8 @@ class LlmActivities:
                 call.call_id or f"call_{request.step}_{index}",
                 call.name,
                 call.arguments,
-                context.tools,
-                context.approval_policy,
+                conversation.tools,
+                conversation.approval_policy,
             )
             for index, call in sorted(message.calls.items())
         ]
@@ -350,15 +477,8 @@ class LlmActivities:
             model=message.model or request.model.name,
             attempt=attempt,
         )
-        # The workflow appends this reply to the conversation exactly so (see events.apply).
-        reply = ChatMessage(
-            role="assistant",
-            content=result.content or None,
-            tool_calls=[
-                ToolCallRequest(id=c.call_id, name=c.tool, arguments=c.raw_arguments) for c in calls
-            ],
-        )
+        reply = assistant_message(result.content, calls)
         self._conversations.remember_call(
-            activity.info().workflow_id or "", request.step, context, reply
+            activity.info().workflow_id or "", request.step, conversation, reply
         )
         return result

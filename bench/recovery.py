@@ -22,7 +22,7 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import WorkerProcess
-from workflows.agent import LLM_HEARTBEAT_TIMEOUT, TOOL_HEARTBEAT_TIMEOUT
+from workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
@@ -103,7 +103,7 @@ async def measure(bench: Bench, repeats: int = REPEATS) -> list[Row]:
             seconds = await scenario(bench.env, bench.fake, bench.settings("recovery"))
             figures[name].append(seconds)
             say(f"recovery: repeat {n + 1}/{repeats}, SIGKILL {name}: {seconds:.2f} s")
-    floor = max(LLM_HEARTBEAT_TIMEOUT, TOOL_HEARTBEAT_TIMEOUT).total_seconds()
+    floor = DEFAULT_HEARTBEAT_TIMEOUT.total_seconds()
     return [
         Row(
             f"SIGKILL {name} → next attempt on another worker, median / p95",

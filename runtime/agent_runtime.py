@@ -1,15 +1,18 @@
 """AgentRuntime: the client API. `run(task)`, `resume(task_id, approval)`, `stream(task_id, since)`.
 
 run and resume return the same TaskHandle; stream observes and never executes: execution
-happens only in workers.
+happens only in workers. Names say what they cost: `get` makes no call, `find` asks
+Temporal whether the task exists, `resume` may reset a failed task, `repair` resets a
+stuck one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -18,63 +21,62 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
-    WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime.reset import reset_failed_task
+from runtime.health import Stuck, TaskOverview, overview, stuck, worker_hint
+from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
+from runtime.task_errors import (
+    DecisionError,
+    NoWorkerError,
+    TaskCancelledError,
+    TaskError,
+    TaskFailedError,
+    TaskNotFoundError,
+    UnreadableTaskError,
+)
+from runtime.task_log import TaskLog
 from workflows import errors, search
-from workflows.agent import AgentWorkflow, EventPage, RunCarry
-from workflows.events import AgentEvent, AgentState, TaskStarted, fold
+from workflows.agent import AgentWorkflow
+from workflows.approval import decision_problem
+from workflows.events import AgentEvent, AgentState, TaskStarted, conversation_of, fold
 from workflows.models import (
     AgentOutcome,
     AgentTask,
+    ChatMessage,
     Decision,
     DecisionOutcome,
     ModelSettings,
+    RepairNote,
     Resumption,
 )
+from workflows.run import AgentRun, RunCarry, RunRef
+
+__all__ = [
+    "AgentRuntime",
+    "DecisionError",
+    "NoWorkerError",
+    "TaskCancelledError",
+    "TaskError",
+    "TaskFailedError",
+    "TaskHandle",
+    "TaskNotFoundError",
+    "UnreadableTaskError",
+]
 
 # A workflow task taken by a worker that then dies is retried elsewhere after this (Temporal's
 # default is 10 s). Until then the task cannot answer queries either, and a retried LLM call
-# that reads its conversation by query waits on it: measured, SIGKILLs mid-stream took up to
-# 18 s to recover at 10 s, 6 s at 5 s, 4 s at 3 s. A replay of a whole run's history takes
-# well under a second here, so 3 s still leaves room for slow workflow tasks.
+# that reads its conversation by query waits on it.
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
+# A query or Update that no worker answers must not hang its caller.
+QUERY_TIMEOUT = timedelta(seconds=10)
+UPDATE_TIMEOUT = timedelta(seconds=30)
 
-
-class TaskError(Exception):
-    """Base of the errors a task operation raises."""
-
-    def __init__(self, task_id: str, message: str) -> None:
-        super().__init__(message)
-        self.task_id = task_id
-
-
-class TaskNotFoundError(TaskError):
-    pass
-
-
-class TaskFailedError(TaskError):
-    def __init__(self, task_id: str, message: str, kind: str | None) -> None:
-        super().__init__(task_id, message)
-        self.kind = kind
-
-
-class TaskCancelledError(TaskError):
-    pass
-
-
-class DecisionError(TaskError):
-    """A decision was refused: unknown request, conflict, or the task is not waiting."""
-
-    def __init__(self, task_id: str, message: str, kind: str | None) -> None:
-        super().__init__(task_id, message)
-        self.kind = kind
+T = TypeVar("T")
 
 
 class TaskSummary(BaseModel):
@@ -120,28 +122,40 @@ class TaskHandle:
         except RPCError as err:
             raise _not_found(self.id, err) from err
 
-    async def state(self) -> AgentState:
-        """The folded state (needs a worker to answer the query)."""
+    async def state(self, within: timedelta = QUERY_TIMEOUT) -> AgentState:
+        """The folded state (a worker answers the query; NoWorkerError if none does `within`)."""
+        query = self._handle.query(AgentWorkflow.state)
         try:
-            return await self._handle.query(AgentWorkflow.state)
+            return await self._runtime.bounded(self.id, query, within, "the state query")
         except RPCError as err:
             raise _not_found(self.id, err) from err
 
-    async def events(self, since: int = 0) -> list[AgentEvent]:
-        """Events with seq >= since, across the task's chain of continue-as-new runs."""
+    async def events(
+        self, since: int = 0, limit: int = 100_000, within: timedelta = QUERY_TIMEOUT
+    ) -> list[AgentEvent]:
+        """Events with seq >= since (at most `limit`), across the task's chain of runs."""
+        page = self._runtime.log.page(self.id, since, limit)
         try:
-            page: EventPage = await self._handle.query(AgentWorkflow.events, since)
-            events = page.events
-            while since < page.first_seq and page.previous_run_id:
-                earlier = self._runtime.client.get_workflow_handle_for(
-                    AgentWorkflow.run, self.id, run_id=page.previous_run_id
-                )
-                first_later = page.first_seq
-                page = await earlier.query(AgentWorkflow.events, since)
-                events = [e for e in page.events if e.seq < first_later] + events
+            return await self._runtime.bounded(self.id, page, within, "the events query")
         except RPCError as err:
             raise _not_found(self.id, err) from err
-        return events
+
+    async def overview(self) -> TaskOverview:
+        """Temporal's view of the latest run: status, run id and memo (no worker needed)."""
+        try:
+            return await overview(self._runtime.client, self.id)
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
+    async def conversation(self) -> list[ChatMessage]:
+        """The messages the model is sent next, read from the task's events."""
+        events = await self.events()
+        return conversation_of(events, await self.state())
+
+    async def pending_requests(self) -> dict[str, dict[str, Any]]:
+        """Requests waiting for a person, as committed to history (no worker needed)."""
+        memo = (await self.overview()).memo
+        return {p["request_id"]: p for p in memo.get(search.MEMO_PENDING) or []}
 
     async def approve(
         self,
@@ -152,17 +166,25 @@ class TaskHandle:
         arguments: dict[str, Any] | None = None,
         approver: str | None = None,
     ) -> DecisionOutcome:
-        """Decide one approval request; with no id, the only pending one."""
+        """Decide one approval request; with no id, the only pending one (or, when none is
+        pending, a repeat of the latest decision gets its outcome back)."""
         if request_id is None:
-            pending = (await self.state()).pending_approvals
-            if len(pending) != 1:
+            state = await self.state()
+            pending = list(state.pending_approvals)
+            if len(pending) > 1:
                 raise DecisionError(
                     self.id,
-                    f"task {self.id} has {len(pending)} pending approval requests; name one"
-                    + (f": {', '.join(pending)}" if pending else ""),
-                    errors.UNKNOWN_REQUEST if pending else errors.TASK_NOT_WAITING,
+                    f"task {self.id} has {len(pending)} pending approval requests; name one: "
+                    + ", ".join(pending),
+                    errors.UNKNOWN_REQUEST,
                 )
-            request_id = next(iter(pending))
+            if not pending and not state.decisions:
+                raise DecisionError(
+                    self.id,
+                    f"task {self.id} is {state.status}, not waiting for approval",
+                    errors.TASK_NOT_WAITING,
+                )
+            request_id = pending[0] if pending else list(state.decisions)[-1]
         decision = Decision(
             request_id=request_id,
             decision="reject" if reject else "approve",
@@ -173,39 +195,62 @@ class TaskHandle:
         return await self.decide(decision)
 
     async def decide(self, decision: Decision) -> DecisionOutcome:
-        """Apply a decision through the `decide` Update; repeats return the first outcome."""
+        """Apply a decision and return the outcome that took effect (a repeat gets the first).
+
+        The decision is checked against the task's state first, so a refused one never
+        reaches the task; then it travels as a Signal and its outcome is read back. Signals
+        are safe whatever moment they land in (their handler only records), unlike an
+        Update right after a query a cold worker answered (docs/never-stuck.md).
+        """
+        decision = decision.model_copy(update={"decision_id": uuid.uuid4().hex})
+        state = await self.state()
+        if (problem := decision_problem(state, decision)) is not None:
+            raise DecisionError(self.id, problem.message, problem.kind)
+        if (existing := state.decisions.get(decision.request_id)) is not None:
+            return existing.model_copy(update={"duplicate": True})
+        signal = AgentWorkflow.reject if decision.decision == "reject" else AgentWorkflow.approve
         try:
-            outcome: DecisionOutcome = await self._handle.execute_update(
-                "decide", decision, result_type=DecisionOutcome
-            )
-            return outcome
-        except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError):
-                raise DecisionError(self.id, cause.message, cause.type) from err
-            raise
+            await self._handle.signal(signal, decision)
         except RPCError as err:
-            closed = ("already completed", "aborted by closing workflow")
-            if err.status == RPCStatusCode.NOT_FOUND and any(c in err.message for c in closed):
+            if err.status == RPCStatusCode.NOT_FOUND and "completed" in err.message:
                 return await self._decision_after_close(decision)
             raise _not_found(self.id, err) from err
+        outcome = await self._runtime.bounded(
+            self.id, self._outcome_of(decision.request_id), UPDATE_TIMEOUT, "the decision"
+        )
+        if outcome.decision_id == decision.decision_id:
+            return outcome
+        if decision.repeats(outcome):
+            return outcome.model_copy(update={"duplicate": True})
+        raise DecisionError(
+            self.id,
+            f"request {decision.request_id} was already decided: {outcome.decision}"
+            + (f" by {outcome.approver}" if outcome.approver else ""),
+            errors.DECISION_CONFLICT,
+        )
+
+    async def _outcome_of(self, request_id: str) -> DecisionOutcome:
+        pause = 0.02
+        while True:
+            state = await self.state()
+            if (outcome := state.decisions.get(request_id)) is not None:
+                return outcome
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.25)
 
     async def _decision_after_close(self, decision: Decision) -> DecisionOutcome:
-        # A closed workflow takes no Update, but a repeat of a decision it applied
-        # must still get the first outcome, and anything else a clear refusal.
+        # A closed task takes no decision, but a repeat of one it applied still gets the
+        # first outcome, and anything else the same refusal as before.
         state = await self.state()
+        problem = decision_problem(state, decision)
+        if problem is not None:
+            raise DecisionError(self.id, problem.message, problem.kind)
         existing = state.decisions.get(decision.request_id)
         if existing is None:
             raise DecisionError(
                 self.id,
                 f"task is {state.status}, not waiting for approval (request {decision.request_id})",
                 errors.TASK_NOT_WAITING,
-            )
-        if not decision.repeats(existing):
-            raise DecisionError(
-                self.id,
-                f"request {decision.request_id} was already decided: {existing.decision}",
-                errors.DECISION_CONFLICT,
             )
         return existing.model_copy(update={"duplicate": True})
 
@@ -215,6 +260,14 @@ class TaskHandle:
             return await self._handle.describe()
         except RPCError as err:
             raise _not_found(self.id, err) from err
+
+    async def stuck(self) -> Stuck | None:
+        """Whether the task's workflow task keeps failing, and with what (no worker needed)."""
+        description = await self.describe()
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            return None
+        history = await self._handle.fetch_history()
+        return stuck(description, list(history.events))
 
     async def cancel(self) -> None:
         try:
@@ -246,7 +299,32 @@ class AgentRuntime:
     def __init__(self, client: Client, settings: Settings | None = None) -> None:
         self.client = client
         self.settings = settings or Settings()
+        self.log = TaskLog(client)
         self._streams = StreamHub(client)
+
+    async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T:
+        """`work`, or NoWorkerError saying whether no worker polls or all are busy."""
+        try:
+            return await asyncio.wait_for(work, limit.total_seconds())
+        except TimeoutError:
+            hint = await worker_hint(self.client, self.settings.task_queue)
+            seconds = f"{limit.total_seconds():g} s"
+            raise NoWorkerError(
+                task_id,
+                f"no worker answered {what} within {seconds}: {hint}"
+                if hint
+                else f"no worker answered {what} within {seconds}, though workers poll task "
+                f"queue {self.settings.task_queue!r}: they may be busy or the task stuck "
+                f"(python starter.py status {task_id})",
+            ) from None
+        except UnicodeDecodeError as err:
+            raise UnreadableTaskError(
+                task_id, f"cannot decode what task {task_id} stored: {err}"
+            ) from err
+        except ValueError as err:
+            if "encrypted with unknown key" in str(err) or "decrypt" in str(err):
+                raise UnreadableTaskError(task_id, f"cannot read task {task_id}: {err}") from err
+            raise
 
     def new_task(self, text: str, **fields: Any) -> AgentTask:
         """An AgentTask with this runtime's default model filled in."""
@@ -261,7 +339,7 @@ class AgentRuntime:
         try:
             started = await self.client.start_workflow(
                 AgentWorkflow.run,
-                task,
+                AgentRun(task=task),
                 id=task_id,
                 task_queue=self.settings.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -281,33 +359,86 @@ class AgentRuntime:
         *,
         max_steps: int | None = None,
         token_budget: int | None = None,
+        message: str | None = None,
     ) -> TaskHandle:
         """The handle of an existing task, going on from where it stopped.
 
-        A running task gets `approval` applied if one is given. A failed task is reset to
+        A running task gets `approval` applied if one is given. A failed task goes on from
         its last good point (before the activity that failed it, or just before the limit
-        it hit) and goes on, with `max_steps` / `token_budget` raised if given; its event
-        log then shows a `resumed` event naming the failure.
+        it hit), with `max_steps` / `token_budget` raised and `message` added if given; its
+        event log then shows a `resumed` event naming the failure. A task whose state says
+        `failed` resumes at once, even while its run is still closing.
         """
         handle = self.get(task_id)
-        description = await handle.describe()
-        if description.status in (
+        resumption = Resumption(max_steps=max_steps, token_budget=token_budget, message=message)
+        seen = await handle.overview()
+        if seen.status == WorkflowExecutionStatus.RUNNING:
+            state = await handle.state()
+            if state.status != "failed":
+                if max_steps is not None or token_budget is not None or message is not None:
+                    raise TaskError(task_id, f"task {task_id} is {state.status}, not failed")
+                if approval is not None:
+                    await handle.decide(approval)
+                return handle
+            # It has just failed and its run waits a moment for this very signal.
+            if await self._resume_in_grace(handle, state, resumption):
+                return handle
+            seen = await handle.overview()
+        if seen.status in (
             WorkflowExecutionStatus.FAILED,
             WorkflowExecutionStatus.TERMINATED,
             WorkflowExecutionStatus.TIMED_OUT,
         ):
-            await reset_failed_task(
-                self.client,
-                task_id,
-                description.run_id,
-                Resumption(max_steps=max_steps, token_budget=token_budget),
-            )
+            await reset_failed_task(self.client, task_id, seen.run_id, resumption)
             return self.get(task_id)
-        if max_steps is not None or token_budget is not None:
-            raise TaskError(task_id, f"task {task_id} has not failed: its limits stay as they are")
-        if approval is not None:
-            await handle.decide(approval)
-        return handle
+        status = seen.status.name.lower() if seen.status else "unknown"
+        raise TaskError(task_id, f"task {task_id} is {status}: there is nothing to resume")
+
+    async def _resume_in_grace(
+        self, handle: TaskHandle, state: AgentState, resumption: Resumption
+    ) -> bool:
+        """A task that has just failed waits a moment for a resumption: send it there."""
+        note = resumption.model_copy(
+            update={"failure": state.failure, "failure_kind": state.failure_kind}
+        )
+        try:
+            await handle._handle.signal(AgentWorkflow.resume_after_failure, note)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False  # it closed meanwhile: reset it instead
+            raise
+        return True
+
+    async def repair(self, task_id: str, *, by: str) -> TaskHandle:
+        """Reset a stuck task to its last good workflow task, with the signals and Updates
+        sent since re-applied; its log shows a `repaired` event. Never twice at one point."""
+        handle = await self.find(task_id)
+        found = await handle.stuck()
+        if found is None:
+            raise TaskError(task_id, f"task {task_id} is not stuck: its workflow tasks complete")
+        description = await handle.describe()
+        history = await handle._handle.fetch_history()
+        already = await self._repaired_points(history.events)
+        if found.reset_to_event in already:
+            raise TaskError(
+                task_id,
+                f"task {task_id} was repaired once at event {found.reset_to_event} and is stuck "
+                f"there again, so the fault is in the code, not its history: {found.problem}",
+            )
+        note = RepairNote(problem=found.problem, reset_to_event=found.reset_to_event, by=by)
+        await reset_stuck_task(self.client, task_id, description.run_id or "", note)
+        return self.get(task_id)
+
+    async def _repaired_points(self, events: Any) -> set[int]:
+        points: set[int] = set()
+        for event in events:
+            attrs = event.workflow_execution_signaled_event_attributes
+            if event.HasField("workflow_execution_signaled_event_attributes") and (
+                attrs.signal_name == "repaired"
+            ):
+                [note] = await self.client.data_converter.decode(attrs.input.payloads, [RepairNote])
+                points.add(note.reset_to_event)
+        return points
 
     async def fork(
         self,
@@ -321,44 +452,49 @@ class AgentRuntime:
     ) -> TaskHandle:
         """A new task that starts from the state just after event `at_seq` of `task_id`.
 
-        The original is untouched. `message` adds a user message first (an edited turn);
-        `max_steps` / `token_budget` replace the original's limits. The fork has its own
-        id and its own stream (offsets start at 0).
+        The original is untouched. A fork at a thought runs that thought's calls first;
+        `message` is added as the next user message. `max_steps` / `token_budget` replace
+        the original's limits. The fork has its own id and its own stream (offsets from 0).
         """
-        events = await self.get(task_id).events()
-        if not 0 <= at_seq < len(events):
-            raise TaskError(
-                task_id, f"task {task_id} has events 0..{len(events) - 1}, not {at_seq}"
-            )
-        kept = events[: at_seq + 1]
+        kept = await self.get(task_id).events(0, limit=at_seq + 1)
+        if not 0 <= at_seq < len(kept) or kept[-1].seq != at_seq:
+            last = kept[-1].seq if kept else -1
+            raise TaskError(task_id, f"task {task_id} has events 0..{last}, not {at_seq}")
         first = kept[0]
         if not isinstance(first, TaskStarted):
             raise TaskError(task_id, f"task {task_id}'s log does not start with task_started")
         state = fold(kept)
-        if state.finished and message is None and state.status != "failed":
+        if state.status == "done" and message is None:
             raise TaskError(
-                task_id, f"event {at_seq} ends the task: add a message to go on from it"
+                task_id, f"event {at_seq} ends the task with an answer: add a message to go on"
             )
+        origin = await self._run_holding(task_id, at_seq)
         fork_id = new_task_id or f"{task_id}-fork-{uuid.uuid4().hex[:6]}"
-        carry = RunCarry(events=kept, state=state, message=message)
-        limits = {
-            k: v for k, v in {"max_steps": max_steps, "token_budget": token_budget}.items() if v
-        }
+        carry = RunCarry(state=state, message=message, earlier=origin, forked=True)
+        limits = {"max_steps": max_steps, "token_budget": token_budget}
+        task = first.task.model_copy(update={k: v for k, v in limits.items() if v is not None})
         started = await self.client.start_workflow(
             AgentWorkflow.run,
-            args=[first.task.model_copy(update=limits), carry],
+            AgentRun(task=task, carry=carry),
             id=fork_id,
             task_queue=self.settings.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=_summary(task.task),
             task_timeout=WORKFLOW_TASK_TIMEOUT,
         )
         return TaskHandle(self, fork_id, started)
+
+    async def _run_holding(self, task_id: str, seq: int) -> RunRef:
+        span = await self.log.latest(task_id)
+        while span.first_seq > seq and span.earlier is not None:
+            span = await self.log.span(span.earlier)
+        return RunRef(workflow_id=span.workflow_id, run_id=span.run_id, last_seq=seq)
 
     async def list_tasks(
         self, status: str | None = None, page_size: int = 50, page_token: bytes | None = None
     ) -> tuple[list[TaskSummary], bytes | None]:
         """A page of tasks, newest first, optionally only those with an AgentStatus."""
-        query = 'WorkflowType="AgentWorkflow"'
+        query = f'WorkflowType="{AgentWorkflow.__name__}"'
         if status is not None:
             query += f' AND AgentStatus="{status}"'
         executions = self.client.list_workflows(
@@ -384,6 +520,7 @@ class AgentRuntime:
         return handle
 
     def get(self, task_id: str) -> TaskHandle:
+        """A handle for `task_id`, without asking anyone whether it exists."""
         return TaskHandle(self, task_id)
 
     def stream(

@@ -1,9 +1,11 @@
-"""Observing a task's stream: typed items with global offsets, one upstream poll per task.
+"""Observing a task's stream: typed items with global offsets, one reader per task per process.
 
-A long-poll Update parked by a subscriber cannot be cancelled when the subscriber
-leaves, so a process fans one upstream subscription per task out to all its local
-subscribers. A subscriber asking for offsets the shared reader has not buffered reads
-them with the stream's poll Query, which adds nothing to history.
+Readers follow a task by Query only: a Query adds nothing to history and, unlike a
+long-poll Update, cannot land in a task's workflow task at a moment that breaks its replay
+(docs/never-stuck.md). While items flow the reader asks every 100 ms; when the task is
+quiet it asks less often, up to every QUIET_INTERVAL. One reader per task is shared by all
+the subscribers of a process; a subscriber asking for offsets older than the reader holds
+reads them with the same Query.
 """
 
 from __future__ import annotations
@@ -13,52 +15,27 @@ import contextlib
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
-from temporalio.client import (
-    Client,
-    WorkflowExecutionStatus,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
-    WorkflowUpdateStage,
-)
-from temporalio.contrib.workflow_streams import (
-    PollInput,
-    PollResult,
-    WorkflowStreamClient,
-)
-from temporalio.contrib.workflow_streams._types import (
-    STREAM_DRAINING_ERROR_TYPE,
-    TRUNCATED_OFFSET_ERROR_TYPE,
-    _decode_payload,
-)
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.workflow_streams import PollResult
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows.events import (
-    TERMINAL_EVENT_TYPES,
-    Action,
-    ApprovalRequested,
-    ApprovalResolved,
-    Cancelled,
-    ContextCompacted,
-    Done,
-    ErrorEvent,
-    Failed,
-    Observation,
-    Resumed,
-    TaskStarted,
-    Thought,
-    UserMessage,
-)
+from runtime import stream_wire
+from runtime.health import overview
+from runtime.task_errors import TaskNotFoundError
+from workflows.events import TERMINAL_EVENT_TYPES, AgentEvent
 from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
 
-POLL_COOLDOWN = timedelta(milliseconds=20)
-# While items keep coming, the stream is followed by Query this often (the pace at which
-# the LLM activity publishes token batches).
+# The pace at which the LLM activity publishes token batches.
 FOLLOW_INTERVAL = timedelta(milliseconds=100)
-_POLL = "__temporal_workflow_stream_poll"  # the stream's poll Update and Query
+# A quiet task is asked this often at most; the first item after a quiet spell waits at
+# most this long.
+QUIET_INTERVAL = timedelta(milliseconds=300)
+# How often a quiet reader checks whether the task closed without a terminal event.
+CLOSED_CHECK = timedelta(seconds=2)
 
 
 class StreamGap(BaseModel):
@@ -70,23 +47,7 @@ class StreamGap(BaseModel):
 
 
 StreamData = Annotated[
-    TaskStarted
-    | Thought
-    | Action
-    | Observation
-    | ApprovalRequested
-    | ApprovalResolved
-    | ErrorEvent
-    | Resumed
-    | UserMessage
-    | ContextCompacted
-    | Done
-    | Failed
-    | Cancelled
-    | TokenDelta
-    | LlmAttemptStarted
-    | StreamGap,
-    Field(discriminator="type"),
+    AgentEvent | TokenDelta | LlmAttemptStarted | StreamGap, Field(discriminator="type")
 ]
 _data_adapter: TypeAdapter[StreamData] = TypeAdapter(StreamData)
 
@@ -101,10 +62,6 @@ class StreamItem(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.topic == EVENTS_TOPIC and self.data.type in TERMINAL_EVENT_TYPES
-
-
-def decode_item(topic: str, offset: int, value: Any) -> StreamItem:
-    return StreamItem(offset=offset, topic=topic, data=_data_adapter.validate_python(value))
 
 
 def in_sequence(expected: int, items: Iterable[StreamItem]) -> tuple[list[StreamItem], int]:
@@ -127,7 +84,7 @@ def in_sequence(expected: int, items: Iterable[StreamItem]) -> tuple[list[Stream
 
 @dataclass
 class _TaskReader:
-    """The one upstream subscription of a task in this process, and what it has read."""
+    """The one upstream reader of a task in this process, and what it has read."""
 
     task_id: str
     start: int
@@ -169,22 +126,20 @@ class StreamHub:
         wanted = set(topics) if topics else None
         offset = since
         try:
-            if offset < reader.start:
-                # Older than what the shared reader holds: read them without a long poll.
-                async for item in self._read_closed_range(task_id, offset, reader.start):
-                    offset = item.offset + 1
-                    if wanted is None or item.topic in wanted or item.topic == "gap":
-                        yield item
-                    if item.terminal:
-                        return
-                offset = max(offset, reader.start)
             while True:
-                async with reader.changed:
-                    await reader.changed.wait_for(
-                        lambda start=offset: reader.next_offset > start or reader.finished  # type: ignore[misc]
-                    )
-                    batch = [i for i in reader.items if i.offset >= offset]
-                    done = reader.finished
+                if offset < reader.start:
+                    # Older than what the shared reader holds: read them directly.
+                    read, _, _ = await self._read(task_id, offset)
+                    batch = [i for i in read if i.offset < reader.start]
+                    offset = batch[-1].offset + 1 if batch else reader.start
+                    done = False
+                else:
+                    async with reader.changed:
+                        await reader.changed.wait_for(
+                            lambda start=offset: reader.next_offset > start or reader.finished  # type: ignore[misc]
+                        )
+                        batch = [i for i in reader.items if i.offset >= offset]
+                        done = reader.finished
                 for item in batch:
                     offset = item.offset + 1
                     if wanted is None or item.topic in wanted or item.topic == "gap":
@@ -200,16 +155,14 @@ class StreamHub:
 
     async def head(self, task_id: str) -> int:
         """The stream's next offset (a Query: adds nothing to history)."""
-        return await WorkflowStreamClient.create(self._client, task_id).get_offset()
+        return await stream_wire.head(self._client, task_id)
 
     async def _await_task(self, task_id: str, wait_for_start: timedelta | None) -> None:
-        from runtime.agent_runtime import TaskNotFoundError
-
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (wait_for_start.total_seconds() if wait_for_start else 0)
         while True:
             try:
-                await self._client.get_workflow_handle(task_id).describe()
+                await overview(self._client, task_id)
                 return
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
@@ -239,27 +192,34 @@ class StreamHub:
             reader.task.cancel()
 
     async def _pump(self, reader: _TaskReader) -> None:
-        """Read the task's stream for every local subscriber, costing history only when idle.
-
-        Each long-poll Update adds events to the task's history, and a subscriber that
-        re-polls after every batch would double what streaming tokens cost. So a parked
-        Update waits out quiet periods (it returns the moment something is published), and
-        while items keep coming they are followed with the poll Query every
-        FOLLOW_INTERVAL, which adds nothing to history.
-        """
+        """Follow the task for every local subscriber until its terminal event (or its end)."""
         offset = reader.start
+        loop = asyncio.get_running_loop()
+        pause = FOLLOW_INTERVAL.total_seconds()
+        last_check = loop.time()
         try:
             while True:
-                result = await self._long_poll(reader.task_id, offset)
-                while True:
-                    offset, ended = await self._deliver(reader, offset, result)
-                    if ended:
+                batch, offset, more = await self._read(reader.task_id, offset)
+                if batch:
+                    async with reader.changed:
+                        reader.items.extend(batch)
+                        reader.changed.notify_all()
+                    if batch[-1].terminal:
                         return
-                    if not result.more_ready:
-                        await asyncio.sleep(FOLLOW_INTERVAL.total_seconds())
-                    result = await self._query_batch(reader.task_id, offset)
-                    if not result.items:
-                        break  # quiet: park a long poll again
+                    pause = 0.0 if more else FOLLOW_INTERVAL.total_seconds()
+                else:
+                    pause = min(
+                        pause + FOLLOW_INTERVAL.total_seconds(), QUIET_INTERVAL.total_seconds()
+                    )
+                    if loop.time() - last_check > CLOSED_CHECK.total_seconds():
+                        last_check = loop.time()
+                        if await self._closed(reader.task_id):
+                            # Read once more: the end may have been published meanwhile.
+                            batch, offset, _ = await self._read(reader.task_id, offset)
+                            async with reader.changed:
+                                reader.items.extend(batch)
+                            return
+                await asyncio.sleep(pause)
         except asyncio.CancelledError:
             raise
         except BaseException as err:
@@ -270,95 +230,23 @@ class StreamHub:
                 async with reader.changed:
                     reader.changed.notify_all()
 
-    async def _long_poll(self, task_id: str, offset: int) -> PollResult:
-        """Park a poll Update on the task's current run until it has items from `offset`."""
-        handle = self._client.get_workflow_handle(task_id)
-        while True:
-            try:
-                update = await handle.start_update(
-                    _POLL,
-                    PollInput(topics=[], from_offset=offset),
-                    wait_for_stage=WorkflowUpdateStage.ACCEPTED,
-                    result_type=PollResult,
-                )
-                result: PollResult = await update.result()
-                if result.items or result.more_ready:
-                    return result
-                # Released empty-handed: the run is closing or continuing as new.
-            except WorkflowUpdateFailedError as err:
-                kind = getattr(err.cause, "type", None)
-                if kind == TRUNCATED_OFFSET_ERROR_TYPE:
-                    return await self._query_batch(task_id, offset)  # reads on from the base
-                # Draining: the run is handing over. Otherwise the run may have closed
-                # under the parked poll (terminated, say), which the check below sees.
-                if kind != STREAM_DRAINING_ERROR_TYPE and not await self._closed(task_id):
-                    raise
-            except (WorkflowUpdateRPCTimeoutOrCancelledError, RPCError) as err:
-                if isinstance(err.__cause__, asyncio.CancelledError):
-                    raise err.__cause__ from None
-                if isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND:
-                    if not await self._closed(task_id):
-                        raise
-            if await self._closed(task_id):
-                # A closed run takes no Updates: whatever is left is read by Query.
-                return await self._query_batch(task_id, offset)
-            await asyncio.sleep(POLL_COOLDOWN.total_seconds())
-
     async def _closed(self, task_id: str) -> bool:
         """Whether the task's latest run has closed (a run continued as new has not)."""
-        description = await self._client.get_workflow_handle(task_id).describe()
-        return description.status not in (None, WorkflowExecutionStatus.RUNNING)
+        status = (await overview(self._client, task_id)).status
+        return status not in (None, WorkflowExecutionStatus.RUNNING)
 
-    async def _query_batch(self, task_id: str, offset: int) -> PollResult:
-        handle = self._client.get_workflow_handle(task_id)
-        result: PollResult = await handle.query(
-            _POLL, PollInput(topics=[], from_offset=offset), result_type=PollResult
-        )
-        return result
-
-    async def _deliver(
-        self, reader: _TaskReader, offset: int, result: PollResult
-    ) -> tuple[int, bool]:
-        """Publish a poll's items to the subscribers; (next offset, whether the stream ended)."""
+    async def _read(self, task_id: str, offset: int) -> tuple[list[StreamItem], int, bool]:
+        """One Query's worth of items from `offset`, in sequence (gaps explicit); the next
+        offset; whether more are ready at once."""
+        result: PollResult = await stream_wire.poll(self._client, task_id, offset)
         decode = self._converter.payload_converter.from_payload
         items = (
-            decode_item(wire.topic, wire.offset, decode(_decode_payload(wire.data)))
+            StreamItem(
+                offset=wire.offset,
+                topic=wire.topic,
+                data=_data_adapter.validate_python(decode(stream_wire.decode_data(wire.data))),
+            )
             for wire in result.items
-            if wire.offset >= offset
         )
         batch, offset = in_sequence(offset, items)
-        if batch:
-            await self._publish(reader, batch)
-        if batch and batch[-1].terminal:
-            return offset, True
-        # A run closed without a terminal event (terminated) has nothing more to say.
-        return offset, not result.items and await self._closed(reader.task_id)
-
-    async def _publish(self, reader: _TaskReader, batch: list[StreamItem]) -> None:
-        async with reader.changed:
-            reader.items.extend(batch)
-            reader.changed.notify_all()
-
-    async def _read_closed_range(
-        self, task_id: str, start: int, end: int
-    ) -> AsyncGenerator[StreamItem, None]:
-        """Items in [start, end) through the poll Query, which adds nothing to history."""
-        handle = self._client.get_workflow_handle(task_id)
-        offset = start
-        while offset < end:
-            result: PollResult = await handle.query(
-                _POLL, PollInput(topics=[], from_offset=offset), result_type=PollResult
-            )
-            if not result.items:
-                return
-            for wire in result.items:
-                if wire.offset >= end:
-                    return
-                if wire.offset > offset:
-                    yield StreamItem(
-                        offset=offset, topic="gap", data=StreamGap(start=offset, end=wire.offset)
-                    )
-                payload = _decode_payload(wire.data)
-                value = self._converter.payload_converter.from_payload(payload)
-                yield decode_item(wire.topic, wire.offset, value)
-                offset = wire.offset + 1
+        return batch, offset, result.more_ready

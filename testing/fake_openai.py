@@ -8,6 +8,7 @@ headers (429 + Retry-After, 401, 500), a hang, or a stream cut off mid-way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -30,6 +31,10 @@ class Reply:
     chunk_delay: float = 0.0
     usage: tuple[int, int] = (11, 7)
     stamp_chunks: bool = False  # replace each text chunk by the time it is sent (benchmarks)
+    # Hold the stream open after this many chunks until `gate` is set (a test's handle on
+    # "this request is provably mid-stream"); at most a minute.
+    hold_after_chunks: int | None = None
+    gate: threading.Event | None = None
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -65,6 +70,11 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self.requests: dict[str, list[dict[str, Any]]] = {}
+        # Chunks each request has sent so far, by model: the test's view of a live stream.
+        self.chunks_sent: dict[str, list[int]] = {}
+        # The client's port of each request, by model: which process asked (see testing.proc).
+        self.client_ports: dict[str, list[int]] = {}
+        self._progress = threading.Condition(self._lock)
         server = _QuietServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self._server = server
@@ -82,15 +92,52 @@ class FakeOpenAI:
         with self._lock:
             self._scripts[model] = replies if callable(replies) else list(replies)
             self.requests[model] = []
+            self.chunks_sent[model] = []
+            self.client_ports[model] = []
         return model
 
     def calls(self, model: str) -> int:
         with self._lock:
             return len(self.requests.get(model, []))
 
-    def _next(self, model: str, body: dict[str, Any]) -> Reply:
+    def streaming(self, model: str, chunks: int, request: int | None = None) -> bool:
+        """Whether a request (the latest if None) of `model` has sent at least `chunks`."""
+        with self._lock:
+            sent = self.chunks_sent.get(model, [])
+            if not sent:
+                return False
+            return sent[request if request is not None else -1] >= chunks
+
+    async def until_streaming(
+        self, model: str, chunks: int, request: int | None = None, within: float = 60.0
+    ) -> None:
+        """Wait until a request of `model` has sent `chunks` (bounded: fails after `within`)."""
+
+        def wait() -> bool:
+            with self._progress:
+                return self._progress.wait_for(
+                    lambda: self._sent_enough(model, chunks, request), within
+                )
+
+        if not await asyncio.to_thread(wait):
+            raise TimeoutError(f"no request of {model} streamed {chunks} chunks in {within:g} s")
+
+    def _sent_enough(self, model: str, chunks: int, request: int | None) -> bool:
+        sent = self.chunks_sent.get(model, [])
+        if request is not None:
+            return len(sent) > request and sent[request] >= chunks
+        return bool(sent) and sent[-1] >= chunks
+
+    def _count_chunk(self, model: str, request: int) -> None:
+        with self._progress:
+            self.chunks_sent[model][request] += 1
+            self._progress.notify_all()
+
+    def _next(self, model: str, body: dict[str, Any], port: int) -> Reply:
         with self._lock:
             self.requests.setdefault(model, []).append(body)
+            self.chunks_sent.setdefault(model, []).append(0)
+            self.client_ports.setdefault(model, []).append(port)
             script = self._scripts.get(model)
             if script is None:
                 return error(404, f"The model `{model}` does not exist")
@@ -118,7 +165,9 @@ class FakeOpenAI:
                 if self.headers.get("Authorization") == "Bearer wrong-key":
                     self._json(401, {"error": {"message": "Incorrect API key provided"}})
                     return
-                reply = fake._next(str(body.get("model")), body)
+                model = str(body.get("model"))
+                reply = fake._next(model, body, int(self.client_address[1]))
+                request = len(fake.chunks_sent[model]) - 1
                 if reply.hang_seconds:
                     time.sleep(reply.hang_seconds)
                     return
@@ -130,7 +179,7 @@ class FakeOpenAI:
                     )
                     return
                 step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
-                self._stream(str(body.get("model")), reply, step)
+                self._stream(model, reply, step, request)
 
             def _json(
                 self, status: int, payload: Any, headers: dict[str, str] | None = None
@@ -144,11 +193,13 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _stream(self, model: str, reply: Reply, number: int) -> None:
+            def _stream(self, model: str, reply: Reply, number: int, request: int) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for index, chunk in enumerate(_chunks(model, reply, number)):
+                    if reply.hold_after_chunks == index and reply.gate is not None:
+                        reply.gate.wait(60)
                     if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:
                         self.wfile.flush()
                         self.connection.close()
@@ -157,8 +208,12 @@ class FakeOpenAI:
                         delta = chunk["choices"][0]["delta"]
                         if delta.get("content"):
                             delta["content"] = f"{time.time():.6f} "
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
+                    try:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                    except OSError:
+                        return  # the client is gone (a killed worker)
+                    fake._count_chunk(model, request)
                     if reply.chunk_delay:
                         time.sleep(reply.chunk_delay)
                 self.wfile.write(b"data: [DONE]\n\n")

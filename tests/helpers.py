@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from runtime.agent_runtime import TaskHandle
+from runtime.agent_runtime import NoWorkerError, TaskHandle
 from workflows.events import AgentEvent, AgentState
 from workflows.models import AgentTask, ModelSettings
 
@@ -21,10 +21,14 @@ def agent_task(model: str, task: str = "do the thing", **kw: Any) -> AgentTask:
 async def wait_for_state(
     handle: TaskHandle, predicate: Callable[[AgentState], bool], timeout: float = 20.0
 ) -> AgentState:
-    """Poll the state query until `predicate` holds (bounded: fails after `timeout`)."""
+    """Poll the state query until `predicate` holds (bounded: fails after `timeout`). A
+    query no worker answers in time (workers dying, replaying) is asked again."""
     async with asyncio.timeout(timeout):
         while True:
-            state = await handle.state()
+            try:
+                state = await handle.state()
+            except NoWorkerError:
+                continue
             if predicate(state):
                 return state
             await asyncio.sleep(0.05)

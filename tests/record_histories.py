@@ -1,168 +1,248 @@
 """Record workflow histories for the replay test: `python -m tests.record_histories`.
 
-Existing files are kept: each stands for tasks that may be running somewhere. New
-scenarios are added as new files. After a deliberate change to the workflow's commands
-(guarded by `workflow.patched` for running tasks), add a scenario and commit its file.
+Each scenario drives a real task on the dev server and saves its history under
+tests/histories/. The replay test replays them all against the current workflow code, so a
+change that would break running tasks fails CI. Existing files are kept unless `--replace`
+is given: before the first release that promises replay compatibility (README, "Versions")
+a deliberate change to the workflow's commands re-records them all; after it, such a
+change is guarded by `workflow.patched` and adds new scenarios beside the old files.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
+from temporalio.client import Client, WorkflowExecution
+
+from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from testing.servers import start_dev_env
 from testing.settings import isolated_settings
 from worker import build_worker
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from workflows.agent import AgentWorkflow
+from workflows.events import AgentState
+from workflows.models import AgentTask, ApprovalSettings, Decision, ModelSettings
 
 HISTORIES = Path(__file__).parent / "histories"
 
 
-async def record() -> None:
+async def until(handle: TaskHandle, check: Callable[[AgentState], bool]) -> AgentState:
+    """The task's state once `check` holds (bounded)."""
+    async with asyncio.timeout(30):
+        while not check(state := await handle.state()):
+            await asyncio.sleep(0.05)
+    return state
+
+
+async def finished(handle: TaskHandle) -> None:
+    try:
+        await handle.result()
+    except TaskError:
+        pass
+
+
+Scenario = Callable[[AgentRuntime, FakeOpenAI], Awaitable[str]]
+
+
+async def all_runs(client: Client, task_id: str, latest: str) -> list[WorkflowExecution]:
+    """Every run of the task, oldest first, once visibility lists the latest (it lags)."""
+    async with asyncio.timeout(30):
+        while True:
+            runs = [e async for e in client.list_workflows(f'WorkflowId="{task_id}"')]
+            if latest in {r.run_id for r in runs}:
+                return sorted(runs, key=lambda e: e.start_time)
+            await asyncio.sleep(0.1)
+
+
+async def offline_readme_task(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    task = AgentTask(task="What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt")
+    handle = await runtime.run(task, task_id="offline-readme-task")
+    await handle.result()
+    return handle.id
+
+
+async def approvals_update_and_signal(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    model = fake.script(
+        [
+            error(429, "slow down", {"Retry-After": "0"}),
+            tools(
+                ("write_file", {"path": "report.txt", "content": "x"}),
+                ("run_shell", {"command": "echo hi"}),
+                ("run_shell", {"command": "echo again"}),
+                ("calculator", {"expression": "1 +"}),
+            ),
+            text("finished"),
+        ]
+    )
+    task = AgentTask(task="approvals", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="approvals")
+    first, second, third = (
+        await until(handle, lambda s: len(s.pending_approvals) == 3)
+    ).pending_approvals
+    await handle.approve(first, approver="alice", message="ok")
+    await handle.approve(first, approver="alice", message="ok")  # an idempotent repeat
+    workflow = runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    await workflow.execute_update(AgentWorkflow.decide, Decision(request_id=second, approver="cli"))
+    await workflow.signal(AgentWorkflow.reject, Decision(request_id=third, message="no shells"))
+    await handle.result()
+    return handle.id
+
+
+async def max_steps_then_resume(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    model = fake.script(
+        lambda body: (
+            text("enough")
+            if sum(m["role"] == "tool" for m in body["messages"]) >= 3
+            else tools(("calculator", {"expression": str(len(body["messages"]))}))
+        )
+    )
+    task = AgentTask(task="loop", model=ModelSettings(name=model), max_steps=2)
+    handle = await runtime.run(task, task_id="max-steps")
+    await finished(handle)
+    await (await runtime.resume(handle.id, max_steps=10)).result()
+    return handle.id
+
+
+async def continue_as_new_with_approval(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    words = " ".join(f"w{i}" for i in range(300))
+    model = fake.script(
+        [tools(("calculator", {"expression": f"{i}+1"}), content=words) for i in range(4)]
+        + [tools(("run_shell", {"command": "echo late"})), text("done")]
+    )
+    task = AgentTask(task="long", model=ModelSettings(name=model), continue_as_new_after_steps=2)
+    handle = await runtime.run(task, task_id="continue-as-new-chain")
+    await until(handle, lambda s: bool(s.pending_approvals))
+    await handle.approve()
+    await handle.result()
+    return handle.id
+
+
+async def fork_with_message(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    fork = await runtime.fork("offline-readme-task", 3, message="and now?", max_steps=5)
+    await fork.result()
+    return fork.id
+
+
+async def cancelled_mid_stream(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    model = fake.script([Reply(content=" ".join(["slow"] * 400), chunk_delay=0.02)])
+    task = AgentTask(task="cancel me", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="cancelled")
+    async for item in runtime.stream(handle.id, topics=["tokens"]):
+        if item.data.type == "token":
+            break  # the model is provably streaming
+    await handle.cancel()
+    try:
+        await handle.result()
+    except TaskCancelledError:
+        pass
+    return handle.id
+
+
+async def local_tools_and_quiet_tokens(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    model = fake.script(
+        [
+            tools(("calculator", {"expression": "6*7"}), content="quick"),
+            tools(
+                ("run_shell", {"command": "echo local"}),
+                content=" ".join(["live"] * 20),
+                chunk_delay=0.02,
+            ),
+            tools(("calculator", {"expression": "1/0"})),
+            text("42"),
+        ]
+    )
+    task = AgentTask(task="local tools", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="local-tools")
+    await until(handle, lambda s: bool(s.pending_approvals))
+    await handle.approve(approver="alice")
+    await handle.result()
+    return handle.id
+
+
+async def stuck_then_resumed_with_a_message(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    model = fake.script(
+        lambda body: (
+            text("listed, then stopped")
+            if any("differently" in (m.get("content") or "") for m in body["messages"])
+            else tools(("list_files", {"path": "."}))
+        )
+    )
+    task = AgentTask(task="repeat", model=ModelSettings(name=model), max_repeated_calls=1)
+    handle = await runtime.run(task, task_id="stuck-repeating")
+    await finished(handle)
+    resumed = await runtime.resume(handle.id, message="do it differently")
+    await resumed.result()
+    return handle.id
+
+
+async def compacted_context(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    steps: list[int] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not body.get("tools"):
+            return text("a summary of the early steps")
+        steps.append(len(steps))
+        if len(steps) > 6:
+            return text("done")
+        return tools(("calculator", {"expression": f"{len(steps)}+1"}), content="x" * 900)
+
+    model = fake.script(reply)
+    task = AgentTask(
+        task="compact",
+        model=ModelSettings(name=model),
+        context_limit_tokens=1000,
+        approval=ApprovalSettings(policy={"calculator": "never"}),
+    )
+    handle = await runtime.run(task, task_id="compacted")
+    await handle.result()
+    return handle.id
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "offline_readme_task": offline_readme_task,
+    "approvals_update_and_signal": approvals_update_and_signal,
+    "max_steps_then_resume": max_steps_then_resume,
+    "continue_as_new_with_approval": continue_as_new_with_approval,
+    "fork_with_message": fork_with_message,
+    "cancelled_mid_stream": cancelled_mid_stream,
+    "local_tools_and_quiet_tokens": local_tools_and_quiet_tokens,
+    "stuck_then_resumed_with_a_message": stuck_then_resumed_with_a_message,
+    "compacted_context": compacted_context,
+}
+
+
+async def record(replace: bool) -> None:
     fake = FakeOpenAI()
     env = await start_dev_env()
-    scratch = Path(tempfile.mkdtemp(prefix="waystation-record-"))
-    settings = isolated_settings(scratch, fake.url, name="record")
+    settings = isolated_settings(Path(tempfile.mkdtemp(prefix="waystation-record-")), fake.url)
+    HISTORIES.mkdir(exist_ok=True)
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)
-        scenarios: dict[str, str] = {}
-
-        handle = await runtime.run(
-            AgentTask(
-                task="What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt"
-            ),
-            task_id="offline-readme-task",
-        )
-        await handle.result()
-        scenarios["offline_readme_task"] = handle.id
-
-        model = fake.script(
-            [
-                error(429, "slow down", {"Retry-After": "0"}),
-                tools(
-                    ("write_file", {"path": "report.txt", "content": "x"}),
-                    ("run_shell", {"command": "echo hi"}),
-                    ("calculator", {"expression": "1 +"}),
-                ),
-                text("finished"),
-            ]
-        )
-        handle = await runtime.run(
-            AgentTask(task="approvals", model=ModelSettings(name=model)), task_id="approvals"
-        )
-        while len((await handle.state()).pending_approvals) < 2:
-            await asyncio.sleep(0.05)
-        pending = list((await handle.state()).pending_approvals)
-        await handle.approve(pending[0], approver="alice", message="ok")
-        await handle.approve(pending[0], approver="alice", message="ok")  # idempotent repeat
-        await env.client.get_workflow_handle(handle.id).signal(
-            "reject", {"request_id": pending[1], "message": "no shells"}
-        )
-        await handle.result()
-        scenarios["approvals_update_and_signal"] = handle.id
-
-        model = fake.script(lambda body: tools(("calculator", {"expression": "2"})))
-        handle = await runtime.run(
-            AgentTask(task="loop", model=ModelSettings(name=model), max_steps=2),
-            task_id="max-steps",
-        )
-        try:
-            await handle.result()
-        except TaskFailedError:
-            pass
-        scenarios["max_steps_failure"] = handle.id
-
-        policy = ApprovalSettings(policy={"run_shell": "never"})
-        model = fake.script(
-            lambda body: (
-                text("all done")
-                if sum(m["role"] == "tool" for m in body["messages"]) >= 3
-                else tools(("run_shell", {"command": "echo step >> effects.txt"}))
-            )
-        )
-        handle = await runtime.run(
-            AgentTask(
-                task="continue as new",
-                model=ModelSettings(name=model),
-                approval=policy,
-                continue_as_new_after_steps=2,
-                max_steps=2,
-            ),
-            task_id="continue-as-new-then-resume",
-        )
-        try:
-            await handle.result()
-        except TaskFailedError:
-            pass
-        handle = await runtime.resume(handle.id, max_steps=10)
-        await handle.result()
-        scenarios["resumed_after_reset"] = handle.id
-
-        fork = await runtime.fork("offline-readme-task", 3, message="and now?", max_steps=5)
-        await fork.result()
-        scenarios["fork_with_message"] = fork.id
-
-        model = fake.script([Reply(content=" ".join(["slow"] * 200), chunk_delay=0.02)])
-        handle = await runtime.run(
-            AgentTask(task="cancel me", model=ModelSettings(name=model)), task_id="cancelled"
-        )
-        await asyncio.sleep(1.0)
-        await handle.cancel()
-        try:
-            await handle.result()
-        except TaskCancelledError:
-            pass
-        scenarios["cancelled_mid_stream"] = handle.id
-
-        words = " ".join(f"w{i}" for i in range(300))
-        model = fake.script(
-            [tools(("calculator", {"expression": f"{i}+1"}), content=words) for i in range(5)]
-            + [text("done")]
-        )
-        handle = await runtime.run(
-            AgentTask(task="long", model=ModelSettings(name=model), continue_as_new_after_steps=2),
-            task_id="continue-as-new-chain",
-        )
-        await handle.result()
-        scenarios["continue_as_new_bounded_carry"] = handle.id
-
-        # Local-activity tools, a quiet (instant) step, a live streaming step, an approval.
-        model = fake.script(
-            [
-                tools(("calculator", {"expression": "6*7"}), content="quick"),
-                tools(
-                    ("run_shell", {"command": "echo local"}),
-                    content=" ".join(["live"] * 20),
-                    chunk_delay=0.02,
-                ),
-                tools(("calculator", {"expression": "1/0"})),
-                text("42"),
-            ]
-        )
-        handle = await runtime.run(
-            AgentTask(task="local tools", model=ModelSettings(name=model)),
-            task_id="local-tools",
-        )
-        while not (await handle.state()).pending_approvals:
-            await asyncio.sleep(0.05)
-        [request] = list((await handle.state()).pending_approvals)
-        await handle.approve(request, approver="alice")
-        await handle.result()
-        scenarios["local_tools_and_quiet_tokens"] = handle.id
-
-        HISTORIES.mkdir(exist_ok=True)
-        for name, workflow_id in scenarios.items():
-            path = HISTORIES / f"{name}.json"
-            if path.exists():
+        for name, scenario in SCENARIOS.items():
+            task_id = await scenario(runtime, fake)
+            if any(HISTORIES.glob(f"{name}*.json")) and not replace:
                 continue  # a recorded history stands for tasks already running: keep it
-            history = await env.client.get_workflow_handle(workflow_id).fetch_history()
-            path.write_text(history.to_json())
-            print(f"recorded {name}: {len(history.events)} events")
+            for old in HISTORIES.glob(f"{name}*.json"):
+                old.unlink()
+            # Every run of the task (a continue-as-new chain, a run reset by a resume),
+            # oldest first: each replays on its own.
+            latest = (await runtime.get(task_id).overview()).run_id
+            runs = await all_runs(env.client, task_id, latest)
+            for index, execution in enumerate(runs):
+                handle = env.client.get_workflow_handle(task_id, run_id=execution.run_id)
+                history = await handle.fetch_history()
+                path = HISTORIES / (f"{name}.json" if len(runs) == 1 else f"{name}.run{index}.json")
+                path.write_text(history.to_json())
+                print(f"recorded {path.name}: {len(history.events)} events")
     fake.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(record())
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--replace", action="store_true", help="re-record existing files")
+    asyncio.run(record(parser.parse_args().replace))

@@ -169,7 +169,7 @@ async def test_max_steps_fails_with_a_reason_and_keeps_everything(
     state = await handle.state()
     assert state.status == "failed" and state.failure_kind == "max_steps"
     assert state.step == 3
-    assert sum(1 for m in state.messages if m.role == "tool") == 3
+    assert sum(1 for r in state.conversation if r.role == "tool") == 3
     assert fake_openai.calls(model) == 3
 
 

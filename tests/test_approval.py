@@ -19,7 +19,7 @@ from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
 from workflows import errors
-from workflows.agent import EARLY_DECISIONS_KEPT
+from workflows.approval import EARLY_DECISIONS_KEPT
 from workflows.models import ApprovalSettings, Decision, DecisionOutcome
 
 
@@ -175,49 +175,64 @@ async def test_rejection_message_reaches_the_model_and_edited_arguments_run(
     assert resolved[1].arguments == {"command": "echo edited >> effects.txt"}
 
 
+async def temporal_cli_signal(address: str, task_id: str, name: str, payload: object) -> str:
+    process = await asyncio.create_subprocess_exec(
+        temporal_binary(),
+        "workflow",
+        "signal",
+        "--address",
+        address,
+        "--workflow-id",
+        task_id,
+        "--name",
+        name,
+        "--input",
+        json.dumps(payload),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await process.communicate()
+    assert process.returncode == 0, output.decode()
+    return output.decode()
+
+
 async def test_signal_from_the_temporal_cli(
     dev_env: WorkflowEnvironment,
     dev_runtime: AgentRuntime,
     fake_openai: FakeOpenAI,
     settings: Settings,
 ) -> None:
-    model = fake_openai.script([tools(shell("yes"), shell("no")), text("done")])
+    model = fake_openai.script(
+        [tools(shell("yes"), shell("no")), tools(shell("again")), text("done")]
+    )
     handle = await dev_runtime.run(agent_task(model))
     first, second = await pending_requests(handle, count=2)
     address = dev_env.client.service_client.config.target_host
-    for name, payload in [
-        ("approve", {"request_id": first, "approver": "cli-user"}),
-        ("reject", {"request_id": second, "message": "not this one"}),
-        ("approve", {"request_id": first}),  # a duplicate: ignored, with a note
-    ]:
-        process = await asyncio.create_subprocess_exec(
-            temporal_binary(),
-            "workflow",
-            "signal",
-            "--address",
-            address,
-            "--workflow-id",
-            handle.id,
-            "--name",
-            name,
-            "--input",
-            json.dumps(payload),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        output, _ = await process.communicate()
-        assert process.returncode == 0, output.decode()
+    await temporal_cli_signal(
+        address, handle.id, "approve", {"request_id": first, "approver": "cli-user"}
+    )
+    await temporal_cli_signal(
+        address, handle.id, "reject", {"request_id": second, "message": "not this one"}
+    )
+    # The next step waits for a person too: the task provably still runs when a duplicate
+    # of the first decision arrives.
+    state = await wait_for_state(handle, lambda s: "2-call_2_0" in s.pending_approvals)
+    assert state.status == "waiting_approval"
+    await temporal_cli_signal(address, handle.id, "approve", {"request_id": first})
+    await wait_for_state(handle, lambda s: any("duplicate" in e for e in s.errors))
+    await temporal_cli_signal(address, handle.id, "approve", {"request_id": "2-call_2_0"})
     await handle.result()
     events = await handle.events()
     resolved = of_type(events, "approval_resolved")
     assert [(r.request_id, r.decision, r.via) for r in resolved] == [
         (first, "approve", "signal"),
         (second, "reject", "signal"),
+        ("2-call_2_0", "approve", "signal"),
     ]
     assert resolved[0].approver == "cli-user"
     notes = of_type(events, "error")
     assert len(notes) == 1 and notes[0].kind == "duplicate_decision"
-    assert side_effects(settings) == ["yes"]
+    assert side_effects(settings) == ["yes", "again"]
 
 
 async def test_a_decision_that_arrives_before_the_request_is_kept(

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from workflows.conversation import message_digest
 from workflows.events import (
     Action,
     AgentEvent,
@@ -21,6 +22,7 @@ from workflows.events import (
     Thought,
     agent_event_adapter,
     apply,
+    conversation_of,
     fold,
 )
 from workflows.models import AgentTask, ToolCall, Usage
@@ -98,9 +100,11 @@ def test_fold_builds_the_conversation_and_usage() -> None:
     assert state.status == "done"
     assert state.result == "5"
     assert state.step == 2
-    assert [m.role for m in state.messages] == ["system", "user", "assistant", "tool", "assistant"]
-    assert state.messages[2].tool_calls[0].name == "calculator"
-    assert state.messages[3].tool_call_id == "c1"
+    messages = conversation_of(events)
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2].tool_calls[0].name == "calculator"
+    assert messages[3].tool_call_id == "c1"
+    assert [r.digest for r in state.conversation] == [message_digest(m) for m in messages]
     assert state.usage == Usage(input_tokens=30, output_tokens=3)
     assert state.last_seq == len(events) - 1
 

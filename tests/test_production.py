@@ -169,7 +169,8 @@ async def test_waiting_tasks_are_listed_by_the_temporal_cli(
     assert attrs.get(search.AGENT_MODEL) == model
     assert attrs.get(search.AGENT_WAITING_SINCE) is not None
     memo = await execution.memo()
-    assert memo["status"] == "waiting_approval" and "run_shell" in memo["waiting_for"]
+    assert memo["status"] == "waiting_approval"
+    assert [p["tool"] for p in memo["pending"]] == ["run_shell"]
     await handle.approve()
     await handle.result()
     done = await dev_env.client.get_workflow_handle(handle.id).describe()

@@ -1,669 +1,493 @@
-"""AgentWorkflow: the durable agent loop (LLM -> tool calls -> observations -> ... -> answer).
+"""AgentWorkflow: the durable agent loop, a shell over pure decisions.
 
-Every step appends events; the state queries return is the fold of the published log.
-Deterministic code only: time and ids through `workflow.*`, all I/O in activities.
+Each turn of the loop takes what handlers recorded, asks `plan.next_move` what to do with
+the folded state, and does it: an activity, a wait for a person, or events. Update and
+Signal handlers only record what they receive; the loop turns it into events at one fixed
+point of each turn, so the orders in which a replay may deliver one activation's jobs all
+give the same commands. Deterministic code only: time and ids through `workflow.*`, all
+I/O in activities.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
-from typing import Any, Literal
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from activities.llm import LlmActivities
+    from activities.tools import ToolActivities
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
-    from workflows import errors, search
-    from workflows.context import ConversationDigest, compaction_range
+    from workflows import approval, errors, options, search
+    from workflows.calls import Run, lost_call, verdict
+    from workflows.conversation import (
+        ConversationDigest,
+        context_limit,
+        message_digest,
+        task_messages,
+    )
     from workflows.events import (
         Action,
         AgentEvent,
         AgentState,
-        ApprovalRequested,
-        ApprovalResolved,
         Cancelled,
         ContextCompacted,
         Done,
         ErrorEvent,
         Failed,
         Observation,
+        Repaired,
         Resumed,
         TaskStarted,
         Thought,
         UserMessage,
         apply,
+        draft,
+        messages_of,
     )
     from workflows.models import (
         AgentOutcome,
-        AgentTask,
-        Contract,
+        ChatMessage,
+        ConversationSnapshot,
         Decision,
         DecisionOutcome,
         LlmContext,
         LlmRequest,
-        LlmResult,
-        ModelSettings,
+        RepairNote,
         Resumption,
         SummaryRequest,
-        SummaryResult,
         ToolCall,
-        ToolRequest,
         ToolResult,
     )
-    from workflows.stream import EVENTS_TOPIC
+    from workflows.plan import (
+        AddMessage,
+        Announce,
+        AwaitDecisions,
+        CallModel,
+        Compact,
+        Fail,
+        HandOver,
+        RequestApprovals,
+        RunCalls,
+        RunProgress,
+        due_for_hand_over,
+        next_move,
+    )
+    from workflows.run import (
+        APPROVE_SIGNAL,
+        DECIDE_UPDATE,
+        REJECT_SIGNAL,
+        REPAIRED_SIGNAL,
+        RESUME_SIGNAL,
+        WORKFLOW_TYPE,
+        AgentRun,
+        EventPage,
+        EventsRequest,
+        RunCarry,
+        RunRef,
+        event_page,
+    )
+    from workflows.stream import EVENTS_TOPIC, carried_from
 
-# Activities beat every third of these on a timer, so a dead worker's call is retried
-# elsewhere within seconds while a slow but live call is left alone.
-LLM_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
-TOOL_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
-TOOL_START_TO_CLOSE = timedelta(minutes=15)
-RETRY_SAFE_TOOL = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=10,
-)
-# A tool that cannot tell whether a lost attempt took effect runs at most once.
-ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
-# Fast, pure tools run as local activities (one workflow task instead of a server round
-# trip); histories from before this ran them as ordinary activities.
-LOCAL_TOOLS_PATCH = "local-activities-for-pure-tools"
-LOCAL_TOOL_TIMEOUT = timedelta(seconds=10)
-# The memo changes with the status only (the step is in the AgentStep search attribute);
-# histories from before this wrote it every step.
-MEMO_ON_STATUS_PATCH = "memo-on-status-change"
-# A run due to continue as new may do so while it waits for a person; histories from
-# before this waited on in the same run.
-CONTINUE_AS_NEW_WHILE_WAITING_PATCH = "continue-as-new-while-waiting"
-# After a limit ends a task, its run stays open this long for `resume_after_failure`: a
-# reset re-runs that last step and the runtime's signal with the raised limits lands here.
+
+# A failed task's run stays open this long for a resumption (see _fail and runtime/reset.py).
 RESUME_GRACE = timedelta(seconds=3)
-RESUME_GRACE_PATCH = "resume-grace-after-limit"
-# Stream items a run hands to the next at continue-as-new (token deltas dominate them):
-# at most this many, and at most this many bytes of them.
-STREAM_ITEMS_KEPT = 500
-STREAM_BYTES_KEPT = 64_000
-# Signalled decisions for requests not made yet are kept (and carried to the next run) up
-# to this many; a flood of decisions for requests that never come cannot grow the task.
-EARLY_DECISIONS_KEPT = 100
-# A run continues as new once its history passes this (as the workflow sees it, which
-# runs about 0.6x of what describe reports), well before Temporal's own suggestion, so no
-# run's history reaches 2 MB.
-HISTORY_BYTES_PER_RUN = 1_000_000
-
-Via = Literal["update", "signal"]
 
 
-class EventPage(Contract):
-    """Answer of the `events` query: events with seq >= since, and where to ask next.
+@dataclass(frozen=True)
+class _Clock:
+    """When the workflow last looked at the time and its history, at a point every replay
+    sees alike: after an activity, a timer or a decision, never after a local activity
+    (whose result a live run and a replay deliver in different workflow tasks)."""
 
-    A run holds the events from `first_seq` on; older ones are in `previous_run_id` (and
-    the runs before it), which still answer this query.
-    """
-
-    events: list[AgentEvent]
-    next_seq: int
-    first_seq: int = 0
-    previous_run_id: str | None = None
-
-
-class RunCarry(Contract):
-    """What one run hands the next at continue-as-new: the fold, the stream, the chain.
-
-    `events` is empty at continue-as-new (the previous run keeps its events and answers
-    for them; `previous_run_id` names it) and holds the prefix of the log for a fork.
-    """
-
-    events: list[AgentEvent]
-    state: AgentState
-    stream: WorkflowStreamState | None = None
-    early_decisions: list[Decision] = []
-    message: str | None = None
-    """A user message to add first (a fork with an edited message)."""
-    previous_run_id: str | None = None
+    now: datetime
+    history_length: int
+    history_bytes: int
+    suggested: bool
 
 
-def _model_call_options(model: ModelSettings) -> dict[str, Any]:
-    """Timeouts and retries of an activity that calls the model (honours Retry-After)."""
-    return {
-        "start_to_close_timeout": timedelta(seconds=model.request_timeout_seconds * 10),
-        "heartbeat_timeout": LLM_HEARTBEAT_TIMEOUT,
-        "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-        "retry_policy": RetryPolicy(
-            initial_interval=timedelta(seconds=1),
-            backoff_coefficient=2.0,
-            maximum_interval=timedelta(seconds=60),
-            maximum_attempts=model.max_attempts,
-            non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
-        ),
-    }
+def _sample() -> _Clock:
+    info = workflow.info()
+    return _Clock(
+        now=workflow.now(),
+        history_length=info.get_current_history_length(),
+        history_bytes=info.get_current_history_size(),
+        suggested=info.is_continue_as_new_suggested(),
+    )
 
 
 def _cancelled(err: BaseException) -> bool:
-    return isinstance(err, ActivityError) and isinstance(err.cause, CancelledError)
+    """A cancelled activity, or any activity failure once the task's cancel was asked:
+    cancel wins over a call that fails meanwhile."""
+    if isinstance(err, ActivityError) and isinstance(err.cause, CancelledError):
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
-def request_id_for(step: int, call_id: str) -> str:
-    """Approval request ids are predictable, so a decision may arrive before the request."""
-    return f"{step}-{call_id}"
+def _detail(err: ActivityError) -> str:
+    cause = err.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(cause or err)
 
 
-@workflow.defn(name="AgentWorkflow")
+@workflow.defn(name=WORKFLOW_TYPE)
 class AgentWorkflow:
     """One agent task. The workflow id is the task id."""
 
     @workflow.init
-    def __init__(self, task: AgentTask, carry: RunCarry | None = None) -> None:
-        # The SDK applies type hints only when every parameter has a payload, so a start
-        # with the task alone (the usual case) hands it over as a plain dict.
-        task = AgentTask.model_validate(task)
-        carry = RunCarry.model_validate(carry) if carry is not None else None
-        self._task = task
-        self._log: list[AgentEvent] = list(carry.events) if carry else []
-        self._state = carry.state if carry else AgentState()
-        # Seq of self._log[0]: the log of earlier runs stays with them.
-        self._first_seq = self._state.last_seq + 1 - len(self._log)
-        self._previous_run_id = carry.previous_run_id if carry else None
-        self._stream = WorkflowStream(prior_state=carry.stream if carry else None)
+    def __init__(self, run: AgentRun) -> None:
+        carry = run.carry or RunCarry(state=AgentState())
+        self._task = run.task
+        self._state = carry.state
+        self._log: list[AgentEvent] = []
+        self._first_seq = self._state.last_seq + 1
+        self._earlier = carry.earlier
+        self._stream = WorkflowStream(prior_state=carry.stream)
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
-        self._early_decisions: dict[str, tuple[Decision, Via]] = {
-            d.request_id: (d, "signal") for d in (carry.early_decisions if carry else [])
-        }
-        self._published_status: tuple[object, ...] | None = None
-        self._digest = ConversationDigest()  # memory only: derived from the state's messages
-        self._published_memo: dict[str, object] | None = None
-        self._first_step_of_run = self._state.step
-        self._resumed = False
-
-    # --- the loop ---------------------------------------------------------------------------
+        self._inbox: list[approval.RecordedDecision] = list(carry.decisions)
+        self._early: list[approval.RecordedDecision] = []
+        self._resumptions: list[Resumption] = []
+        self._repairs: list[RepairNote] = []
+        self._message = carry.message
+        # Message content this run answers for: the task's, and every message it adds.
+        task_text = task_messages(self._task.system_prompt, self._task.task)
+        self._task_digests = {message_digest(m) for m in task_text}
+        self._content: dict[str, ChatMessage] = {message_digest(m): m for m in task_text}
+        self._digest = ConversationDigest()
+        self._published: search.Published | None = None
+        self._clock = _sample()
+        self._first_step = self._state.step
 
     @workflow.run
-    async def run(self, task: AgentTask, carry: RunCarry | None = None) -> AgentOutcome:
+    async def run(self, run: AgentRun) -> AgentOutcome:
         """Run the loop until an answer, a limit, a non-retryable error or a cancellation."""
-        if carry is None:
-            self._append(
-                TaskStarted(task_id=workflow.info().workflow_id, task=self._task, **self._meta(0))
-            )
-        elif carry.message:
-            self._append(UserMessage(content=carry.message, **self._meta(self._state.step)))
         try:
+            if run.carry is None:
+                started = draft(TaskStarted, 0, task_id=workflow.info().workflow_id, task=run.task)
+                self._append(started)
+            elif run.carry.forked and self._earlier is not None:
+                await self._save_conversation(source=self._earlier)
             return await self._loop()
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not _cancelled(err):
                 raise
-            self._append(Cancelled(**self._meta(self._state.step)))
+            self._append(draft(Cancelled, self._state.step))
             await self._close_stream()
             raise asyncio.CancelledError() from None
 
     async def _loop(self) -> AgentOutcome:
-        if (unfinished := self._unfinished_step()) is not None:
-            await self._finish_step(*unfinished)
         while True:
-            if self._should_continue_as_new():
-                await self._continue_as_new()
-            task = self._task
-            used = self._state.usage.total
-            if self._state.step >= task.max_steps:
-                await self._limit_reached(
-                    "max_steps",
-                    f"reached max_steps={task.max_steps} without a final answer; every thought "
-                    "and observation so far is kept, resume with a higher max_steps to go on",
-                )
-                continue
-            if task.token_budget is not None and used >= task.token_budget:
-                await self._limit_reached(
-                    "token_budget",
-                    f"used {used} tokens of the token_budget of {task.token_budget}; resume "
-                    "with a higher budget to go on",
-                )
-                continue
-            step = self._state.step + 1
-            await self._fit_context(step)
-            result = await self._call_llm(step)
-            self._append(
-                Thought(
-                    content=result.content,
-                    tool_calls=result.tool_calls,
-                    usage=result.usage,
-                    finish_reason=result.finish_reason,
-                    model=result.model,
-                    attempt=result.attempt,
-                    **self._meta(step),
-                )
+            self._absorb()
+            limit = context_limit(self._task.context_limit_tokens, self._task.model)
+            cap = self._state.context_limit_cap
+            move = next_move(
+                self._state,
+                self._task,
+                limit=min(limit, cap) if cap else limit,
+                progress=self._progress(),
+                message=self._message,
             )
-            if not result.tool_calls:
-                self._append(Done(result=result.content, **self._meta(step)))
-                await self._close_stream()
-                return AgentOutcome(
-                    result=result.content,
-                    steps=step,
-                    usage=self._state.usage,
-                    last_seq=self._state.last_seq,
-                )
-            await self._finish_step(step, result.tool_calls, result.content or None)
+            match move:
+                case Announce(step=step, calls=calls):
+                    for call in calls:
+                        self._append(self._action(step, call))
+                case RequestApprovals(step=step, calls=calls):
+                    for event in approval.request_events(step, calls, self._state):
+                        self._append(event)
+                    self._inbox = self._early + self._inbox  # decisions that came first
+                    self._early = []
+                case AwaitDecisions(request_ids=ids, deadline=deadline):
+                    await self._await_decisions(ids, deadline)
+                case RunCalls(step=step, calls=calls):
+                    await self._run_calls(step, calls)
+                case AddMessage(content=content):
+                    self._message = None
+                    self._append(draft(UserMessage, self._state.step, content=content))
+                case HandOver():
+                    await self._hand_over()
+                case Compact(step=step, start=start, end=end):
+                    await self._compact(step, start, end)
+                case CallModel(step=step):
+                    if (outcome := await self._call_model(step)) is not None:
+                        return outcome
+                case Fail(kind=kind, reason=reason):
+                    await self._fail(kind, reason)
 
-    async def _limit_reached(self, kind: str, reason: str) -> None:
-        """Fail the task, unless raised limits arrive within the grace (then go on)."""
-        if not workflow.patched(RESUME_GRACE_PATCH):
-            raise await self._fail(kind, reason)
-        self._resumed = False
-        self._append(Failed(kind=kind, reason=reason, **self._meta(self._state.step)))
+    def _absorb(self) -> None:
+        """Turn what handlers recorded into events, in the order it arrived."""
+        step = self._state.step
+        for note in self._repairs:
+            self._append(draft(Repaired, step, **note.model_dump()))
+        recorded, self._inbox, self._repairs = self._inbox, [], []
+        for entry in recorded:
+            event = approval.absorb(self._state, entry, len(self._early))
+            if event == approval.KEEP:
+                self._early.append(entry)  # a decision faster than the step that asks
+            elif not isinstance(event, str):
+                self._append(event)
+
+    def _action(self, step: int, call: ToolCall) -> Action:
+        return draft(
+            Action,
+            step,
+            call_id=call.call_id,
+            tool=call.tool,
+            arguments=call.arguments,
+            raw_arguments=call.raw_arguments,
+            needs_approval=call.needs_approval and call.runnable,
+        )
+
+    def _recorded(self) -> bool:
+        return bool(self._inbox or self._repairs)
+
+    async def _await_decisions(self, request_ids: list[str], deadline: datetime) -> None:
+        remaining = deadline - self._clock.now
         try:
-            await workflow.wait_condition(lambda: self._resumed, timeout=RESUME_GRACE)
+            if remaining <= timedelta(0):
+                raise TimeoutError
+            await workflow.wait_condition(
+                lambda: (
+                    self._recorded()
+                    or due_for_hand_over(self._state, self._task, self._progress(_sample()))
+                ),
+                timeout=remaining,
+            )
+        except TimeoutError:
+            self._clock = _sample()
+            for event in approval.timeout_events(self._state, request_ids, self._task.approval):
+                self._append(event)
+            return
+        self._clock = _sample()
+        if not self._recorded():
+            await self._hand_over()  # due while a person decides: the next run waits on
+
+    async def _run_calls(self, step: int, calls: list[ToolCall]) -> None:
+        """Run the step's calls (pure local ones first), then log every observation."""
+        task_id = workflow.info().workflow_id
+        verdicts = {c.call_id: verdict(task_id, step, c, self._state) for c in calls}
+        results = {k: v for k, v in verdicts.items() if isinstance(v, ToolResult)}
+        runs = {k: v for k, v in verdicts.items() if isinstance(v, Run)}
+        for local in (True, False):
+            batch = [(k, r) for k, r in runs.items() if r.local == local]
+            outputs = await asyncio.gather(*(self._run_tool(r, calls, k) for k, r in batch))
+            results.update({k: out for (k, _), out in zip(batch, outputs, strict=True)})
+        if any(not r.local for r in runs.values()):
+            self._clock = _sample()
+        for call in calls:
+            result = results[call.call_id]
+            observed = {"output": result.output, "is_error": result.is_error}
+            self._append(draft(Observation, step, call_id=call.call_id, tool=call.tool, **observed))
+
+    async def _run_tool(self, run: Run, calls: list[ToolCall], call_id: str) -> ToolResult:
+        try:
+            if run.local:
+                result = await workflow.execute_local_activity_method(
+                    ToolActivities.run_tool, run.request, **options.local_tool_call()
+                )
+            else:
+                config = options.tool_call(self._task, run.retry_safe)
+                result = await workflow.execute_activity_method(
+                    ToolActivities.run_tool, run.request, **config
+                )
+        except ActivityError as err:
+            if _cancelled(err):
+                raise asyncio.CancelledError() from None
+            return lost_call(next(c for c in calls if c.call_id == call_id), _detail(err))
+        return result.model_copy(update={"output": result.output + run.note})
+
+    async def _call_model(self, step: int) -> AgentOutcome | None:
+        """One model call; an answer ends the task, tool calls open a step."""
+        request = LlmRequest(
+            step=step,
+            message_count=len(self._state.conversation),
+            model=self._task.model,
+            conversation_digest=self._conversation_digest(),
+        )
+        try:
+            result = await workflow.execute_activity_method(
+                LlmActivities.call_llm, request, **options.model_call(self._task)
+            )
+        except ActivityError as err:
+            if _cancelled(err):
+                raise asyncio.CancelledError() from None
+            self._clock = _sample()
+            await self._model_failed(step, err)
+            return None
+        self._clock = _sample()
+        self._append(
+            draft(
+                Thought,
+                step,
+                **result.model_dump(exclude={"tool_calls"}),
+                tool_calls=result.tool_calls,
+            )
+        )
+        if result.tool_calls:
+            return None
+        self._append(draft(Done, step, result=result.content))
+        await self._close_stream()
+        usage, last_seq = self._state.usage, self._state.last_seq
+        return AgentOutcome(result=result.content, steps=step, usage=usage, last_seq=last_seq)
+
+    async def _model_failed(self, step: int, err: ActivityError) -> None:
+        cause = err.cause
+        if not (isinstance(cause, ApplicationError) and cause.type == errors.LLM_CONTEXT_TOO_LONG):
+            await self._fail("llm_error", f"the LLM call of step {step} failed: {_detail(err)}")
+            return
+        # Compact to what the endpoint takes and try the step again, while that shrinks.
+        fits = int(sum(r.tokens for r in self._state.conversation) * 0.7)
+        cap = self._state.context_limit_cap
+        if cap is not None and fits >= cap:
+            reason = (
+                f"the conversation does not fit the model's context even after compacting it "
+                f"({cause.message}); use a model with a larger context, or fork with a shorter "
+                "task"
+            )
+            await self._fail("context_too_long", reason)
+            return
+        message = f"{cause.message}; compacting to {fits} tokens and retrying"
+        self._append(
+            draft(
+                ErrorEvent,
+                step,
+                kind="context_length_exceeded",
+                message=message,
+                context_limit=fits,
+            )
+        )
+
+    async def _compact(self, step: int, start: int, end: int) -> None:
+        request = SummaryRequest(
+            step=step,
+            message_count=len(self._state.conversation),
+            start=start,
+            end=end,
+            model=self._task.model,
+            conversation_digest=self._conversation_digest(),
+        )
+        try:
+            result = await workflow.execute_activity_method(
+                LlmActivities.summarize_context, request, **options.model_call(self._task)
+            )
+        except ActivityError as err:
+            if _cancelled(err):
+                raise asyncio.CancelledError() from None
+            await self._fail("llm_error", f"summarizing the conversation failed: {_detail(err)}")
+            return
+        self._clock = _sample()
+        compacted = {"summary": result.summary, "usage": result.usage, "start": start, "end": end}
+        self._append(draft(ContextCompacted, self._state.step, **compacted))
+
+    async def _fail(self, kind: str, reason: str) -> None:
+        """End the task as failed, unless a resumption comes within RESUME_GRACE: a resume
+        sends one to a run still waiting, or resets a closed run to this very wait."""
+        self._append(draft(Failed, self._state.step, kind=kind, reason=reason))
+        try:
+            await workflow.wait_condition(lambda: bool(self._resumptions), timeout=RESUME_GRACE)
         except TimeoutError:
             await self._close_stream()
             raise ApplicationError(
                 reason, kind, type=errors.AGENT_FAILED, non_retryable=True
             ) from None
+        self._clock = _sample()
+        resumption = self._resumptions.pop(0)
+        limits = {"max_steps": resumption.max_steps, "token_budget": resumption.token_budget}
+        self._task = self._task.model_copy(update={k: v for k, v in limits.items() if v})
+        self._message = resumption.message or self._message
+        resumed = {"failure": resumption.failure, "failure_kind": resumption.failure_kind}
+        limits_now = {"max_steps": self._task.max_steps, "token_budget": self._task.token_budget}
+        self._append(draft(Resumed, self._state.step, **resumed, **limits_now))
 
-    def _unfinished_step(self) -> tuple[int, list[ToolCall], str | None] | None:
-        """The step the log stops inside of (a fork point): its calls lack observations."""
-        for event in reversed(self._log):
-            if isinstance(event, Thought):
-                observed = {
-                    e.call_id
-                    for e in self._log
-                    if isinstance(e, Observation) and e.step == event.step
-                }
-                if all(c.call_id in observed for c in event.tool_calls):
-                    return None
-                return event.step, event.tool_calls, event.content or None
-            if isinstance(event, UserMessage | Done):
-                return None
-        return None
+    async def _save_conversation(self, source: RunRef | None = None) -> None:
+        """Put the conversation's messages this run (or a fork's origin) holds in the store."""
+        snapshot = ConversationSnapshot(
+            step=self._state.step,
+            message_count=len(self._state.conversation),
+            conversation_digest=self._conversation_digest(),
+            source_workflow_id=source.workflow_id if source else None,
+            source_run_id=source.run_id if source else None,
+        )
+        config = options.conversation_save(self._task)
+        await workflow.execute_activity_method(LlmActivities.save_conversation, snapshot, **config)
+        self._clock = _sample()
 
-    async def _finish_step(
-        self, step: int, calls: list[ToolCall], model_reason: str | None
-    ) -> None:
-        """Actions, approvals, tool runs and observations of a step, skipping what is logged."""
-        logged = {e.call_id for e in self._log if isinstance(e, Action) and e.step == step}
-        for call in calls:
-            if call.call_id in logged:
-                continue
-            self._append(
-                Action(
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    arguments=call.arguments,
-                    raw_arguments=call.raw_arguments,
-                    needs_approval=call.needs_approval and call.problem is None,
-                    **self._meta(step),
-                )
-            )
-        await self._await_approvals(step, calls, model_reason)
-        observed = {e.call_id for e in self._log if isinstance(e, Observation) and e.step == step}
-        todo = [c for c in calls if c.call_id not in observed]
-        outputs = await asyncio.gather(*(self._run_call(step, c) for c in todo))
-        for call, output in zip(todo, outputs, strict=True):
-            self._append(
-                Observation(
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    output=output.output,
-                    is_error=output.is_error,
-                    **self._meta(step),
-                )
-            )
-
-    def _should_continue_as_new(self) -> bool:
-        if self._state.step == self._first_step_of_run:
-            return False  # a run makes progress before it hands over, whatever its size
+    async def _hand_over(self) -> None:
+        """Continue as new with a bounded carry: the conversation by reference, the stream's
+        latest items, and decisions not yet in the log."""
+        referenced = {r.digest for r in self._state.conversation}
+        if referenced & (set(self._content) - self._task_digests):
+            await self._save_conversation()
+        self._stream.truncate(carried_from(self._stream.get_state()))
         info = workflow.info()
-        if info.is_continue_as_new_suggested():
-            return True
-        if info.get_current_history_size() > HISTORY_BYTES_PER_RUN:
-            return True
-        every = self._task.continue_as_new_after_steps
-        return every is not None and self._state.step - self._first_step_of_run >= every
+        earlier = RunRef(
+            workflow_id=info.workflow_id, run_id=info.run_id, last_seq=self._state.last_seq
+        )
 
-    async def _continue_as_new(self, unfinished_step: int | None = None) -> None:
-        task = self._task  # with any limits raised since the start
-        # A step cut short (waiting for approval) goes on in the next run, from its events.
-        carried: list[AgentEvent] = []
-        if unfinished_step is not None:
-            start = max(
-                i
-                for i, e in enumerate(self._log)
-                if isinstance(e, Thought) and e.step == unfinished_step
-            )
-            carried = self._log[start:]
-        # The next run's input must stay far below the payload limit: the stream keeps its
-        # latest items (older offsets read as an explicit gap), the events stay in this run.
-        retained = self._stream.get_state()
-        end = retained.base_offset + len(retained.log)
-        kept, size = 0, 0
-        for item in reversed(retained.log):
-            size += len(item.data) + len(item.topic)
-            if kept >= STREAM_ITEMS_KEPT or size > STREAM_BYTES_KEPT:
-                break
-            kept += 1
-        if kept < len(retained.log):
-            self._stream.truncate(end - kept)
-
-        def next_run(stream: WorkflowStreamState) -> list[object]:
+        def next_run(stream: WorkflowStreamState) -> list[Any]:
+            decisions = self._early + self._inbox
             carry = RunCarry(
-                events=carried,
                 state=self._state,
                 stream=stream,
-                early_decisions=[d for d, _ in self._early_decisions.values()],
-                previous_run_id=workflow.info().run_id,
+                decisions=decisions,
+                message=self._message,
+                earlier=earlier,
             )
-            return [task, carry]
+            return [AgentRun(task=self._task, carry=carry)]
 
         await self._stream.continue_as_new(next_run)
 
-    async def _fit_context(self, step: int) -> None:
-        """Replace older turns by a summary when the conversation outgrows the task's limit."""
-        limit = self._task.context_limit_tokens
-        if limit is None:
-            return
-        span = compaction_range(self._state.messages, limit)
-        if span is None:
-            return
-        start, end = span
-        model = self._task.model
-        result: SummaryResult = await workflow.execute_activity(
-            "summarize_context",
-            SummaryRequest(
-                step=step,
-                message_count=len(self._state.messages),
-                start=start,
-                end=end,
-                model=model,
-            ),
-            result_type=SummaryResult,
-            **_model_call_options(model),
-        )
-        self._append(
-            ContextCompacted(
-                summary=result.summary,
-                start=start,
-                end=end,
-                usage=result.usage,
-                **self._meta(self._state.step),
-            )
-        )
+    def _progress(self, clock: _Clock | None = None) -> RunProgress:
+        clock = clock or self._clock
+        return RunProgress(self._first_step, clock.history_bytes, clock.suggested)
 
-    async def _call_llm(self, step: int) -> LlmResult:
-        model = self._task.model
-        try:
-            result: LlmResult = await workflow.execute_activity(
-                "call_llm",
-                LlmRequest(
-                    step=step,
-                    message_count=len(self._state.messages),
-                    model=model,
-                    conversation_digest=self._digest.of(self._state.messages),
-                ),
-                result_type=LlmResult,
-                **_model_call_options(model),
-            )
-            return result
-        except ActivityError as err:
-            if _cancelled(err):
-                raise
-            cause = err.cause
-            detail = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
-            failure = await self._fail("llm_error", f"the LLM call of step {step} failed: {detail}")
-            raise failure from None
+    def _conversation_digest(self) -> str:
+        return self._digest.of([r.digest for r in self._state.conversation])
 
-    # --- approval ---------------------------------------------------------------------------
+    # --- handlers: they only record -------------------------------------------------------
 
-    async def _await_approvals(
-        self, step: int, calls: list[ToolCall], model_reason: str | None
-    ) -> None:
-        waiting: list[str] = []
-        for call in calls:
-            if not call.needs_approval or call.problem is not None or call.arguments is None:
-                continue
-            request_id = request_id_for(step, call.call_id)
-            if request_id in self._state.decisions:
-                continue
-            waiting.append(request_id)
-            if request_id in self._state.pending_approvals:
-                continue  # requested before a fork point: still waiting
-            self._append(
-                ApprovalRequested(
-                    request_id=request_id,
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    arguments=call.arguments,
-                    reason=call.approval_reason,
-                    model_reason=model_reason,
-                    **self._meta(step),
-                )
-            )
-            if (early := self._early_decisions.pop(request_id, None)) is not None:
-                self._record_decision(*early)
-        if not waiting:
-            return
-        settings = self._task.approval
-        # A request carried over from an earlier run of this task keeps its deadline; a
-        # fork is a new task, whose pending requests wait afresh.
-        first_request = workflow.now()
-        if self._previous_run_id is not None:
-            first_request = min(
-                (
-                    pending.requested_at
-                    for r, pending in self._state.pending_approvals.items()
-                    if r in waiting
-                ),
-                default=first_request,
-            )
-        remaining = first_request + timedelta(seconds=settings.timeout_seconds) - workflow.now()
-        hand_over = workflow.patched(CONTINUE_AS_NEW_WHILE_WAITING_PATCH)
-
-        def decided() -> bool:
-            return all(r in self._state.decisions for r in waiting)
-
-        try:
-            if remaining <= timedelta(0):
-                raise TimeoutError
-            await workflow.wait_condition(
-                lambda: decided() or (hand_over and self._should_continue_as_new()),
-                timeout=remaining,
-            )
-            if not decided():
-                # The run is due to hand over while a person decides: the next run
-                # carries this step's events and waits on, from the same requests.
-                await self._continue_as_new(unfinished_step=step)
-        except TimeoutError:
-            for request_id in waiting:
-                if request_id not in self._state.decisions:
-                    self._append(
-                        ApprovalResolved(
-                            request_id=request_id,
-                            decision="timeout",
-                            message=f"no decision within {settings.timeout_seconds:g} s",
-                            via="timeout",
-                            **self._meta(step),
-                        )
-                    )
-            if settings.on_timeout == "fail":
-                raise await self._fail(
-                    "approval_timeout",
-                    f"no approval decision within {settings.timeout_seconds:g} s",
-                ) from None
-
-    async def _run_call(self, step: int, call: ToolCall) -> ToolResult:
-        if call.problem is not None or call.arguments is None:
-            return ToolResult(output=call.problem or "the call has no arguments", is_error=True)
-        arguments = call.arguments
-        note = ""
-        if call.needs_approval:
-            outcome = self._state.decisions[request_id_for(step, call.call_id)]
-            if outcome.decision == "timeout":
-                return ToolResult(
-                    output="Nobody decided on this call in time, so it was not run.", is_error=True
-                )
-            if outcome.decision == "reject":
-                why = f" The reviewer said: {outcome.message}" if outcome.message else ""
-                return ToolResult(
-                    output=f"A person rejected this {call.tool} call; it was not run.{why}",
-                    is_error=True,
-                )
-            arguments = outcome.arguments if outcome.arguments is not None else arguments
-            note = f"\n[approved with a note: {outcome.message}]" if outcome.message else ""
-        request = ToolRequest(
-            call_id=call.call_id,
-            tool=call.tool,
-            arguments=arguments,
-            idempotency_key=f"{workflow.info().workflow_id}/{step}/{call.call_id}",
-        )
-        try:
-            result: ToolResult
-            if call.local and call.retry_safe and workflow.patched(LOCAL_TOOLS_PATCH):
-                result = await workflow.execute_local_activity(
-                    "run_tool",
-                    request,
-                    result_type=ToolResult,
-                    start_to_close_timeout=LOCAL_TOOL_TIMEOUT,
-                    retry_policy=RETRY_SAFE_TOOL,
-                )
-            else:
-                result = await workflow.execute_activity(
-                    "run_tool",
-                    request,
-                    result_type=ToolResult,
-                    start_to_close_timeout=TOOL_START_TO_CLOSE,
-                    heartbeat_timeout=TOOL_HEARTBEAT_TIMEOUT,
-                    retry_policy=RETRY_SAFE_TOOL if call.retry_safe else ONCE_ONLY_TOOL,
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                )
-        except ActivityError as err:
-            if _cancelled(err):
-                raise
-            lost = "it may or may not have taken effect; it was not run again"
-            detail = (
-                err.cause.message if isinstance(err.cause, ApplicationError) else str(err.cause)
-            )
-            return ToolResult(
-                output=f"{call.tool} did not complete ({detail}): {lost}", is_error=True
-            )
-        return result.model_copy(update={"output": result.output + note}) if note else result
-
-    def _record_decision(self, decision: Decision, via: Via) -> DecisionOutcome:
-        existing = self._state.decisions.get(decision.request_id)
-        if existing is not None:
-            if not decision.repeats(existing):
-                raise ApplicationError(
-                    f"request {decision.request_id} was already decided: {existing.decision}",
-                    type=errors.DECISION_CONFLICT,
-                )
-            return existing.model_copy(update={"duplicate": True})
-        self._append(
-            ApprovalResolved(
-                request_id=decision.request_id,
-                decision=decision.decision,
-                approver=decision.approver,
-                message=decision.message,
-                arguments=decision.arguments,
-                via=via,
-                **self._meta(self._state.step),
-            )
-        )
-        return self._state.decisions[decision.request_id]
-
-    def _check_decision(self, decision: Decision) -> None:
-        existing = self._state.decisions.get(decision.request_id)
-        if existing is not None:
-            if not decision.repeats(existing):
-                raise ApplicationError(
-                    f"request {decision.request_id} was already decided: {existing.decision}"
-                    + (f" by {existing.approver}" if existing.approver else ""),
-                    type=errors.DECISION_CONFLICT,
-                )
-            return
-        if decision.request_id not in self._state.pending_approvals:
-            if self._state.finished or not self._state.pending_approvals:
-                raise ApplicationError(
-                    f"task is {self._state.status}, not waiting for approval "
-                    f"(request {decision.request_id})",
-                    type=errors.TASK_NOT_WAITING,
-                )
-            raise ApplicationError(
-                f"unknown approval request {decision.request_id}; pending: "
-                + ", ".join(self._state.pending_approvals),
-                type=errors.UNKNOWN_REQUEST,
-            )
-
-    @workflow.update(name="decide")
-    async def decide(self, decision: Decision) -> DecisionOutcome:
+    @workflow.update(name=DECIDE_UPDATE)
+    def decide(self, decision: Decision) -> DecisionOutcome:
         """Approve or reject one request. Repeating a decision returns the first outcome."""
-        return self._record_decision(decision, "update")
+        existing = approval.outcome_of(self._state, decision.request_id, self._inbox)
+        if existing is not None:
+            return existing.model_copy(update={"duplicate": True})
+        self._inbox.append(approval.RecordedDecision(decision=decision, via="update"))
+        return DecisionOutcome(
+            **decision.model_dump(exclude={"decision"}), decision=decision.decision
+        )
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
-        self._check_decision(decision)
+        problem = approval.decision_problem(self._state, decision, self._inbox)
+        if problem is not None:
+            raise ApplicationError(problem.message, type=problem.kind)
 
-    @workflow.signal(name="approve")
+    @workflow.signal(name=APPROVE_SIGNAL)
     def approve(self, decision: Decision) -> None:
         """Approve a request (for `temporal workflow signal --name approve`)."""
-        self._signal_decision(decision.model_copy(update={"decision": "approve"}))
+        approved = decision.model_copy(update={"decision": "approve"})
+        self._inbox.append(approval.RecordedDecision(decision=approved, via="signal"))
 
-    @workflow.signal(name="reject")
+    @workflow.signal(name=REJECT_SIGNAL)
     def reject(self, decision: Decision) -> None:
         """Reject a request (for `temporal workflow signal --name reject`)."""
-        self._signal_decision(decision.model_copy(update={"decision": "reject"}))
+        rejected = decision.model_copy(update={"decision": "reject"})
+        self._inbox.append(approval.RecordedDecision(decision=rejected, via="signal"))
 
-    def _signal_decision(self, decision: Decision) -> None:
-        request_id = decision.request_id
-        if request_id in self._state.decisions:
-            existing = self._state.decisions[request_id]
-            self._append(
-                ErrorEvent(
-                    kind="duplicate_decision",
-                    message=f"ignored a second decision ({decision.decision}) for request "
-                    f"{request_id}, already decided: {existing.decision}",
-                    **self._meta(self._state.step),
-                )
-            )
-        elif request_id in self._state.pending_approvals:
-            self._record_decision(decision, "signal")
-        elif self._state.finished:
-            self._append(
-                ErrorEvent(
-                    kind="late_decision",
-                    message=f"ignored a decision for request {request_id}: the task has ended",
-                    **self._meta(self._state.step),
-                )
-            )
-        elif len(self._early_decisions) >= EARLY_DECISIONS_KEPT:
-            self._append(
-                ErrorEvent(
-                    kind="unknown_request",
-                    message=f"ignored a decision for request {request_id}: no such request, "
-                    f"and {EARLY_DECISIONS_KEPT} decisions already wait for theirs",
-                    **self._meta(self._state.step),
-                )
-            )
-        else:
-            # A fast approver can decide before the step that asks reaches its wait.
-            self._early_decisions[request_id] = (decision, "signal")
-
-    @workflow.signal(name="resume_after_failure")
+    @workflow.signal(name=RESUME_SIGNAL)
     def resume_after_failure(self, resumption: Resumption) -> None:
         """Sent right after a reset of a failed task: raise its limits, note what failed."""
-        updates: dict[str, object] = {}
-        if resumption.max_steps is not None:
-            updates["max_steps"] = resumption.max_steps
-        if resumption.token_budget is not None:
-            updates["token_budget"] = resumption.token_budget
-        self._task = self._task.model_copy(update=updates)
-        self._resumed = True
-        self._append(
-            Resumed(
-                failure=resumption.failure,
-                failure_kind=resumption.failure_kind,
-                max_steps=self._task.max_steps,
-                token_budget=self._task.token_budget,
-                **self._meta(self._state.step),
-            )
-        )
+        self._resumptions.append(resumption)
+
+    @workflow.signal(name=REPAIRED_SIGNAL)
+    def repaired(self, note: RepairNote) -> None:
+        """Sent right after a repair reset: the log records it at the loop's next turn."""
+        self._repairs.append(note)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -673,73 +497,50 @@ class AgentWorkflow:
         return self._state
 
     @workflow.query(name="events")
-    def events(self, since: int = 0) -> EventPage:
-        """Events with seq >= since."""
-        start = max(0, since - self._first_seq)
-        return EventPage(
-            events=self._log[start:],
-            next_seq=self._first_seq + len(self._log),
-            first_seq=self._first_seq,
-            previous_run_id=self._previous_run_id,
-        )
+    def events(self, request: EventsRequest) -> EventPage:
+        """Events with seq >= since that this run holds, at most `limit` (and ~1 MB)."""
+        return event_page(self._log, self._first_seq, self._earlier, request)
 
     @workflow.query(name="llm_context")
     def llm_context(self, message_count: int) -> LlmContext:
-        """The conversation an LLM step reads (its first `message_count` messages)."""
+        """The conversation of an LLM step: the content this run holds, the rest by digest."""
+        refs = self._state.conversation[:message_count]
         return LlmContext(
-            messages=self._state.messages[:message_count],
+            messages=[self._content.get(r.digest) for r in refs],
+            digests=[r.digest for r in refs],
             tools=self._task.tools,
             approval_policy=self._task.approval.policy,
         )
 
+    @workflow.query(name="conversation_content")
+    def conversation_content(self, digests: list[str]) -> dict[str, ChatMessage]:
+        """The messages with these digests that this run holds."""
+        return {d: self._content[d] for d in digests if d in self._content}
+
     # --- the log ----------------------------------------------------------------------------
 
-    def _meta(self, step: int) -> dict[str, object]:
-        return {
-            "seq": self._first_seq + len(self._log),
-            "step": step,
-            "at": workflow.now(),
-            "history_length": workflow.info().get_current_history_length(),
-        }
-
     def _append(self, event: AgentEvent) -> None:
+        """Stamp the event with its place and time, fold it, publish it, keep its content."""
+        clock = self._clock
+        stamp = {
+            "seq": self._state.last_seq + 1,
+            "at": clock.now,
+            "history_length": clock.history_length,
+        }
+        event = event.model_copy(update=stamp)
         self._state = apply(self._state, event)
         self._log.append(event)
+        for message in messages_of(event):
+            self._content[message_digest(message)] = message
         self._events_topic.publish(event)
-        self._publish_status()
-
-    def _publish_status(self) -> None:
-        """Keep the search attributes (every step) and the memo (every status) current."""
-        pending = self._state.pending_approvals.values()
-        waiting_since = min((p.requested_at for p in pending), default=None)
-        current = (self._state.status, self._state.step, waiting_since)
-        if current == self._published_status:
-            return
-        self._published_status = current
-        updates: list[SearchAttributeUpdate[Any]] = [
-            search.AGENT_STATUS.value_set(self._state.status),
-            search.AGENT_STEP.value_set(self._state.step),
-            search.AGENT_MODEL.value_set(self._task.model.name),
-            search.AGENT_WAITING_SINCE.value_set(waiting_since)
-            if waiting_since is not None
-            else search.AGENT_WAITING_SINCE.value_unset(),
-        ]
-        workflow.upsert_search_attributes(updates)
-        memo: dict[str, object] = {"status": self._state.status}
-        if pending:
-            memo["waiting_for"] = ", ".join(f"{p.tool} [{p.request_id}]" for p in pending)
-        if workflow.patched(MEMO_ON_STATUS_PATCH):
-            if memo == self._published_memo:
-                return  # the step is in AgentStep; a memo write per step costs history
-            self._published_memo = memo
-        else:
-            memo["step"] = self._state.step
-        workflow.upsert_memo(memo)
-
-    async def _fail(self, kind: str, reason: str) -> ApplicationError:
-        self._append(Failed(kind=kind, reason=reason, **self._meta(self._state.step)))
-        await self._close_stream()
-        return ApplicationError(reason, kind, type=errors.AGENT_FAILED, non_retryable=True)
+        model = self._task.model.name
+        self._published, updates, memo = search.visibility_updates(
+            self._state, model, self._published
+        )
+        if updates:
+            workflow.upsert_search_attributes(updates)
+        if memo is not None:
+            workflow.upsert_memo(memo)
 
     async def _close_stream(self) -> None:
         # Release long-poll subscribers and let every handler finish before the run ends.

@@ -2,20 +2,28 @@
 
 # The model endpoint refused the request (400/401/403/404/422): retrying cannot help.
 LLM_REQUEST_REJECTED = "LlmRequestRejected"
+# The conversation is longer than the model's context: the workflow compacts and retries.
+LLM_CONTEXT_TOO_LONG = "LlmContextTooLong"
 # Worth retrying: 408/409/429/5xx, timeouts, dropped connections.
 LLM_UNAVAILABLE = "LlmUnavailable"
 # The endpoint answered with something that is not a chat completion.
 LLM_MALFORMED_RESPONSE = "LlmMalformedResponse"
 # The task names a real model but the worker has no endpoint configured.
 LLM_NOT_CONFIGURED = "LlmNotConfigured"
+# Messages of the conversation are neither in the task's runs nor in the store.
+CONVERSATION_LOST = "ConversationLost"
 
 # The workflow ends as failed with one of these: max_steps, token_budget, llm_error, ...
 AGENT_FAILED = "AgentFailed"
-AGENT_CANCELLED = "AgentCancelled"
 
 # Approval decisions that are refused before they enter history.
 UNKNOWN_REQUEST = "UnknownApprovalRequest"
 DECISION_CONFLICT = "DecisionConflict"
 TASK_NOT_WAITING = "TaskNotWaiting"
 
-NON_RETRYABLE_LLM_ERRORS = [LLM_REQUEST_REJECTED, LLM_NOT_CONFIGURED]
+NON_RETRYABLE_LLM_ERRORS = [
+    LLM_REQUEST_REJECTED,
+    LLM_NOT_CONFIGURED,
+    LLM_CONTEXT_TOO_LONG,
+    CONVERSATION_LOST,
+]

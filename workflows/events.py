@@ -1,31 +1,46 @@
 """The event log and its fold: every step appends events, state is reduce(apply, events).
 
-Pure functions and models only: no I/O, no clock (events carry `at` from workflow.now()).
+Pure functions and models only: no I/O, no clock (events carry `at` from the workflow's
+deterministic clock). The state is what drives the loop (see workflows/plan.py) and what a
+run hands the next, so everything in it is bounded whatever the task's length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from functools import reduce
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter
 
-from workflows.context import SUMMARY_PREFIX
+from workflows.conversation import (
+    MessageRef,
+    assistant_message,
+    message_digest,
+    ref_of,
+    summary_message,
+    task_messages,
+    tool_message,
+)
 from workflows.models import (
     AgentTask,
     ChatMessage,
     Contract,
     DecisionOutcome,
     ToolCall,
-    ToolCallRequest,
     Usage,
 )
 
 Status = Literal["pending", "running", "waiting_approval", "done", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
-STEP_USAGE_KEPT = 100  # per-step usage of the latest steps; the total covers all of them
+STEP_USAGE_KEPT = 20  # per-step usage of the latest steps; the total covers all of them
+DECISIONS_KEPT = 50  # decisions of closed steps kept to answer repeats with the first outcome
+ERRORS_KEPT = 20
+REJECTED_CALLS_KEPT = 20
+RESULT_EXCERPT_CHARS = 500  # of each output of the last step, for the repeated-call note
 
 
 class EventBase(Contract):
@@ -33,7 +48,7 @@ class EventBase(Contract):
     step: int = Field(ge=0, description="The LLM step this event belongs to (0 before the first).")
     at: datetime
     history_length: int = Field(
-        default=0, description="Temporal history length when the event was appended (reset point)."
+        default=0, description="Temporal history length when the event was appended."
     )
 
 
@@ -53,6 +68,9 @@ class Thought(EventBase):
     finish_reason: str | None = None
     model: str = ""
     attempt: int = 1
+    calls_from_text: bool = Field(
+        default=False, description="The tool calls were recovered from the model's text."
+    )
 
 
 class Action(EventBase):
@@ -90,6 +108,7 @@ class ApprovalResolved(EventBase):
     message: str | None = None
     arguments: dict[str, Any] | None = None
     via: Literal["update", "signal", "timeout"] = "update"
+    decision_id: str | None = None
 
 
 class ErrorEvent(EventBase):
@@ -98,6 +117,9 @@ class ErrorEvent(EventBase):
     type: Literal["error"] = "error"
     kind: str
     message: str
+    context_limit: int | None = Field(
+        default=None, description="With kind context_length_exceeded: the tokens that fit."
+    )
 
 
 class Resumed(EventBase):
@@ -110,8 +132,17 @@ class Resumed(EventBase):
     token_budget: int | None = None
 
 
+class Repaired(EventBase):
+    """A task whose workflow task kept failing was reset to its last good workflow task."""
+
+    type: Literal["repaired"] = "repaired"
+    problem: str
+    reset_to_event: int = Field(description="The history event the task was reset to.")
+    by: str = Field(description="Who repaired it: a person's command or the worker.")
+
+
 class UserMessage(EventBase):
-    """A message from the user added to the conversation (a fork's edited message)."""
+    """A message from the user added to the conversation (a fork's or a resume's)."""
 
     type: Literal["user_message"] = "user_message"
     content: str
@@ -152,6 +183,7 @@ AgentEvent = Annotated[
     | ApprovalResolved
     | ErrorEvent
     | Resumed
+    | Repaired
     | UserMessage
     | ContextCompacted
     | Done
@@ -161,6 +193,40 @@ AgentEvent = Annotated[
 ]
 agent_event_adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
 TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+
+E = TypeVar("E", bound=EventBase)
+_UNSTAMPED = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def draft(event_type: type[E], step: int, /, **fields: Any) -> E:
+    """An event as pure code decides it; the log stamps its seq and time when it is appended."""
+    return event_type(seq=0, step=step, at=_UNSTAMPED, **fields)
+
+
+def messages_of(event: AgentEvent) -> list[ChatMessage]:
+    """The messages an event adds to the conversation (most add none)."""
+    match event:
+        case TaskStarted():
+            return task_messages(event.task.system_prompt, event.task.task)
+        case Thought():
+            return [assistant_message(event.content, event.tool_calls)]
+        case Observation():
+            return [tool_message(event.call_id, event.output)]
+        case UserMessage():
+            return [ChatMessage(role="user", content=event.content)]
+        case ContextCompacted():
+            return [summary_message(event.summary)]
+    return []
+
+
+def call_signature(call: ToolCall) -> str:
+    """Identical calls (same tool, same arguments) have the same signature."""
+    arguments = (
+        json.dumps(call.arguments, sort_keys=True, separators=(",", ":"))
+        if call.arguments is not None
+        else call.raw_arguments
+    )
+    return hashlib.sha256(f"{call.tool}\0{arguments}".encode()).hexdigest()[:16]
 
 
 class PendingApproval(Contract):
@@ -174,13 +240,45 @@ class PendingApproval(Contract):
     step: int
 
 
+class OpenStep(Contract):
+    """The step whose tool calls have not all been observed yet."""
+
+    step: int
+    calls: list[ToolCall]
+    model_reason: str | None = None
+    announced: list[str] = Field(
+        default_factory=list, description="call ids whose action event is in the log"
+    )
+    outputs: dict[str, str] = Field(
+        default_factory=dict, description="call id -> the start of its observation"
+    )
+    timed_out: bool = Field(
+        default=False, description="A request of this step waited past its deadline."
+    )
+
+    def unannounced(self) -> list[ToolCall]:
+        return [c for c in self.calls if c.call_id not in self.announced]
+
+    def unobserved(self) -> list[ToolCall]:
+        return [c for c in self.calls if c.call_id not in self.outputs]
+
+
+class RejectedCall(Contract):
+    step: int
+    message: str | None = None
+
+
 class AgentState(Contract):
-    """The fold of a task's events: what a query, the CLI and the API show."""
+    """The fold of a task's events: what drives the loop, and what queries and the API show."""
 
     task_id: str = ""
     status: Status = "pending"
     step: int = 0
-    messages: list[ChatMessage] = Field(default_factory=list)
+    conversation: list[MessageRef] = Field(
+        default_factory=list,
+        description="The messages the model is sent, by reference (content in the events).",
+    )
+    open_step: OpenStep | None = None
     pending_approvals: dict[str, PendingApproval] = Field(default_factory=dict)
     decisions: dict[str, DecisionOutcome] = Field(default_factory=dict)
     result: str | None = None
@@ -189,13 +287,208 @@ class AgentState(Contract):
     errors: list[str] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     step_usage: dict[int, Usage] = Field(
-        default_factory=dict, description="Usage of each of the latest 100 steps."
+        default_factory=dict, description="Usage of each of the latest steps."
     )
     last_seq: int = -1
+    repeated_steps: int = Field(
+        default=0, description="Consecutive steps that repeated an identical tool call."
+    )
+    last_step_calls: dict[str, str] = Field(
+        default_factory=dict,
+        description="Signature -> start of the output of each call of the last closed step.",
+    )
+    rejected_calls: dict[str, RejectedCall] = Field(
+        default_factory=dict, description="Signatures of calls a person rejected (latest)."
+    )
+    context_limit_cap: int | None = Field(
+        default=None, description="Tokens the model's endpoint said it takes, when it said so."
+    )
 
     @property
     def finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+Changes = dict[str, Any]
+
+
+def _latest(mapping: dict[Any, Any], kept: int) -> dict[Any, Any]:
+    return dict(list(mapping.items())[-kept:]) if len(mapping) > kept else mapping
+
+
+def _task_started(state: AgentState, event: TaskStarted) -> Changes:
+    messages = messages_of(event)
+    return {
+        "task_id": event.task_id,
+        "status": "running",
+        "conversation": [ref_of(m) for m in messages],
+    }
+
+
+def _thought(state: AgentState, event: Thought) -> Changes:
+    recent = {k: v for k, v in state.step_usage.items() if k > event.step - STEP_USAGE_KEPT}
+    repeats = any(call_signature(c) in state.last_step_calls for c in event.tool_calls)
+    changes: Changes = {
+        "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))],
+        "usage": state.usage + event.usage,
+        "step_usage": {**recent, event.step: event.usage},
+        "repeated_steps": state.repeated_steps + 1 if repeats else 0,
+        "open_step": None,
+    }
+    if event.tool_calls:
+        changes["open_step"] = OpenStep(
+            step=event.step, calls=event.tool_calls, model_reason=event.content or None
+        )
+    return changes
+
+
+def _action(state: AgentState, event: Action) -> Changes:
+    step = state.open_step
+    if step is None or event.call_id in step.announced:
+        return {}
+    return {"open_step": step.model_copy(update={"announced": [*step.announced, event.call_id]})}
+
+
+def _observation(state: AgentState, event: Observation) -> Changes:
+    changes: Changes = {
+        "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))]
+    }
+    step = state.open_step
+    if step is None or event.call_id not in {c.call_id for c in step.calls}:
+        return changes
+    outputs = {**step.outputs, event.call_id: event.output[:RESULT_EXCERPT_CHARS]}
+    if len(outputs) < len(step.calls):
+        changes["open_step"] = step.model_copy(update={"outputs": outputs})
+        return changes
+    # The step closes: remember what its calls gave, and forget decisions of long ago.
+    changes["open_step"] = None
+    changes["last_step_calls"] = {call_signature(c): outputs[c.call_id] for c in step.calls}
+    changes["decisions"] = _latest(state.decisions, DECISIONS_KEPT)
+    return changes
+
+
+def _approval_requested(state: AgentState, event: ApprovalRequested) -> Changes:
+    pending = PendingApproval(
+        request_id=event.request_id,
+        call_id=event.call_id,
+        tool=event.tool,
+        arguments=event.arguments,
+        reason=event.reason,
+        model_reason=event.model_reason,
+        requested_at=event.at,
+        step=event.step,
+    )
+    return {
+        "pending_approvals": {**state.pending_approvals, event.request_id: pending},
+        "status": "waiting_approval",
+    }
+
+
+def _approval_resolved(state: AgentState, event: ApprovalResolved) -> Changes:
+    request = state.pending_approvals.get(event.request_id)
+    remaining = {k: v for k, v in state.pending_approvals.items() if k != event.request_id}
+    outcome = DecisionOutcome(
+        request_id=event.request_id,
+        decision=event.decision,
+        approver=event.approver,
+        message=event.message,
+        arguments=event.arguments,
+        decision_id=event.decision_id,
+    )
+    changes: Changes = {
+        "pending_approvals": remaining,
+        "decisions": {**state.decisions, event.request_id: outcome},
+        "status": "waiting_approval" if remaining else "running",
+    }
+    if event.decision == "timeout" and state.open_step is not None:
+        changes["open_step"] = state.open_step.model_copy(update={"timed_out": True})
+    if event.decision == "reject" and request is not None:
+        call = ToolCall(
+            call_id=request.call_id,
+            tool=request.tool,
+            raw_arguments="",
+            arguments=request.arguments,
+        )
+        rejected = {
+            **state.rejected_calls,
+            call_signature(call): RejectedCall(step=event.step, message=event.message),
+        }
+        changes["rejected_calls"] = _latest(rejected, REJECTED_CALLS_KEPT)
+    return changes
+
+
+def _error(state: AgentState, event: ErrorEvent) -> Changes:
+    changes: Changes = {"errors": [*state.errors, f"{event.kind}: {event.message}"][-ERRORS_KEPT:]}
+    if event.context_limit is not None:
+        cap = state.context_limit_cap
+        changes["context_limit_cap"] = min(cap, event.context_limit) if cap else event.context_limit
+    return changes
+
+
+def _resumed(state: AgentState, event: Resumed) -> Changes:
+    # A task stopped for repeating itself, or for a request nobody decided, goes on: the
+    # next repeat is counted afresh and the undecided calls are reported as not run.
+    step = state.open_step
+    return {
+        "status": "running",
+        "failure": None,
+        "failure_kind": None,
+        "result": None,
+        "repeated_steps": 0,
+        "open_step": step.model_copy(update={"timed_out": False}) if step else None,
+    }
+
+
+def _context_compacted(state: AgentState, event: ContextCompacted) -> Changes:
+    summary = [ref_of(m) for m in messages_of(event)]
+    refs = state.conversation
+    return {
+        "conversation": [*refs[: event.start], *summary, *refs[event.end :]],
+        "usage": state.usage + event.usage,
+    }
+
+
+def _user_message(state: AgentState, event: UserMessage) -> Changes:
+    return {
+        "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))],
+        "status": "running",
+        "result": None,
+        "repeated_steps": 0,
+    }
+
+
+def _done(state: AgentState, event: Done) -> Changes:
+    return {"status": "done", "result": event.result}
+
+
+def _failed(state: AgentState, event: Failed) -> Changes:
+    return {"status": "failed", "failure": event.reason, "failure_kind": event.kind}
+
+
+def _cancelled(state: AgentState, event: Cancelled) -> Changes:
+    return {"status": "cancelled", "failure": event.reason, "pending_approvals": {}}
+
+
+def _nothing(state: AgentState, event: Any) -> Changes:
+    return {}
+
+
+_APPLY: dict[str, Callable[[AgentState, Any], Changes]] = {
+    "task_started": _task_started,
+    "thought": _thought,
+    "action": _action,
+    "observation": _observation,
+    "approval_requested": _approval_requested,
+    "approval_resolved": _approval_resolved,
+    "error": _error,
+    "resumed": _resumed,
+    "repaired": _nothing,
+    "user_message": _user_message,
+    "context_compacted": _context_compacted,
+    "done": _done,
+    "failed": _failed,
+    "cancelled": _cancelled,
+}
 
 
 def apply(state: AgentState, event: AgentEvent) -> AgentState:
@@ -204,88 +497,19 @@ def apply(state: AgentState, event: AgentEvent) -> AgentState:
         raise ValueError(
             f"event seq {event.seq} does not follow {state.last_seq}: the log has a gap"
         )
-    changes: dict[str, Any] = {"last_seq": event.seq, "step": max(state.step, event.step)}
-    match event:
-        case TaskStarted():
-            changes.update(
-                task_id=event.task_id,
-                status="running",
-                messages=[
-                    ChatMessage(role="system", content=event.task.system_prompt),
-                    ChatMessage(role="user", content=event.task.task),
-                ],
-            )
-        case Thought():
-            message = ChatMessage(
-                role="assistant",
-                content=event.content or None,
-                tool_calls=[
-                    ToolCallRequest(id=c.call_id, name=c.tool, arguments=c.raw_arguments)
-                    for c in event.tool_calls
-                ],
-            )
-            recent = {k: v for k, v in state.step_usage.items() if k > event.step - STEP_USAGE_KEPT}
-            changes.update(
-                messages=[*state.messages, message],
-                usage=state.usage + event.usage,
-                step_usage={**recent, event.step: event.usage},
-            )
-        case Observation():
-            message = ChatMessage(role="tool", content=event.output, tool_call_id=event.call_id)
-            changes["messages"] = [*state.messages, message]
-        case ApprovalRequested():
-            pending = PendingApproval(
-                request_id=event.request_id,
-                call_id=event.call_id,
-                tool=event.tool,
-                arguments=event.arguments,
-                reason=event.reason,
-                model_reason=event.model_reason,
-                requested_at=event.at,
-                step=event.step,
-            )
-            changes.update(
-                pending_approvals={**state.pending_approvals, event.request_id: pending},
-                status="waiting_approval",
-            )
-        case ApprovalResolved():
-            remaining = {k: v for k, v in state.pending_approvals.items() if k != event.request_id}
-            outcome = DecisionOutcome(
-                request_id=event.request_id,
-                decision=event.decision,
-                approver=event.approver,
-                message=event.message,
-                arguments=event.arguments,
-            )
-            changes.update(
-                pending_approvals=remaining,
-                decisions={**state.decisions, event.request_id: outcome},
-                status="waiting_approval" if remaining else "running",
-            )
-        case ErrorEvent():
-            changes["errors"] = [*state.errors, f"{event.kind}: {event.message}"]
-        case Resumed():
-            changes.update(status="running", failure=None, failure_kind=None, result=None)
-        case ContextCompacted():
-            summary = ChatMessage(role="user", content=SUMMARY_PREFIX + event.summary)
-            changes.update(
-                messages=[*state.messages[: event.start], summary, *state.messages[event.end :]],
-                usage=state.usage + event.usage,
-            )
-        case UserMessage():
-            message = ChatMessage(role="user", content=event.content)
-            changes.update(messages=[*state.messages, message], status="running", result=None)
-        case Done():
-            changes.update(status="done", result=event.result)
-        case Failed():
-            changes.update(status="failed", failure=event.reason, failure_kind=event.kind)
-        case Cancelled():
-            changes.update(status="cancelled", failure=event.reason, pending_approvals={})
-        case Action():
-            pass
+    changes = _APPLY[event.type](state, event)
+    changes["last_seq"] = event.seq
+    changes["step"] = max(state.step, event.step)
     return state.model_copy(update=changes)
 
 
 def fold(events: Iterable[AgentEvent], initial: AgentState | None = None) -> AgentState:
     """The state a log describes: `reduce(apply, events)`."""
     return reduce(apply, events, initial if initial is not None else AgentState())
+
+
+def conversation_of(events: list[AgentEvent], state: AgentState | None = None) -> list[ChatMessage]:
+    """The messages the model is sent after `events` (their content is in the events)."""
+    content = {message_digest(m): m for event in events for m in messages_of(event)}
+    folded = state if state is not None else fold(events)
+    return [content[ref.digest] for ref in folded.conversation]

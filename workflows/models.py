@@ -1,14 +1,15 @@
 """Contracts that cross a boundary: workflow input, activity inputs and results, decisions.
 
-Everything here is stored in Temporal history, so these shapes are contracts:
-fields are only ever added, optional, never renamed or removed.
+Everything here is stored in Temporal history, so these shapes are contracts: once a
+release promises replay compatibility (see README, "Versions"), fields are only added,
+optional, never renamed or removed.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OFFLINE_MODEL = "offline"
 
@@ -23,6 +24,15 @@ class Contract(BaseModel):
     """Base for every stored model: unknown fields are refused, not silently dropped."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must contain something other than whitespace")
+    return value
+
+
+ToolChoice = Literal["auto", "none", "required"] | str
 
 
 class ModelSettings(Contract):
@@ -41,10 +51,34 @@ class ModelSettings(Contract):
         default=120,
         ge=0.1,
         le=3600,
-        description="Longest wait for the next streamed chunk before the attempt is retried.",
+        description="Longest wait for the next streamed chunk once the answer has started.",
+    )
+    first_chunk_timeout_seconds: float = Field(
+        default=300,
+        ge=0.1,
+        le=7200,
+        description="Longest wait for the first streamed chunk: a model served on a CPU may "
+        "take minutes to read a long prompt before it says anything.",
     )
     max_attempts: int = Field(
         default=8, ge=1, le=100, description="LLM attempts per step, retries included."
+    )
+    context_window_tokens: int | None = Field(
+        default=None,
+        ge=1000,
+        le=10_000_000,
+        description="The model's context window; default from a table of well-known models, "
+        "else a safe 16,000.",
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        max_length=64,
+        description="auto, none, required, or the name of the one tool the model must call.",
+    )
+    recover_text_tool_calls: bool = Field(
+        default=True,
+        description="Treat a tool call the model wrote as text (a JSON object, a ```json "
+        "block, <tool_call> tags) as that tool call when no structured call came.",
     )
 
 
@@ -94,15 +128,32 @@ class AgentTask(Contract):
         ge=500,
         le=10_000_000,
         description="Estimated tokens the conversation sent to the model may take; past it, "
-        "older turns are replaced by a summary the model writes.",
+        "older turns are replaced by a summary the model writes. Default: the model's "
+        "context window less room for the answer.",
     )
     continue_as_new_after_steps: int | None = Field(
         default=None,
         ge=1,
         le=100_000,
         description="Start a fresh run (continue-as-new) after this many steps in one run; "
-        "Temporal's own suggestion triggers it too.",
+        "the run's history size and Temporal's own suggestion trigger it too.",
     )
+    max_repeated_calls: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Consecutive steps that repeat an identical tool call before the task "
+        "ends failed with kind 'stuck' (resumable with a message).",
+    )
+    heartbeat_timeout_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        le=600,
+        description="Heartbeat timeout of model and tool calls: how soon a dead worker's call "
+        "is retried elsewhere. Default 5 s (see README, Performance).",
+    )
+
+    _task_not_blank = field_validator("task")(_not_blank)
 
 
 class ToolCallRequest(Contract):
@@ -163,21 +214,24 @@ class ToolCall(Contract):
         "saving a round trip through the server.",
     )
 
+    @property
+    def runnable(self) -> bool:
+        return self.problem is None and self.arguments is not None
+
 
 class LlmRequest(Contract):
     """Input of `call_llm`: a reference to the conversation, never the conversation itself.
 
     The activity rebuilds the conversation from what its worker saw (its previous call for
     the task and the tool results since) when that matches `conversation_digest`, and
-    otherwise reads the first `message_count` messages from the workflow through the
-    `llm_context` query. Either way each message enters history once, as the result that
-    made it.
+    otherwise reads it through the workflow's `llm_context` query and the conversation
+    store. Either way each message enters history once, as the result that made it.
     """
 
     step: int
     message_count: int
     model: ModelSettings
-    conversation_digest: str | None = None
+    conversation_digest: str
 
 
 class SummaryRequest(Contract):
@@ -188,6 +242,7 @@ class SummaryRequest(Contract):
     start: int
     end: int
     model: ModelSettings
+    conversation_digest: str
 
 
 class SummaryResult(Contract):
@@ -195,10 +250,23 @@ class SummaryResult(Contract):
     usage: Usage = Field(default_factory=Usage)
 
 
-class LlmContext(Contract):
-    """What the LLM activity reads from the workflow: the conversation and the tool setup."""
+class ConversationSnapshot(Contract):
+    """Input of `save_conversation`: put the conversation's messages in the store, reading
+    them from this run, or from a source run (a fork's origin)."""
 
-    messages: list[ChatMessage]
+    step: int
+    message_count: int
+    conversation_digest: str
+    source_workflow_id: str | None = None
+    source_run_id: str | None = None
+
+
+class LlmContext(Contract):
+    """What the `llm_context` query answers: the conversation's messages this run holds
+    (None where a message is in the conversation store), their digests, and the tools."""
+
+    messages: list[ChatMessage | None]
+    digests: list[str]
     tools: list[str] | None
     approval_policy: dict[str, ApprovalRule]
 
@@ -212,6 +280,9 @@ class LlmResult(Contract):
     finish_reason: str | None = None
     model: str = ""
     attempt: int = 1
+    calls_from_text: bool = Field(
+        default=False, description="The tool calls were recovered from the model's text."
+    )
 
 
 class ToolRequest(Contract):
@@ -228,16 +299,29 @@ class ToolResult(Contract):
     is_error: bool = False
 
 
+def idempotency_key(task_id: str, step: int, call_id: str) -> str:
+    """The key of one tool call, the same on every retry: `workflow_id/step/call_id`."""
+    return f"{task_id}/{step}/{call_id}"
+
+
 class Decision(Contract):
     """A person's answer to one approval request (Update `decide`, Signals `approve`/`reject`)."""
 
-    request_id: str = Field(min_length=1)
+    request_id: str = Field(min_length=1, max_length=200)
     decision: Decider = "approve"
     arguments: dict[str, Any] | None = Field(
         default=None, description="Edited arguments to run instead of the model's."
     )
-    message: str | None = Field(default=None, description="Told to the model with the outcome.")
-    approver: str | None = None
+    message: str | None = Field(
+        default=None, max_length=10_000, description="Told to the model with the outcome."
+    )
+    approver: str | None = Field(default=None, max_length=200)
+    decision_id: str | None = Field(
+        default=None,
+        max_length=100,
+        description="Set by a client that waits for the outcome: it tells its own decision "
+        "from a concurrent identical one.",
+    )
 
     def repeats(self, outcome: DecisionOutcome) -> bool:
         """Whether this decision is a repeat of `outcome` (else it conflicts with it)."""
@@ -253,6 +337,20 @@ class Resumption(Contract):
     failure_kind: str | None = None
     max_steps: int | None = Field(default=None, ge=1, le=100_000)
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    message: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="A user message added to the conversation before going on.",
+    )
+
+
+class RepairNote(Contract):
+    """Signal `repaired`, sent right after a repair reset: what was wrong, what was done."""
+
+    problem: str = Field(max_length=10_000)
+    reset_to_event: int
+    by: str = Field(max_length=200)
 
 
 class DecisionOutcome(Contract):
@@ -263,6 +361,7 @@ class DecisionOutcome(Contract):
     approver: str | None = None
     message: str | None = None
     arguments: dict[str, Any] | None = None
+    decision_id: str | None = None
     duplicate: bool = Field(default=False, description="True when an earlier call decided it.")
 
 

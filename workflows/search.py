@@ -1,6 +1,17 @@
-"""Search attributes that make tasks findable in `temporal workflow list` and the Web UI."""
+"""What makes tasks findable without a worker: search attributes (`temporal workflow list`,
+the Web UI) and the memo, both written by the workflow task that changes them."""
 
-from temporalio.common import SearchAttributeKey
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
+
+from workflows.models import Contract
+
+if TYPE_CHECKING:
+    from workflows.events import AgentState, PendingApproval
 
 AGENT_STATUS = SearchAttributeKey.for_keyword("AgentStatus")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
@@ -9,3 +20,57 @@ AGENT_MODEL = SearchAttributeKey.for_keyword("AgentModel")
 AGENT_WAITING_SINCE = SearchAttributeKey.for_datetime("AgentWaitingSince")
 
 ALL = (AGENT_STATUS, AGENT_STEP, AGENT_MODEL, AGENT_WAITING_SINCE)
+
+# Memo keys. `pending` lists the requests waiting for a person, as committed by the workflow
+# task that made them: what an approver may act on (a query can show a request earlier).
+MEMO_STATUS = "status"
+MEMO_PENDING = "pending"
+MEMO_ARGUMENT_CHARS = 300
+
+
+def pending_memo(pending: PendingApproval) -> dict[str, Any]:
+    """One pending request as the memo shows it (arguments cut short: the memo is small)."""
+    arguments = json.dumps(pending.arguments, ensure_ascii=False)
+    if len(arguments) > MEMO_ARGUMENT_CHARS:
+        arguments = arguments[: MEMO_ARGUMENT_CHARS - 1] + "…"
+    return {
+        "request_id": pending.request_id,
+        "tool": pending.tool,
+        "arguments": arguments,
+        "reason": pending.reason,
+        "requested_at": pending.requested_at.isoformat(),
+        "step": pending.step,
+    }
+
+
+class Published(Contract):
+    """What the search attributes and memo last said, so unchanged values are not rewritten."""
+
+    status: str
+    step: int
+    pending: list[str]
+
+
+def visibility_updates(
+    state: AgentState, model: str, published: Published | None
+) -> tuple[Published, list[SearchAttributeUpdate[Any]], dict[str, Any] | None]:
+    """(what is published now, search attribute updates, memo update or None) — empty
+    updates when nothing changed. The step is in AgentStep; the memo changes with the
+    status and the pending requests only, since every memo write costs history."""
+    pending = list(state.pending_approvals.values())
+    now = Published(status=state.status, step=state.step, pending=[p.request_id for p in pending])
+    if now == published:
+        return now, [], None
+    waiting_since = min((p.requested_at for p in pending), default=None)
+    updates: list[SearchAttributeUpdate[Any]] = [
+        AGENT_STATUS.value_set(state.status),
+        AGENT_STEP.value_set(state.step),
+        AGENT_MODEL.value_set(model),
+        AGENT_WAITING_SINCE.value_set(waiting_since)
+        if waiting_since is not None
+        else AGENT_WAITING_SINCE.value_unset(),
+    ]
+    memo = None
+    if published is None or (published.status, published.pending) != (now.status, now.pending):
+        memo = {MEMO_STATUS: state.status, MEMO_PENDING: [pending_memo(p) for p in pending] or None}
+    return now, updates, memo

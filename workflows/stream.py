@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
+from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.models import Contract
 
@@ -31,3 +32,21 @@ class LlmAttemptStarted(Contract):
     type: Literal["llm_retry"] = "llm_retry"
     step: int
     attempt: int
+
+
+# Stream items a run hands to the next at continue-as-new (token deltas dominate them).
+STREAM_ITEMS_KEPT = 200
+STREAM_BYTES_KEPT = 16_000
+
+
+def carried_from(state: WorkflowStreamState) -> int:
+    """The first offset a run hands the next: the latest items within a bound (a
+    subscriber asking for older offsets gets an explicit gap)."""
+    end = state.base_offset + len(state.log)
+    kept, size = 0, 0
+    for item in reversed(state.log):
+        size += len(item.data) + len(item.topic)
+        if kept >= STREAM_ITEMS_KEPT or size > STREAM_BYTES_KEPT:
+            break
+        kept += 1
+    return end - kept

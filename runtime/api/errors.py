@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,10 +10,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from temporalio.service import RPCError
 
-from runtime.agent_runtime import DecisionError, TaskError, TaskNotFoundError
+from runtime.task_errors import (
+    DecisionError,
+    NoWorkerError,
+    TaskError,
+    TaskNotFoundError,
+    UnreadableTaskError,
+)
 from workflows import errors
-
-T = TypeVar("T")
 
 
 class ErrorBody(BaseModel):
@@ -37,18 +39,6 @@ class ApiError(Exception):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422, 503)
 }
-
-
-async def within(seconds: float, work: Awaitable[T], what: str) -> T:
-    """`work`, or a 503 that says no worker answered in time (never a hung request)."""
-    try:
-        return await asyncio.wait_for(work, seconds)
-    except TimeoutError:
-        raise ApiError(
-            503,
-            "no_worker",
-            f"no worker answered {what} within {seconds:g} s; is one running (python worker.py)?",
-        ) from None
 
 
 def _body(error: str, detail: str, fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -74,6 +64,10 @@ def install_error_handlers(app: FastAPI) -> None:
         status, kind = 409, "conflict"
         if isinstance(err, TaskNotFoundError):
             status, kind = 404, "not_found"
+        elif isinstance(err, NoWorkerError):
+            status, kind = 503, "no_worker"
+        elif isinstance(err, UnreadableTaskError):
+            status, kind = 500, "unreadable_task"
         elif isinstance(err, DecisionError):
             status, kind = {
                 errors.UNKNOWN_REQUEST: (404, "unknown_request"),

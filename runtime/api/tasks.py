@@ -13,7 +13,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from runtime.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, TaskSummary
 from runtime.api.auth import Approver, Caller, Reader, Runtime
-from runtime.api.errors import ApiError, within
+from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
 from workflows.events import AgentEvent, AgentState, TaskStarted
 from workflows.models import AgentTask, ModelSettings
@@ -21,9 +21,6 @@ from workflows.models import AgentTask, ModelSettings
 router = APIRouter(tags=["tasks"])
 
 ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
-# Queries and Updates need a worker; an API call must not hang when none answers.
-QUERY_TIMEOUT_SECONDS = 10.0
-UPDATE_TIMEOUT_SECONDS = 30.0
 SSE_PING_SECONDS = 15.0
 
 
@@ -69,6 +66,9 @@ class ApprovalResult(BaseModel):
 class ResumeBody(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, le=100_000)
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    message: str | None = Field(
+        default=None, min_length=1, max_length=100_000, description="Told to the model first."
+    )
 
 
 class ForkBody(BaseModel):
@@ -123,13 +123,13 @@ async def create_task(
         except TaskNotFoundError:
             handle = None
         if handle is not None:
-            first = (await within(QUERY_TIMEOUT_SECONDS, handle.events(0), "a query"))[:1]
+            first = await handle.events(0, limit=1)
             if first and isinstance(first[0], TaskStarted) and first[0].task != body:
                 raise ApiError(
                     409, "idempotency_conflict", "Idempotency-Key reused with a different task"
                 )
             response.status_code = 200
-            state = await within(QUERY_TIMEOUT_SECONDS, handle.state(), "a query")
+            state = await handle.state()
             return TaskCreated(id=task_id, status=state.status, links=links(task_id))
     handle = await runtime.run(body, task_id=task_id)
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
@@ -154,8 +154,7 @@ async def list_tasks(
 async def get_task(task_id: str, runtime: Runtime, who: Reader) -> TaskView:
     """The folded state: status, step, pending approvals, result, usage."""
     handle = await runtime.find(task_id)
-    state = await within(QUERY_TIMEOUT_SECONDS, handle.state(), "the state query")
-    return TaskView(id=task_id, state=state)
+    return TaskView(id=task_id, state=await handle.state())
 
 
 async def _decide(
@@ -178,9 +177,7 @@ async def _decide(
         arguments=body.arguments,
         approver=who.name,  # from the token, never from the body
     )
-    outcome = await within(
-        UPDATE_TIMEOUT_SECONDS, decided, "the decision (it applies once a worker is back)"
-    )
+    outcome = await decided
     result = ApprovalResult(
         task_id=task_id,
         request_id=outcome.request_id,
@@ -232,7 +229,16 @@ async def resume(
 ) -> TaskView:
     """Resume a failed task from its last good point, limits raised if given."""
     body = body or ResumeBody()
-    handle = await runtime.resume(task_id, max_steps=body.max_steps, token_budget=body.token_budget)
+    handle = await runtime.resume(
+        task_id, max_steps=body.max_steps, token_budget=body.token_budget, message=body.message
+    )
+    return TaskView(id=task_id, state=await handle.state())
+
+
+@router.post("/tasks/{task_id}/repair", response_model=TaskView)
+async def repair(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
+    """Reset a stuck task to its last good workflow task (signals and Updates re-applied)."""
+    handle = await runtime.repair(task_id, by=who.name)
     return TaskView(id=task_id, state=await handle.state())
 
 
@@ -255,8 +261,7 @@ async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
     """Request cancellation: the running call is cancelled, a `cancelled` event follows."""
     handle = await runtime.find(task_id)
     await handle.cancel()
-    state = await within(QUERY_TIMEOUT_SECONDS, handle.state(), "the state query")
-    return TaskView(id=task_id, state=state)
+    return TaskView(id=task_id, state=await handle.state())
 
 
 @router.get("/tasks/{task_id}/log", response_model=EventLogPage)
@@ -269,8 +274,8 @@ async def event_log(
 ) -> EventLogPage:
     """Plain JSON pages of the event log, by seq, for clients that cannot do SSE."""
     handle = await runtime.find(task_id)
-    events = (await within(QUERY_TIMEOUT_SECONDS, handle.events(since), "a query"))[:limit]
-    return EventLogPage(events=events, next_seq=since + len(events))
+    events = await handle.events(since, limit=limit)
+    return EventLogPage(events=events, next_seq=events[-1].seq + 1 if events else since)
 
 
 def _stream_start(since: int | None, last_event_id: str | None) -> int:

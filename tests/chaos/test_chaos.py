@@ -1,10 +1,13 @@
-"""The chaos suite: crash anywhere, lose nothing, do nothing twice.
+"""The chaos suite: crash anywhere, lose nothing, do nothing twice, never get stuck.
 
-Real worker subprocesses are SIGKILLed at random moments while tasks stream from the
-model, run tools, sit between steps and wait for approval; the Temporal dev server is
-stopped and restarted on its SQLite file; the model fails 30% of its calls. Every task
-must end done with the result of an uninterrupted run, every side effect exactly once,
-and every history must replay.
+Real worker subprocesses are SIGKILLed at moments the test proves: inside a model stream
+(the fake server holds it open), inside a tool (the command waits for the test), while a
+task waits for a person, right after a person decided, between steps. People decide the
+way they do (as soon as a `state` query shows a request) and by blind Signals sent before
+the request exists, while the workers cache fewer tasks than run. The Temporal dev server
+is stopped and restarted on its SQLite file; the model fails 30% of its calls. Every task
+must end done with the result of an uninterrupted run, every side effect must happen
+exactly once, and every history must replay.
 """
 
 from __future__ import annotations
@@ -19,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from runtime.agent_runtime import AgentRuntime, TaskHandle
 from runtime.settings import Settings
@@ -33,112 +34,136 @@ from runtime.temporal import (
     search_attribute_flags,
     temporal_binary,
 )
-from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.fake_openai import FakeOpenAI
+from testing.proc import pid_with_local_port
 from testing.workers import WorkerProcess, running_worker
-from tests.helpers import agent_task
+from tests.chaos.workload import (
+    Gates,
+    chaos_model,
+    chaos_task,
+    effects,
+    expected_result,
+    replay_all,
+    until_file,
+)
+from tests.helpers import wait_for_state
 from workflows.agent import AgentWorkflow
-from workflows.models import ApprovalSettings, Decision
+from workflows.models import Decision
 
 TASKS = 10
-APPROVAL_TASKS = 3  # their shell step waits for a person
-KILLS = 12
+HELD_STREAM = 0  # its first model answer is held open until a worker dies under it
+HELD_TOOL = 1  # its shell command waits until a worker dies under it
+ASKING = (0, 1, 2, 3)  # their shell step waits for a person
+WATCHED = (0, 1)  # decided by a person as soon as a state query shows the request
+KEPT_WAITING = 2  # its request waits while a worker dies, then a person decides
+BLIND = 3  # decided by a Signal sent before its request exists
+# Fewer than run at once: evicted tasks answer queries cold (see docs/never-stuck.md).
+CACHED_TASKS = "3"
 
 
-def chaos_model(fake: FakeOpenAI, index: int, *, flaky: random.Random | None = None) -> str:
-    """Four steps, each a function of the conversation alone (retries see the same)."""
-    words = " ".join(f"w{n}" for n in range(12))
+class Crew:
+    """The worker processes serving the test's task queue; kills are counted."""
 
-    def reply(body: dict[str, Any]) -> Reply:
-        if flaky is not None and flaky.random() < 0.3:
-            return error(500, "flaky upstream")
-        done = sum(1 for m in body["messages"] if m["role"] == "tool")
-        slow = {"chunk_delay": 0.03}
-        if done == 0:
-            line = {
-                "path": f"scratch/effects-{index}.txt",
-                "content": f"task{index}-a\n",
-                "append": True,
-            }
-            return tools(("write_file", line), content=words, **slow)
-        if done == 1:
-            command = f"sleep 0.3; echo task{index}-b >> scratch/effects-{index}.txt"
-            return tools(("run_shell", {"command": command}), content=words, **slow)
-        if done == 2:
-            return tools(("calculator", {"expression": f"{index} * 7"}), content=words, **slow)
-        product = body["messages"][-1]["content"]
-        return text(f"task {index} finished: {product}", **slow)
+    def __init__(self, address: str, settings: Settings, size: int) -> None:
+        self.address = address
+        self.settings = settings
+        self.size = size
+        self.workers: list[WorkerProcess] = []
+        self.kills: list[str] = []
 
-    return fake.script(reply)
+    def _spawn(self) -> WorkerProcess:
+        extra = {"WAYSTATION_WORKER_CACHED_TASKS": CACHED_TASKS}
+        return WorkerProcess(self.address, self.settings, extra_env=extra)
 
+    async def start(self) -> None:
+        self.workers = [self._spawn() for _ in range(self.size)]
+        await asyncio.gather(*(w.ready() for w in self.workers))
 
-def expected_result(index: int) -> str:
-    return f"task {index} finished: {index * 7}"
+    async def kill(self, pid: int | None, moment: str) -> None:
+        """SIGKILL the worker with this pid (or the oldest), then bring the crew back."""
+        victim = next((w for w in self.workers if w.pid == pid), self.workers[0])
+        self.workers.remove(victim)
+        victim.kill()
+        self.kills.append(moment)
+        replacement = self._spawn()
+        self.workers.append(replacement)
+        await replacement.ready()
 
-
-def chaos_task(model: str, index: int) -> Any:
-    policy = {"run_shell": "always" if index < APPROVAL_TASKS else "never"}
-    return agent_task(model, approval=ApprovalSettings(policy=policy))
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.kill()
 
 
-def effects(settings: Settings, index: int) -> list[str]:
-    path = settings.workspace_dir / "scratch" / f"effects-{index}.txt"
-    return path.read_text().splitlines() if path.exists() else []
+async def approve_when_shown(handle: TaskHandle) -> None:
+    """A person: decides as soon as the state query shows the request."""
+    state = await wait_for_state(handle, lambda s: bool(s.pending_approvals), timeout=120)
+    await handle.approve(next(iter(state.pending_approvals)), approver=f"watcher of {handle.id}")
 
 
-async def replay_all(client: Client, handles: list[TaskHandle]) -> None:
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
-    for handle in handles:
-        async for history in client.list_workflows(f'WorkflowId="{handle.id}"').map_histories():
-            result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-            assert result.replay_failure is None, f"{handle.id}: {result.replay_failure}"
-
-
-async def approve_blindly(client: Client, task_ids: list[str], rng: random.Random) -> None:
-    """Signals need no worker: decide at random moments, maybe before the request exists."""
-    for task_id in task_ids:
-        await asyncio.sleep(rng.uniform(0.2, 2.0))
-        await client.get_workflow_handle(task_id).signal(
-            "approve", Decision(request_id="2-call_2_0", approver="chaos")
-        )
-
-
-async def test_sigkilled_workers_lose_nothing_and_repeat_nothing(
+async def test_sigkilled_workers_lose_nothing_repeat_nothing_and_never_get_stuck(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:
-    rng = random.Random(4242)
-    address = dev_env.client.service_client.config.target_host
-    runtime = AgentRuntime(dev_env.client, settings)
-    workers = [await WorkerProcess(address, settings).ready() for _ in range(2)]
+    client = dev_env.client
+    runtime = AgentRuntime(client, settings)
+    gates = Gates(settings.workspace_dir)
+    stream_gate = gates.hold_stream(HELD_STREAM)
+    gates.hold_tool(HELD_TOOL)
+    crew = Crew(client.service_client.config.target_host, settings, size=2)
+    await crew.start()
+    models = [chaos_model(fake_openai, i, gates=gates) for i in range(TASKS)]
     handles = [
-        await runtime.run(chaos_task(chaos_model(fake_openai, i), i), task_id=f"chaos-{i}")
+        await runtime.run(chaos_task(models[i], i, asks=i in ASKING), task_id=f"chaos-{i}")
         for i in range(TASKS)
     ]
-    approver = asyncio.create_task(
-        approve_blindly(dev_env.client, [h.id for h in handles[:APPROVAL_TASKS]], rng)
-    )
+    blind = client.get_workflow_handle_for(AgentWorkflow.run, handles[BLIND].id)
+    await blind.signal(AgentWorkflow.approve, Decision(request_id="2-call_2_0", approver="blind"))
+    people = [asyncio.create_task(approve_when_shown(handles[i])) for i in WATCHED]
     results = asyncio.gather(*(h.result() for h in handles))
-    kills = 0
+
+    def pids() -> list[int]:
+        return [w.pid for w in crew.workers]
+
     try:
-        while kills < KILLS and not results.done():
-            await asyncio.sleep(rng.uniform(0.2, 1.2))
-            victim = workers.pop(rng.randrange(len(workers)))
-            victim.kill()
-            kills += 1
-            workers.append(await WorkerProcess(address, settings).ready())
-        outcomes = await asyncio.wait_for(results, 180)
-        await approver
-        assert [o.result for o in outcomes] == [expected_result(i) for i in range(TASKS)]
-        duplicates = 0
-        for i in range(TASKS):
-            lines = effects(settings, i)
-            duplicates += len(lines) - len(set(lines))
-            assert lines == [f"task{i}-a", f"task{i}-b"], f"task {i}: {lines}"
-        await replay_all(dev_env.client, handles)
+        # 1. Inside a model stream: the held answer's connection belongs to its worker.
+        await fake_openai.until_streaming(models[HELD_STREAM], chunks=5, request=0)
+        port = fake_openai.client_ports[models[HELD_STREAM]][0]
+        await crew.kill(pid_with_local_port(port, pids()), "inside a model stream")
+        stream_gate.set()
+        # 2. While a task waits for a person (its request is shown by a query), who then
+        # decides at once.
+        waiting = handles[KEPT_WAITING]
+        await wait_for_state(waiting, lambda s: bool(s.pending_approvals), timeout=120)
+        await crew.kill(None, "while a task waits for approval")
+        people.append(asyncio.create_task(approve_when_shown(waiting)))
+        # 3. Inside a tool: the command wrote which worker runs it, and waits.
+        worker_pid = int(await until_file(gates.tool_pid_file(HELD_TOOL), within=120))
+        await crew.kill(worker_pid, "inside a tool")
+        gates.release_tool(HELD_TOOL)
+        # 4. Between steps: a task's first observation is in its log, its next call not yet.
+        await wait_for_state(handles[5], lambda s: s.step >= 2, timeout=120)
+        await crew.kill(None, "between steps")
+        # 5. Right after a person decided.
+        await asyncio.wait_for(asyncio.gather(*people), 120)
+        await crew.kill(None, "right after a decision")
+        # 6. Inside the stream of a late step of some task still running.
+        await wait_for_state(handles[9], lambda s: s.step >= 3, timeout=120)
+        await crew.kill(None, "late in a task")
+        outcomes = await asyncio.wait_for(results, 240)
     finally:
-        for worker in workers:
-            worker.kill()
-    print(f"\nchaos: {TASKS} tasks, {kills} SIGKILLs, {duplicates} duplicate side effects")
-    assert kills >= 5, "the tasks finished before enough kills: the suite proved little"
+        gates.release_all()
+        crew.stop()
+    assert [o.result for o in outcomes] == [expected_result(i) for i in range(TASKS)]
+    duplicates = 0
+    for i in range(TASKS):
+        lines = effects(settings, i)
+        duplicates += len(lines) - len(set(lines))
+        assert lines == [f"task{i}-a", f"task{i}-b"], f"task {i}: {lines}"
+    replayed = await replay_all(client, handles)
+    print(
+        f"\nchaos: {TASKS} tasks, {len(crew.kills)} SIGKILLs ({'; '.join(crew.kills)}), "
+        f"{duplicates} duplicate side effects, {replayed} histories replayed"
+    )
+    assert len(crew.kills) == 6
 
 
 async def test_the_flaky_agent_ends_like_a_clean_run(
@@ -155,11 +180,12 @@ async def test_the_flaky_agent_ends_like_a_clean_run(
         async with running_worker(dev_env.client, run_settings):
             handles = [
                 await runtime.run(
-                    chaos_task(chaos_model(fake_openai, i, flaky=rng), i), task_id=f"{name}-{i}"
+                    chaos_task(chaos_model(fake_openai, i, flaky=rng), i, asks=False),
+                    task_id=f"{name}-{i}",
                 )
                 for i in indices
             ]
-            await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
+            await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
             logs[name] = [await h.events() for h in handles]
 
     def final_state(events: list[Any]) -> list[tuple[Any, ...]]:
@@ -220,7 +246,7 @@ class OwnDevServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
@@ -245,6 +271,7 @@ async def own_server(tmp_path: Path) -> AsyncIterator[OwnDevServer]:
 async def test_dev_server_restart_mid_run(
     own_server: OwnDevServer, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:
+    """The server goes down while every task provably has a model stream held open."""
     client = await connect_when_serving(
         target_host=f"127.0.0.1:{own_server.port}", data_converter=pydantic_data_converter
     )
@@ -252,19 +279,26 @@ async def test_dev_server_restart_mid_run(
     runtime = AgentRuntime(client, settings)
     address = f"127.0.0.1:{own_server.port}"
     worker = await WorkerProcess(address, settings).ready()
+    indices = (300, 301, 302)
+    gates = Gates(settings.workspace_dir)
+    held = [gates.hold_stream(i) for i in indices]
+    models = {i: chaos_model(fake_openai, i, gates=gates) for i in indices}
     try:
         handles = [
-            await runtime.run(chaos_task(chaos_model(fake_openai, i), i), task_id=f"restart-{i}")
-            for i in (300, 301, 302)
+            await runtime.run(chaos_task(models[i], i, asks=False), task_id=f"restart-{i}")
+            for i in indices
         ]
-        await asyncio.sleep(1.0)
+        for i in indices:
+            await fake_openai.until_streaming(models[i], chunks=5, request=0)
         own_server.stop()
-        await asyncio.sleep(2.0)
+        for gate in held:
+            gate.set()  # the streams end while the server is down
         own_server.start()
-        outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
-        assert [o.result for o in outcomes] == [expected_result(i) for i in (300, 301, 302)]
-        for i in (300, 301, 302):
+        outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
+        assert [o.result for o in outcomes] == [expected_result(i) for i in indices]
+        for i in indices:
             assert effects(settings, i) == [f"task{i}-a", f"task{i}-b"]
         await replay_all(client, handles)
     finally:
+        gates.release_all()
         worker.kill()

@@ -1,0 +1,130 @@
+"""Is anyone working on a task? Workers polling its task queue, and tasks that are stuck.
+
+A task is stuck when its workflow task keeps failing (a nondeterminism error, or a bug
+shipped in a new version): Temporal retries it forever and nothing moves, queries fail,
+and without a look at the task's pending workflow task nobody would notice. Both checks
+need no worker: they read Temporal's own view.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import (
+    DescribeTaskQueueRequest,
+    DescribeWorkflowExecutionRequest,
+)
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+
+# A workflow task that failed this many times in a row is a task that will not move by
+# itself (one failure can be a worker that died mid-task; Temporal retries it at once).
+STUCK_AFTER_ATTEMPTS = 3
+_EVENT_ID = re.compile(r"HistoryEvent\(id: (\d+)")
+
+
+@dataclass(frozen=True)
+class TaskOverview:
+    """Temporal's view of a task's latest run, read without decoding its search attributes
+    (the time-skipping server keeps an unset datetime attribute as a null the SDK rejects)."""
+
+    run_id: str
+    status: WorkflowExecutionStatus | None
+    memo: dict[str, Any]
+
+
+async def overview(client: Client, task_id: str) -> TaskOverview:
+    raw = await client.workflow_service.describe_workflow_execution(
+        DescribeWorkflowExecutionRequest(
+            namespace=client.namespace, execution=WorkflowExecution(workflow_id=task_id)
+        )
+    )
+    info = raw.workflow_execution_info
+    fields = dict(info.memo.fields)
+    values = await client.data_converter.decode(list(fields.values())) if fields else []
+    status = WorkflowExecutionStatus(info.status) if info.status else None
+    return TaskOverview(info.execution.run_id, status, dict(zip(fields, values, strict=True)))
+
+
+async def polling_workers(client: Client, task_queue: str) -> list[str]:
+    """Identities of the workers that recently polled the task queue for workflow tasks."""
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    return [poller.identity for poller in response.pollers]
+
+
+async def worker_hint(client: Client, task_queue: str) -> str | None:
+    """A sentence saying no worker serves the task queue and how to start one, or None."""
+    if await polling_workers(client, task_queue):
+        return None
+    return (
+        f"no worker polls task queue {task_queue!r}: the task waits until one does; start one "
+        "with `python worker.py` (or `python starter.py worker`)"
+    )
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A task whose workflow task keeps failing, and where a repair should reset it to."""
+
+    attempts: int
+    problem: str
+    reset_to_event: int
+
+
+def stuck(description: WorkflowExecutionDescription, history: list[HistoryEvent]) -> Stuck | None:
+    """Whether the task is stuck, judged from Temporal's description and its history."""
+    if description.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    raw = description.raw_description
+    if not raw.HasField("pending_workflow_task"):
+        return None
+    attempts = raw.pending_workflow_task.attempt
+    if attempts < STUCK_AFTER_ATTEMPTS:
+        return None
+    failed = next(
+        (e for e in reversed(history) if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED),
+        None,
+    )
+    problem = (
+        failed.workflow_task_failed_event_attributes.failure.message
+        if failed is not None
+        else "its workflow task keeps failing"
+    )
+    return Stuck(attempts, problem, repair_point(history, problem))
+
+
+def repair_point(history: list[HistoryEvent], problem: str) -> int:
+    """The workflow task to reset a stuck task to: the last one that completed before the
+    event the replay trips on (a nondeterminism error names it), else before the failure."""
+    bound = len(history) + 1
+    if (match := _EVENT_ID.search(problem)) is not None:
+        bound = int(match.group(1))
+    else:
+        first_failure = next(
+            (
+                e.event_id
+                for e in history
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            ),
+            None,
+        )
+        bound = first_failure or bound
+    completed = [
+        e.event_id
+        for e in history
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and e.event_id < bound
+    ]
+    if not completed:
+        raise ValueError("the task has no completed workflow task before its failure")
+    return completed[-1]

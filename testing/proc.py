@@ -1,0 +1,43 @@
+"""Which process is which, read from /proc (Linux): tests kill the worker that provably
+holds a model stream or runs a tool, not one picked at random."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _socket_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets whose local port is `port` (IPv4 and IPv6)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        path = Path(table)
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def pid_with_local_port(port: int, among: list[int]) -> int | None:
+    """The process among `among` that owns a socket bound locally to `port`."""
+    inodes = _socket_inodes(port)
+    for pid in among:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        try:
+            for fd in fd_dir.iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return pid
+        except (FileNotFoundError, PermissionError):
+            continue
+    return None
+
+
+def parent_of(pid: int) -> int:
+    """The parent process id of `pid`."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])

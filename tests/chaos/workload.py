@@ -1,0 +1,124 @@
+"""The chaos workload: tasks of four steps with side effects, and the gates that let a test
+kill a worker at a moment it can prove (a model stream held open, a tool mid-run)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from runtime.agent_runtime import TaskHandle
+from runtime.settings import Settings
+from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from tests.helpers import agent_task
+from workflows.agent import AgentWorkflow
+from workflows.models import AgentTask, ApprovalSettings
+
+WORDS = " ".join(f"w{n}" for n in range(12))
+
+
+class Gates:
+    """What a test holds shut: a model stream per task, a shell command per task."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.streams: dict[int, threading.Event] = {}
+        self.tools: set[int] = set()
+        self.workspace = workspace
+
+    def hold_stream(self, index: int) -> threading.Event:
+        self.streams[index] = threading.Event()
+        return self.streams[index]
+
+    def hold_tool(self, index: int) -> None:
+        self.tools.add(index)
+
+    def tool_pid_file(self, index: int) -> Path:
+        return self.workspace / "scratch" / f"worker-of-{index}"
+
+    def release_tool(self, index: int) -> None:
+        (self.workspace / "scratch" / f"release-{index}").touch()
+
+    def release_all(self) -> None:
+        for gate in self.streams.values():
+            gate.set()
+        for index in self.tools:
+            self.release_tool(index)
+
+
+def shell_command(index: int, gates: Gates | None) -> str:
+    line = f"echo task{index}-b >> scratch/effects-{index}.txt"
+    if gates is None or index not in gates.tools:
+        return f"sleep 0.3; {line}"
+    # The command's parent is the wrapper the worker started: its parent is the worker.
+    pid_file = gates.tool_pid_file(index).name
+    wait = f"while [ ! -e scratch/release-{index} ]; do sleep 0.05; done"
+    return f"cut -d' ' -f4 /proc/$PPID/stat > scratch/{pid_file}; {wait}; {line}"
+
+
+def chaos_model(
+    fake: FakeOpenAI, index: int, *, gates: Gates | None = None, flaky: Any = None
+) -> str:
+    """Four steps, each a function of the conversation alone (retries see the same)."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if flaky is not None and flaky.random() < 0.3:
+            return error(500, "flaky upstream")
+        done = sum(1 for m in body["messages"] if m["role"] == "tool")
+        slow: dict[str, Any] = {"chunk_delay": 0.03}
+        if done == 0:
+            if gates is not None and index in gates.streams:
+                slow = {"hold_after_chunks": 5, "gate": gates.streams[index]}
+            line = {
+                "path": f"scratch/effects-{index}.txt",
+                "content": f"task{index}-a\n",
+                "append": True,
+            }
+            return tools(("write_file", line), content=WORDS, **slow)
+        if done == 1:
+            command = shell_command(index, gates)
+            return tools(("run_shell", {"command": command}), content=WORDS, **slow)
+        if done == 2:
+            return tools(("calculator", {"expression": f"{index} * 7"}), content=WORDS, **slow)
+        product = body["messages"][-1]["content"]
+        return text(f"task {index} finished: {product}", **slow)
+
+    return fake.script(reply)
+
+
+def expected_result(index: int) -> str:
+    return f"task {index} finished: {index * 7}"
+
+
+def chaos_task(model: str, index: int, *, asks: bool) -> AgentTask:
+    policy = {"run_shell": "always" if asks else "never"}
+    return agent_task(model, approval=ApprovalSettings(policy=policy))
+
+
+def effects(settings: Settings, index: int) -> list[str]:
+    path = settings.workspace_dir / "scratch" / f"effects-{index}.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def replay_all(client: Client, handles: list[TaskHandle]) -> int:
+    """Replay every run of every task; returns how many histories replayed."""
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+    replayed = 0
+    for handle in handles:
+        async for history in client.list_workflows(f'WorkflowId="{handle.id}"').map_histories():
+            result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+            assert result.replay_failure is None, f"{handle.id}: {result.replay_failure}"
+            replayed += 1
+    return replayed
+
+
+async def until_file(path: Path, within: float = 60.0) -> str:
+    """The content of `path` once it exists and is not empty (bounded)."""
+    async with asyncio.timeout(within):
+        while not (path.exists() and path.read_text().strip()):
+            await asyncio.sleep(0.05)
+    return path.read_text().strip()

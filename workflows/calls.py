@@ -1,0 +1,60 @@
+"""What becomes of each tool call of a step: run it, or answer without running it.
+
+Pure: the workflow runs what `verdict` says to run and logs the rest as observations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workflows.approval import repeats_last_step, request_id_for, run_outcome
+from workflows.events import AgentState, call_signature
+from workflows.models import ToolCall, ToolRequest, ToolResult, idempotency_key
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run the call as this request; `note` is added to its output (an approver's note)."""
+
+    request: ToolRequest
+    note: str
+    local: bool
+    retry_safe: bool
+
+
+def verdict(task_id: str, step: int, call: ToolCall, state: AgentState) -> Run | ToolResult:
+    """A call to run, or the observation of a call that is not run (a repeat of the last
+    step's identical call, a malformed call, a call a person rejected or left undecided)."""
+    if repeats_last_step(call, state):
+        earlier = state.last_step_calls[call_signature(call)]
+        return ToolResult(
+            output=f"You made this exact {call.tool} call in the previous step, so it was not "
+            f"run again. Its result then began: {earlier}\nUse that result, or do something "
+            "different.",
+            is_error=True,
+        )
+    if not call.runnable:
+        return ToolResult(output=call.problem or "the call has no arguments", is_error=True)
+    outcome = (
+        state.decisions.get(request_id_for(step, call.call_id)) if call.needs_approval else None
+    )
+    blocked, note = run_outcome(call, outcome)
+    if blocked is not None:
+        return ToolResult(output=blocked, is_error=True)
+    edited = outcome.arguments if outcome is not None else None
+    request = ToolRequest(
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments=edited if edited is not None else call.arguments or {},
+        idempotency_key=idempotency_key(task_id, step, call.call_id),
+    )
+    return Run(request, note, local=call.local and call.retry_safe, retry_safe=call.retry_safe)
+
+
+def lost_call(call: ToolCall, detail: str) -> ToolResult:
+    """A call whose activity failed for good: the model is told it may or may not have run."""
+    return ToolResult(
+        output=f"{call.tool} did not complete ({detail}): it may or may not have taken effect; "
+        "it was not run again",
+        is_error=True,
+    )

@@ -1,0 +1,86 @@
+"""How each activity is called: timeouts, heartbeats and retries, as typed configs.
+
+One place, so the README's table and the code cannot drift: see README, "Failures".
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ActivityCancellationType
+
+from workflows import errors
+from workflows.models import AgentTask, ModelSettings
+
+# How soon a dead worker's call is retried elsewhere: activities heartbeat every third of
+# it, so a slow but live call is left alone. Chosen from `python -m bench.heartbeats`:
+# 2 s abandoned live model calls under two busy processes; 5 s did not, and a SIGKILL
+# still recovers within ~6 s (see README, Performance).
+DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=5)
+TOOL_START_TO_CLOSE = timedelta(minutes=15)
+LOCAL_TOOL_TIMEOUT = timedelta(seconds=10)
+# Saving a run's conversation before it hands over: the store may be restarting, and the
+# task waits for it rather than losing what it said.
+STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+)
+RETRY_SAFE_TOOL = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=10,
+)
+# A tool that cannot tell whether a lost attempt took effect runs at most once.
+ONCE_ONLY_TOOL = RetryPolicy(maximum_attempts=1)
+
+
+def heartbeat_timeout(task: AgentTask) -> timedelta:
+    if task.heartbeat_timeout_seconds is None:
+        return DEFAULT_HEARTBEAT_TIMEOUT
+    return timedelta(seconds=task.heartbeat_timeout_seconds)
+
+
+def model_call(task: AgentTask, model: ModelSettings | None = None) -> workflow.ActivityConfig:
+    """An activity that calls the model: retried with backoff, Retry-After honoured (the
+    activity sets next_retry_delay), requests the endpoint refused are not retried."""
+    model = model or task.model
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(
+            seconds=model.first_chunk_timeout_seconds + 10 * model.request_timeout_seconds
+        ),
+        heartbeat_timeout=heartbeat_timeout(task),
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=60),
+            maximum_attempts=model.max_attempts,
+            non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
+        ),
+    )
+
+
+def tool_call(task: AgentTask, retry_safe: bool) -> workflow.ActivityConfig:
+    return workflow.ActivityConfig(
+        start_to_close_timeout=TOOL_START_TO_CLOSE,
+        heartbeat_timeout=heartbeat_timeout(task),
+        retry_policy=RETRY_SAFE_TOOL if retry_safe else ONCE_ONLY_TOOL,
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    )
+
+
+def local_tool_call() -> workflow.LocalActivityConfig:
+    return workflow.LocalActivityConfig(
+        start_to_close_timeout=LOCAL_TOOL_TIMEOUT, retry_policy=RETRY_SAFE_TOOL
+    )
+
+
+def conversation_save(task: AgentTask) -> workflow.ActivityConfig:
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(minutes=2),
+        heartbeat_timeout=heartbeat_timeout(task),
+        retry_policy=STORE_RETRY,
+    )

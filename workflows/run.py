@@ -1,0 +1,90 @@
+"""The workflow's input and query contracts, and the names the Temporal CLI uses.
+
+A task is a chain of runs (continue-as-new) and, for a fork, the origin's runs before
+it: each run holds the events it wrote and names the run before it (`earlier`).
+"""
+
+from __future__ import annotations
+
+from temporalio.contrib.workflow_streams import WorkflowStreamState
+
+from workflows.approval import RecordedDecision
+from workflows.events import AgentEvent, AgentState
+from workflows.models import AgentTask, Contract
+
+# Names the Temporal CLI and Web UI use (`temporal workflow signal --name approve`).
+WORKFLOW_TYPE = "AgentWorkflow"
+DECIDE_UPDATE = "decide"
+APPROVE_SIGNAL = "approve"
+REJECT_SIGNAL = "reject"
+RESUME_SIGNAL = "resume_after_failure"
+REPAIRED_SIGNAL = "repaired"
+# One `events` answer stays far below gRPC's 4 MB message limit.
+EVENT_PAGE_BYTES = 1_000_000
+
+
+class RunRef(Contract):
+    """A run of a task that holds events of its log: seq up to `last_seq`."""
+
+    workflow_id: str
+    run_id: str
+    last_seq: int
+
+
+class RunCarry(Contract):
+    """What one run hands the next (or a fork its origin): bounded whatever the task's
+    length. The events stay with the run that wrote them; `earlier` names it."""
+
+    state: AgentState
+    stream: WorkflowStreamState | None = None
+    decisions: list[RecordedDecision] = []
+    """Decisions recorded and not yet in the log, and early ones awaiting their request."""
+    message: str | None = None
+    """A user message to add once no step is open (a fork's or a resume's)."""
+    earlier: RunRef | None = None
+    forked: bool = False
+
+
+class AgentRun(Contract):
+    """The workflow's one input: the task, and what an earlier run (or a fork) carries."""
+
+    task: AgentTask
+    carry: RunCarry | None = None
+
+
+class EventsRequest(Contract):
+    since: int = 0
+    limit: int = 1000
+
+
+class EventPage(Contract):
+    """Answer of the `events` query: events with seq >= since that this run holds.
+
+    A run holds the events from `first_seq` on; older ones are in `earlier` (and the runs
+    before it), which still answer this query.
+    """
+
+    events: list[AgentEvent]
+    next_seq: int
+    first_seq: int = 0
+    earlier: RunRef | None = None
+
+
+def event_page(
+    log: list[AgentEvent], first_seq: int, earlier: RunRef | None, request: EventsRequest
+) -> EventPage:
+    """At most `limit` events from `since` (and about EVENT_PAGE_BYTES of them)."""
+    start = max(0, request.since - first_seq)
+    page: list[AgentEvent] = []
+    size = 0
+    for event in log[start : start + request.limit]:
+        size += len(event.model_dump_json())
+        if page and size > EVENT_PAGE_BYTES:
+            break
+        page.append(event)
+    return EventPage(
+        events=page,
+        next_seq=page[-1].seq + 1 if page else max(request.since, first_seq),
+        first_seq=first_seq,
+        earlier=earlier,
+    )
