@@ -75,8 +75,9 @@ class AgentWorker(Worker):
             return
         await self.storage.open()
         try:
-            await check_workspace(self.storage, self._settings.workspace_dir)
+            # The host check first: a refused worker leaves no marker in the workspace.
             await check_single_machine(self.storage, self._temporal, self._queue)
+            await check_workspace(self.storage, self._settings.workspace_dir)
         except BaseException:
             if self._owns_storage:
                 await self.storage.close()

@@ -65,8 +65,8 @@ class Storage:
     async def open(self) -> Storage:
         async with self._opening:
             if self._deployment_id is None:
-                await self.backend.open()
                 try:
+                    await self.backend.open()
                     self._deployment_id = (await self.backend.deployment()).id
                 except BaseException:
                     await self.backend.close()
