@@ -22,7 +22,7 @@ from worker import AgentWorker, build_worker
 
 REPO = Path(__file__).resolve().parent.parent
 # A worker process imports everything and connects; with both cores busy that can take a while.
-READY_WITHIN_SECONDS = 60.0
+READY_WITHIN_SECONDS = 120.0
 
 
 @asynccontextmanager

@@ -118,22 +118,30 @@ class LedgerAttempt:
     @contextlib.asynccontextmanager
     async def held(self) -> AsyncIterator[LedgerAttempt]:
         """Renew this attempt's claims while the block runs; release them when it ends."""
+        stop = asyncio.Event()
 
-        async def renew_forever() -> None:
+        async def renew_until_stopped() -> None:
             while True:
-                await asyncio.sleep(self._lease / 3)
+                try:
+                    async with asyncio.timeout(self._lease / 3):
+                        await stop.wait()
+                    return
+                except TimeoutError:
+                    pass
                 try:
                     await self.renew()
                 except StorageError as err:
                     logger.warning("could not renew the ledger lease of %s: %s", self.owner, err)
 
-        renewing = asyncio.create_task(renew_forever())
+        renewing = asyncio.create_task(renew_until_stopped())
         try:
             yield self
         finally:
+            # Stopped by an event, not only cancelled: a cancellation delivered while the
+            # connection pool waits for the database can be lost (Python 3.11's wait_for).
+            stop.set()
             renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await asyncio.wait([renewing], timeout=_RELEASE_SECONDS)
             try:  # unreleased, the lease expires by itself: only a retry's wait is longer
                 await asyncio.wait_for(self.release(), _RELEASE_SECONDS)
             except (StorageError, TimeoutError) as err:
