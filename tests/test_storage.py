@@ -34,7 +34,7 @@ from activities.storage.postgres import PostgresBackend
 from activities.storage.sqlite import SqliteBackend
 from runtime.settings import Settings
 from testing.postgres import PostgresServer
-from testing.workers import REPO, WorkerProcess, worker_environment
+from testing.workers import REPO, WorkerProcess, running_worker, worker_environment
 from workflows.agent import AgentWorkflow
 
 DAY = 86400.0
@@ -395,3 +395,20 @@ async def test_a_worker_whose_postgresql_is_unreachable_exits_with_one_sentence(
         "(WAYSTATION_DATABASE_URL): "
     ), line
     assert "hunter2" not in log
+
+
+async def test_a_worker_prunes_the_storage_when_it_starts(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    async with Storage.from_settings(settings) as storage:
+        attempt = storage.ledger.attempt()
+        for key in ("old", "recent"):
+            assert await attempt.claim(key, "write_file") is None
+            await attempt.finish(key, "ok")
+    place = Place("sqlite", settings.data_dir.absolute() / "storage.sqlite3", "")
+    place.sql("UPDATE ledger SET updated_at = updated_at - 40 * 86400 WHERE key = 'old'")
+    async with running_worker(dev_env.client, settings) as worker:
+        async with asyncio.timeout(60):
+            while await worker.storage.ledger.lookup("old") is not None:
+                await asyncio.sleep(0.05)
+        assert await worker.storage.ledger.lookup("recent") is not None

@@ -12,6 +12,7 @@ shared storage. A worker refuses to start when
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -23,10 +24,12 @@ from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from activities.storage.errors import DeploymentMismatchError
 from activities.storage.storage import Storage
 
+logger = logging.getLogger("waystation.storage")
 MARKER = ".waystation-deployment"
 # A live poller polls again within a minute (the server ends a long poll after one); one
 # not seen for this long is gone, though the server lists it for a few minutes more.
@@ -125,7 +128,11 @@ async def check_single_machine(storage: Storage, client: Client, task_queue: str
     if storage.kind != "sqlite":
         return
     here = host_of(client.identity) or socket.gethostname()
-    others = sorted((await hosts_polling(client, task_queue)) - {here})
+    try:
+        others = sorted((await hosts_polling(client, task_queue)) - {here})
+    except RPCError as err:  # e.g. a key without the right to describe task queues
+        logger.warning("could not list the pollers of %r: %s", task_queue, err)
+        return
     if others:
         raise DeploymentMismatchError(
             f"workers on another machine ({', '.join(others)}) serve task queue "

@@ -12,7 +12,6 @@ from typing import Literal
 from activities.storage.backend import Backend
 from activities.storage.blobs import BlobStore
 from activities.storage.ledger import Ledger
-from activities.storage.postgres import PostgresBackend
 from activities.storage.sqlite import SqliteBackend
 from runtime.settings import Settings
 
@@ -39,6 +38,8 @@ class Storage:
     def from_settings(cls, settings: Settings) -> Storage:
         """PostgreSQL when WAYSTATION_DATABASE_URL is set, else SQLite in the data directory."""
         if settings.database_url is not None:
+            from activities.storage.postgres import PostgresBackend  # psycopg only when used
+
             return cls(PostgresBackend(settings.database_url.get_secret_value()))
         return cls(SqliteBackend(settings.data_dir.absolute() / SQLITE_FILE))
 
