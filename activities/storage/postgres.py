@@ -79,7 +79,13 @@ class PostgresBackend:
             name="waystation",
             open=False,
         )
-        await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+        try:
+            await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+        except psycopg.OperationalError as err:
+            await pool.close()
+            raise StorageUnavailableError(
+                f"cannot open connections to {self.location}: {_first_line(err)}"
+            ) from None
         self._pool = pool
 
     async def _migrate(self, connection: Connection) -> None:
