@@ -7,7 +7,8 @@ COPY activities activities
 COPY runtime runtime
 COPY worker.py starter.py ./
 RUN pip install --no-cache-dir .
-# Containers talk to a real Temporal service; data holds the tool workspace and ledger.
+# Containers talk to a real Temporal service. /data is the worker's own (its SQLite storage
+# and workspace unless WAYSTATION_DATABASE_URL and WAYSTATION_WORKSPACE point elsewhere).
 ENV WAYSTATION_EMBEDDED_SERVER=false \
     WAYSTATION_DATA_DIR=/data \
     PYTHONUNBUFFERED=1

@@ -25,6 +25,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.storage.errors import StorageError
 from runtime.agent_runtime import (
     AgentRuntime,
     DecisionError,
@@ -309,13 +310,54 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import worker
 
-    await worker.main()
+    return await worker.main()
+
+
+async def cmd_storage(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import timedelta
+
+    from activities.storage import open_storage
+
+    storage = await open_storage(settings)
+    try:
+        if args.action == "prune":
+            days = settings.retention_days if args.older_than is None else args.older_than
+            kept = settings.conversation_retention_days
+            report = await storage.prune(timedelta(days=days), timedelta(days=kept))
+            _say(
+                f"pruned {report.ledger_entries} finished ledger entries older than {days:g} "
+                f"days and {report.blobs} conversation messages unused for {kept:g} days from "
+                f"{storage.location}"
+            )
+        elif args.action == "forget-workspace":
+            await storage.backend.forget_workspace()
+            _say(
+                f"deployment {storage.deployment_id} has no registered workspace now; the next "
+                "worker to start registers its own"
+            )
+        else:
+            shown = {
+                "location": storage.location,
+                "deployment_id": storage.deployment_id,
+                **await storage.backend.stats(),
+            }
+            print(json.dumps(shown, indent=2))
+    finally:
+        await storage.close()
     return 0
 
 
 def _masked(value: Any) -> Any:
     text = str(value)
     return "****" if len(text) <= 8 else text[:3] + "****" + text[-2:]
+
+
+def _masked_url(settings: Settings) -> str | None:
+    if settings.database_url is None:
+        return None
+    from activities.storage.postgres import describe_url
+
+    return "postgresql://" + describe_url(settings.database_url.get_secret_value())
 
 
 async def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
@@ -333,6 +375,7 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     shown: dict[str, Any] = json.loads(settings.model_dump_json())
     shown["openai_api_key"] = _masked(settings.api_key) if settings.api_key else None
     shown["encryption_keys"] = {k: "****" for k in settings.encryption_keys}
+    shown["database_url"] = _masked_url(settings)
     shown["api_tokens"] = {
         _masked(token): value.model_dump() for token, value in settings.api_tokens.items()
     }
@@ -464,6 +507,18 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser("setup", help="register the search attributes on the namespace")
     commands.add_parser("api", help="serve the HTTP API (WAYSTATION_API_HOST/PORT/TOKENS)")
 
+    storage = commands.add_parser(
+        "storage", help="the ledger and blob storage: info, prune, forget-workspace"
+    )
+    storage.add_argument("action", choices=["info", "prune", "forget-workspace"])
+    storage.add_argument(
+        "--older-than",
+        type=float,
+        metavar="DAYS",
+        help="prune: finished entries and unused blobs older than this (default: "
+        "WAYSTATION_RETENTION_DAYS)",
+    )
+
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
     return root
@@ -484,6 +539,7 @@ COMMANDS = {
     "config": cmd_config,
     "setup": cmd_setup,
     "server": cmd_server,
+    "storage": cmd_storage,
 }
 
 
@@ -497,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return asyncio.run(COMMANDS[args.command](args, settings))
-    except (TaskError, DecisionError, TemporalUnavailableError) as err:
+    except (TaskError, DecisionError, TemporalUnavailableError, StorageError) as err:
         _say(f"error: {err}")
         return EXIT_FAILED
     except RPCError as err:

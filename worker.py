@@ -7,6 +7,8 @@ the LLM activity and the tool activity. The one place things are registered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import signal
 import sys
 from collections.abc import Mapping
@@ -16,13 +18,13 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.blob_store import SqliteBlobStore
 from activities.builtin_tools import builtin_registry
 from activities.chat import ChatBackend
 from activities.conversation_cache import ConversationCache
 from activities.conversation_store import ConversationStore
-from activities.ledger import IdempotencyLedger
 from activities.llm import LlmActivities
+from activities.storage import Storage, StorageError
+from activities.storage.deployment import check_single_machine, check_workspace
 from activities.tools import ToolActivities, ToolRegistry
 from runtime.settings import Settings
 from runtime.temporal import connect
@@ -38,16 +40,80 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 
-class AgentWorker(Worker):
-    """A Worker that also closes the model client its LLM activities hold."""
+logger = logging.getLogger("waystation.worker")
 
-    def __init__(self, client: Client, *, llm: LlmActivities, **options: Any) -> None:
+
+class AgentWorker(Worker):
+    """A Worker that, when it serves tool calls, opens its storage and checks its deployment
+    before it polls and prunes the storage now and then; it closes what it holds at shutdown."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        llm: LlmActivities,
+        storage: Storage,
+        settings: Settings,
+        serves_tools: bool,
+        owns_storage: bool,
+        **options: Any,
+    ) -> None:
         super().__init__(client, **options)
         self.llm = llm
+        self.storage = storage
+        self._temporal = client
+        self._settings = settings
+        self._queue: str = options["task_queue"]
+        self._serves_tools = serves_tools
+        self._owns_storage = owns_storage
+        self._prepared = False
+        self._pruning: asyncio.Task[None] | None = None
+
+    async def prepare(self) -> None:
+        """Open the storage and refuse a workspace or a task queue that breaks exactly-once
+        (a StorageError whose message is one sentence saying what to change)."""
+        if self._prepared or not self._serves_tools:
+            return
+        await self.storage.open()
+        try:
+            # The host check first: a refused worker leaves no marker in the workspace.
+            await check_single_machine(self.storage, self._temporal, self._queue)
+            await check_workspace(self.storage, self._settings.workspace_dir)
+        except BaseException:
+            if self._owns_storage:
+                await self.storage.close()
+            raise
+        self._prepared = True
+
+    async def __aenter__(self) -> AgentWorker:
+        await self.prepare()
+        if self._serves_tools and self._settings.prune_interval_hours > 0:
+            self._pruning = asyncio.create_task(self._prune_now_and_then())
+        await super().__aenter__()
+        return self
+
+    async def _prune_now_and_then(self) -> None:
+        age = timedelta(days=self._settings.retention_days)
+        conversations = timedelta(days=self._settings.conversation_retention_days)
+        while True:
+            try:
+                report = await self.storage.prune(age, blobs_older_than=conversations)
+                logger.info(
+                    "pruned %d ledger entries and %d blobs", report.ledger_entries, report.blobs
+                )
+            except StorageError as err:
+                logger.warning("could not prune the storage: %s", err)
+            await asyncio.sleep(self._settings.prune_interval_hours * 3600)
 
     async def shutdown(self) -> None:
         await super().shutdown()
+        if self._pruning is not None:
+            self._pruning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruning
         await self.llm.close()
+        if self._owns_storage:
+            await self.storage.close()
 
 
 def build_worker(
@@ -59,29 +125,36 @@ def build_worker(
     graceful_shutdown: timedelta = timedelta(seconds=5),
     activities: bool = True,
     backends: Mapping[str, ChatBackend] | None = None,
+    storage: Storage | None = None,
 ) -> AgentWorker:
     """A worker for the agent workflow and its activities on the settings' task queue.
 
     With `activities=False` it takes no LLM or tool call from the server (a short-lived
-    process would abandon them), only workflow tasks, which may run pure tools locally.
-    `backends` serves models by name from something other than the OpenAI endpoint.
+    process would abandon them), only workflow tasks, which may run pure tools locally; it
+    then never opens the storage. `backends` serves models by name from something other
+    than the OpenAI endpoint. `storage` (default: the settings') is opened when the worker
+    starts; one passed in is left open at shutdown.
     """
     registry = registry or builtin_registry()
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
-    blobs = SqliteBlobStore(settings.data_dir.absolute() / "conversations.sqlite3")
+    owns_storage = storage is None
+    storage = storage or Storage.from_settings(settings)
     llm = LlmActivities(
         registry,
-        ConversationStore(blobs, settings.payload_codec()),
+        ConversationStore(storage.blobs, settings.payload_codec()),
         api_key=settings.api_key,
         base_url=settings.openai_base_url,
         backends=backends,
         conversations=conversations,
     )
-    ledger = IdempotencyLedger(settings.data_dir.absolute() / "ledger.sqlite3")
-    tools = ToolActivities(registry, settings.workspace_dir, ledger, conversations)
+    tools = ToolActivities(registry, settings.workspace_dir, storage.ledger, conversations)
     return AgentWorker(
         client,
         llm=llm,
+        storage=storage,
+        settings=settings,
+        serves_tools=activities,
+        owns_storage=owns_storage,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
         activities=[llm.call_llm, llm.summarize_context, llm.save_conversation, tools.run_tool],
@@ -93,10 +166,16 @@ def build_worker(
     )
 
 
-async def main() -> None:
+async def main() -> int:
+    """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
     settings = Settings()
     client = await connect(settings)
-    worker = build_worker(client, settings)
+    try:
+        worker = build_worker(client, settings)
+        await worker.prepare()
+    except StorageError as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,14 +188,16 @@ async def main() -> None:
     print(
         f"worker polling task queue {settings.task_queue!r} on "
         f"{client.service_client.config.target_host} "
-        f"(model endpoint: {model}; workspace: {settings.workspace_dir})",
+        f"(model endpoint: {model}; workspace: {settings.workspace_dir}; storage: "
+        f"{worker.storage.location}, deployment {worker.storage.deployment_id})",
         file=sys.stderr,
         flush=True,
     )
     async with worker:
         await stop.wait()
     print("worker stopped", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -12,12 +12,14 @@ import os
 import shutil
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from activities.storage.ledger import HOST
 from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
 
 # --- calculator -----------------------------------------------------------------------------
@@ -179,25 +181,25 @@ async def write_file(args: WriteFileArgs, context: ToolContext) -> str:
     if target.is_dir():
         raise ToolError(f"{args.path!r} is a directory")
     ledger, key = context.ledger, context.idempotency_key
-    entry = ledger.lookup(key)
-    if entry is not None and entry.state == "done" and entry.result is not None:
-        return entry.result
+    earlier = await ledger.claim(key, "write_file")  # waits while a live attempt holds it
+    if earlier is not None and earlier.state == "done" and earlier.result is not None:
+        return earlier.result
     data = args.content.encode()
     verb = "appended" if args.append else "wrote"
     result = f"{verb} {len(data)} bytes to {_relative(context.workspace, target)}"
-    if args.append and entry is not None and _appended(target, entry.detail["offset"], data):
-        ledger.finish(key, result)  # the lost attempt did append: do not append twice
+    if args.append and earlier is not None and _appended(target, earlier.detail["offset"], data):
+        await ledger.finish(key, result)  # the dead attempt did append: do not append twice
         return result
     target.parent.mkdir(parents=True, exist_ok=True)
     offset = target.stat().st_size if target.exists() else 0
-    ledger.start(key, "write_file", {"offset": offset, "path": args.path})
+    await ledger.start(key, {"offset": offset, "path": args.path})
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if args.append else os.O_TRUNC)
     fd = os.open(target, flags, 0o644)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    ledger.finish(key, result)
+    await ledger.finish(key, result)
     return result
 
 
@@ -210,22 +212,28 @@ class RunShellArgs(BaseModel):
 
 
 # The command runs in its own session and writes its pid, output and exit code into a
-# folder named after the idempotency key. It outlives a worker that dies, so a retry can
-# wait for it or read what it did instead of running it a second time.
+# folder of the workspace named after the idempotency key; a watcher touches `alive` every
+# second while it runs. The command outlives a worker that dies, so a retry on any machine
+# that shares the workspace can wait for it or read what it did instead of running it again.
 _WRAPPER = (
-    'echo $$ > "$2/pid"; /bin/sh -c "$1" > "$2/output" 2>&1; '
-    'echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit_code"'
+    'echo $$ > "$2/pid"; '
+    '(while :; do touch "$2/alive"; sleep 1; done) & watcher=$!; '
+    '/bin/sh -c "$1" > "$2/output" 2>&1; code=$?; kill $watcher 2>/dev/null; '
+    'echo $code > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit_code"'
 )
+SHELL_RUNS_DIR = ".shell-runs"
 _START_GRACE = 1.0
+# The watcher touches `alive` every second; this long without a touch, the command is gone.
+_ALIVE_STALE_SECONDS = 5.0
 SHELL_OUTPUT_CHARS = 1_000_000  # kept whole up to this; the model is sent less
 
 
 def _run_dir(context: ToolContext) -> Path:
     digest = hashlib.sha256(context.idempotency_key.encode()).hexdigest()[:24]
-    return context.ledger.path.parent / "shell-runs" / digest
+    return context.workspace / SHELL_RUNS_DIR / digest
 
 
-def _alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -233,6 +241,28 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _recently_touched(run_dir: Path) -> bool:
+    """Whether the command's watcher touched its files lately, by the workspace's own clock
+    (a file written now), which is the same for every machine that shares it."""
+    probe = run_dir / f".probe-{uuid.uuid4().hex[:8]}"
+    probe.touch()
+    try:
+        now = probe.stat().st_mtime
+    finally:
+        probe.unlink()
+    signs = [p.stat().st_mtime for p in (run_dir / "pid", run_dir / "alive") if p.exists()]
+    return bool(signs) and now - max(signs) < _ALIVE_STALE_SECONDS
+
+
+def _command_alive(run_dir: Path, pid: int) -> bool:
+    """A pid means something only on its own host; elsewhere, the watcher's touches tell."""
+    host_file = run_dir / "host"
+    host = host_file.read_text().strip() if host_file.exists() else HOST
+    if host == HOST and not _pid_alive(pid):
+        return False
+    return _recently_touched(run_dir)
 
 
 def _finished_result(run_dir: Path) -> str | None:
@@ -255,7 +285,7 @@ async def _await_earlier_attempt(run_dir: Path) -> str | None:
         await asyncio.sleep(0.05)
     pid = int((run_dir / "pid").read_text().strip() or 0)
     while (result := _finished_result(run_dir)) is None:
-        if not _alive(pid):
+        if not _command_alive(run_dir, pid):
             raise ToolError(
                 "an earlier attempt's command was killed before it finished; what it did is "
                 "unknown, so it was not run a second time"
@@ -266,18 +296,19 @@ async def _await_earlier_attempt(run_dir: Path) -> str | None:
 
 async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     ledger, key = context.ledger, context.idempotency_key
-    entry = ledger.lookup(key)
-    if entry is not None and entry.state == "done" and entry.result is not None:
-        if entry.is_error:
-            raise ToolError(entry.result)
-        return entry.result
+    earlier = await ledger.claim(key, "run_shell")  # waits while a live attempt holds it
+    if earlier is not None and earlier.state == "done" and earlier.result is not None:
+        if earlier.is_error:
+            raise ToolError(earlier.result)
+        return earlier.result
     run_dir = _run_dir(context)
-    if entry is not None and (earlier := await _await_earlier_attempt(run_dir)) is not None:
-        ledger.finish(key, earlier)
-        return earlier
+    if earlier is not None and (outcome := await _await_earlier_attempt(run_dir)) is not None:
+        await ledger.finish(key, outcome)
+        return outcome
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    ledger.start(key, "run_shell", {"command": args.command})
+    (run_dir / "host").write_text(HOST)
+    await ledger.start(key, {"command": args.command, "host": HOST})
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -297,7 +328,7 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
         _kill_group(process.pid)
         await process.wait()
         message = f"command timed out after {args.timeout_seconds:g} s"
-        ledger.finish(key, message, is_error=True)
+        await ledger.finish(key, message, is_error=True)
         raise ToolError(message) from None
     except asyncio.CancelledError:
         _kill_group(process.pid)
@@ -305,7 +336,7 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     result = _finished_result(run_dir)
     if result is None:
         raise ToolError("the command's shell ended without recording an exit code")
-    ledger.finish(key, result)
+    await ledger.finish(key, result)
     return result
 
 

@@ -22,8 +22,8 @@ from temporalio import activity
 
 from activities.conversation_cache import ConversationCache
 from activities.heartbeat import keep_heartbeating
-from activities.ledger import IdempotencyLedger
 from activities.spans import span
+from activities.storage import Ledger, LedgerAttempt, StorageError
 from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
 
 MAX_OBSERVATION_CHARS = 16_000
@@ -42,8 +42,9 @@ class ToolContext:
     workspace: Path
     idempotency_key: str
     """`workflow_id/step/call_id`: the same on every retry of the same call."""
-    ledger: IdempotencyLedger
-    """Where a side-effecting tool records what it did under its idempotency key."""
+    ledger: LedgerAttempt
+    """Where a side-effecting tool claims its idempotency key and records what it did (the
+    ledger every worker of the deployment shares, as this attempt of the call sees it)."""
 
 
 ToolFunction = Callable[[Any, ToolContext], Awaitable[str] | str]
@@ -190,7 +191,7 @@ class ToolActivities:
         self,
         registry: ToolRegistry,
         workspace: Path,
-        ledger: IdempotencyLedger,
+        ledger: Ledger,
         conversations: ConversationCache | None = None,
     ) -> None:
         self._registry = registry
@@ -219,13 +220,9 @@ class ToolActivities:
             return ToolResult(
                 output=f"invalid arguments for {tool.name}: {_describe(err)}", is_error=True
             )
-        context = ToolContext(
-            workspace=self._workspace,
-            idempotency_key=request.idempotency_key,
-            ledger=self._ledger,
-        )
         try:
-            async with keep_heartbeating():
+            async with keep_heartbeating(), self._ledger.attempt().held() as ledger:
+                context = ToolContext(self._workspace, request.idempotency_key, ledger)
                 output = await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
         except ToolError as err:
             return ToolResult(output=str(err), is_error=True)
@@ -234,8 +231,8 @@ class ToolActivities:
                 output=f"{tool.name} did not finish within {tool.timeout_seconds:g} s",
                 is_error=True,
             )
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, StorageError):
+            raise  # the storage stayed unreachable: the activity fails and Temporal retries it
         except Exception as err:  # a tool's bug is reported to the model, not a crashed task
             activity.logger.warning("tool %s raised", tool.name, exc_info=True)
             return ToolResult(

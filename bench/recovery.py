@@ -22,8 +22,8 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import WorkerProcess
-from workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
 REPEATS = 3

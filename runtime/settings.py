@@ -50,6 +50,28 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("WAYSTATION_MODEL", "OPENAI_MODEL"),
         description="Model for new tasks; default gpt-4o-mini with an endpoint, else offline.",
     )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL (postgresql://user:password@host:port/db) for the idempotency "
+        "ledger, blobs and the deployment id, shared by workers on several machines; none: "
+        "SQLite in data_dir, for one machine.",
+    )
+    retention_days: float = Field(
+        default=30,
+        gt=0,
+        description="Finished ledger entries older than this are pruned.",
+    )
+    conversation_retention_days: float = Field(
+        default=400,
+        gt=0,
+        description="Saved conversation messages unused this long are pruned; longer than a "
+        "task may wait for a person (at most a year), so a waiting task never loses them.",
+    )
+    prune_interval_hours: float = Field(
+        default=24,
+        ge=0,
+        description="How often a worker prunes (0: never; `starter.py storage prune` does it).",
+    )
     embedded_server: bool = Field(
         default=True,
         description="Start the Temporal dev server (SQLite under data_dir) when none is reachable "

@@ -22,7 +22,7 @@ from worker import AgentWorker, build_worker
 
 REPO = Path(__file__).resolve().parent.parent
 # A worker process imports everything and connects; with both cores busy that can take a while.
-READY_WITHIN_SECONDS = 60.0
+READY_WITHIN_SECONDS = 120.0
 
 
 @asynccontextmanager
@@ -47,6 +47,8 @@ def worker_environment(
         WAYSTATION_DATA_DIR=str(settings.data_dir),
         WAYSTATION_EMBEDDED_SERVER="false",
     )
+    if settings.database_url is not None:
+        env["WAYSTATION_DATABASE_URL"] = settings.database_url.get_secret_value()
     if settings.openai_base_url:
         env["OPENAI_BASE_URL"] = settings.openai_base_url
     if settings.api_key:

@@ -14,6 +14,7 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from runtime.temporal import ensure_search_attributes
 from testing.fake_openai import FakeOpenAI
+from testing.postgres import PostgresServer
 from testing.servers import start_dev_env, start_time_skipping_env
 from testing.settings import isolated_settings, scrub_user_environment
 from testing.workers import WorkerProcess, running_worker
@@ -43,6 +44,16 @@ def fake_openai() -> Iterator[FakeOpenAI]:
     server = FakeOpenAI()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (initdb in a temporary directory, run unprivileged); tests
+    take a fresh database each with `postgres.create_database()`."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.destroy()
 
 
 @pytest.fixture

@@ -267,6 +267,17 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
             env["TEMPORAL_ADDRESS"] == "temporal:7233"
             and env["WAYSTATION_EMBEDDED_SERVER"] == "false"
         )
+    # Workers on any number of machines share the storage (waystation's own database on the
+    # compose PostgreSQL) and the workspace volume; no data volume.
+    worker_env = services["worker"]["environment"]
+    assert services["postgresql"]["environment"]["POSTGRES_DB"] == "waystation"
+    url = worker_env["WAYSTATION_DATABASE_URL"]
+    assert url.startswith("postgresql://temporal:") and url.endswith("@postgresql:5432/waystation")
+    mounts = dict(volume.split(":", 1)[::-1] for volume in services["worker"]["volumes"])
+    assert mounts == {worker_env["WAYSTATION_WORKSPACE"]: "workspace"}
+    assert worker_env["WAYSTATION_DATA_DIR"] not in mounts
+    assert set(compose["volumes"]) == {"postgres-data", "workspace"}
+    assert services["worker"]["depends_on"]["postgresql"]["condition"] == "service_healthy"
     # Workers scale: no fixed name, no published port.
     assert "container_name" not in services["worker"] and "ports" not in services["worker"]
     assert (

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,20 +28,32 @@ from activities.builtin_tools import (
     run_shell,
     write_file,
 )
-from activities.ledger import IdempotencyLedger
+from activities.storage import Ledger, Storage
+from activities.storage.sqlite import SqliteBackend
 from activities.tools import ToolActivities, ToolContext, ToolError
 from workflows.models import ToolRequest
 
 
 @pytest.fixture
-def context(tmp_path: Path) -> ToolContext:
+async def storage(tmp_path: Path) -> AsyncIterator[Storage]:
+    async with Storage(SqliteBackend(tmp_path / "storage.sqlite3")) as storage:
+        yield storage
+
+
+@pytest.fixture
+def context(tmp_path: Path, storage: Storage) -> ToolContext:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     return ToolContext(
-        workspace=workspace,
-        idempotency_key="wf/1/c1",
-        ledger=IdempotencyLedger(tmp_path / "ledger.sqlite3"),
+        workspace=workspace, idempotency_key="wf/1/c1", ledger=storage.ledger.attempt()
     )
+
+
+async def died_after_start(storage: Storage, key: str, tool: str, detail: dict[str, Any]) -> None:
+    """An attempt that claimed `key`, recorded its start, and died (its lease lapses at once)."""
+    dead = Ledger(storage.backend, lease=timedelta(seconds=0.2)).attempt()
+    assert await dead.claim(key, tool) is None
+    await dead.start(key, detail)
 
 
 @pytest.mark.parametrize(
@@ -127,11 +144,15 @@ async def test_a_retried_call_does_its_side_effect_once(context: ToolContext) ->
     assert (context.workspace / "shell.txt").read_text() == "ran\n"
 
 
-async def test_a_lost_response_is_recognised_not_repeated(context: ToolContext) -> None:
+async def test_a_lost_response_is_recognised_not_repeated(
+    context: ToolContext, storage: Storage
+) -> None:
     # An attempt appended, then its worker died before recording the result.
     target = context.workspace / "log.txt"
     target.write_text("before\n")
-    context.ledger.start("lost", "write_file", {"offset": len("before\n"), "path": "log.txt"})
+    await died_after_start(
+        storage, "lost", "write_file", {"offset": len("before\n"), "path": "log.txt"}
+    )
     with open(target, "a") as handle:
         handle.write("effect\n")
     retry = await write_file(
@@ -140,8 +161,8 @@ async def test_a_lost_response_is_recognised_not_repeated(context: ToolContext) 
     assert retry == "appended 7 bytes to log.txt"
     assert target.read_text() == "before\neffect\n"
     # An attempt that recorded its start but never appended: the retry appends once.
-    context.ledger.start(
-        "never-wrote", "write_file", {"offset": target.stat().st_size, "path": "log.txt"}
+    await died_after_start(
+        storage, "never-wrote", "write_file", {"offset": target.stat().st_size, "path": "log.txt"}
     )
     await write_file(
         WriteFileArgs(path="log.txt", content="late\n", append=True),
@@ -151,11 +172,12 @@ async def test_a_lost_response_is_recognised_not_repeated(context: ToolContext) 
 
 
 async def test_a_retried_shell_command_reads_what_the_lost_attempt_did(
-    context: ToolContext,
+    context: ToolContext, storage: Storage
 ) -> None:
     command = RunShellArgs(command="echo x >> shell.txt")
+    detail = {"command": command.command}
     # Recorded as started, but the command never began: it is run now, once.
-    context.ledger.start("never-began", "run_shell", {"command": command.command})
+    await died_after_start(storage, "never-began", "run_shell", detail)
     assert await run_shell(command, with_key(context, "never-began")) == "exit code 0\n"
     assert (context.workspace / "shell.txt").read_text() == "x\n"
     # The command ran to the end after its worker died: the retry returns its output.
@@ -165,21 +187,61 @@ async def test_a_retried_shell_command_reads_what_the_lost_attempt_did(
     (run_dir / "pid").write_text("999999")
     (run_dir / "output").write_text("it printed this\n")
     (run_dir / "exit_code").write_text("0\n")
-    context.ledger.start("finished-alone", "run_shell", {"command": command.command})
+    await died_after_start(storage, "finished-alone", "run_shell", detail)
     assert await run_shell(command, finished) == "exit code 0\nit printed this\n"
     # Killed mid-way (its pid is gone, no exit code): unknown, so not run a second time.
     killed = with_key(context, "killed")
     run_dir = _run_dir(killed)
     run_dir.mkdir(parents=True)
     (run_dir / "pid").write_text("999999")
-    context.ledger.start("killed", "run_shell", {"command": command.command})
+    await died_after_start(storage, "killed", "run_shell", detail)
     with pytest.raises(ToolError, match="not run a second time"):
         await run_shell(command, killed)
     assert (context.workspace / "shell.txt").read_text() == "x\n"
 
 
-async def test_long_output_is_sent_truncated_and_kept_whole(context: ToolContext) -> None:
-    activities = ToolActivities(builtin_registry(), context.workspace, context.ledger)
+def started_elsewhere(context: ToolContext, *, last_sign_of_life: float) -> Any:
+    """The run folder of a command started by a worker on another machine."""
+    run_dir = _run_dir(context)
+    run_dir.mkdir(parents=True)
+    (run_dir / "host").write_text("another-machine")
+    (run_dir / "pid").write_text("1")  # another machine's pid: meaningless here
+    (run_dir / "alive").touch()
+    for name in ("pid", "alive"):
+        os.utime(run_dir / name, (last_sign_of_life, last_sign_of_life))
+    return run_dir
+
+
+async def test_a_command_running_on_another_machine_is_awaited_not_repeated(
+    context: ToolContext, storage: Storage
+) -> None:
+    command = RunShellArgs(command="echo y >> shell.txt")
+    running = with_key(context, "elsewhere")
+    run_dir = started_elsewhere(running, last_sign_of_life=time.time())
+    await died_after_start(storage, "elsewhere", "run_shell", {"command": command.command})
+    retry = asyncio.create_task(run_shell(command, running))
+    while (entry := await storage.ledger.lookup("elsewhere")) is None or (
+        entry.owner != context.ledger.owner
+    ):
+        await asyncio.sleep(0.02)  # until the retry took the key over and inspects
+    (run_dir / "alive").touch()  # the command's watcher, on its machine
+    (run_dir / "output").write_text("done over there\n")
+    (run_dir / "exit_code").write_text("0\n")
+    assert await retry == "exit code 0\ndone over there\n"
+    assert not (context.workspace / "shell.txt").exists()  # never run here
+    # Silent for a minute: that machine is gone, and what the command did is unknown.
+    gone = with_key(context, "gone")
+    started_elsewhere(gone, last_sign_of_life=time.time() - 60)
+    await died_after_start(storage, "gone", "run_shell", {"command": command.command})
+    with pytest.raises(ToolError, match="not run a second time"):
+        await run_shell(command, gone)
+    assert not (context.workspace / "shell.txt").exists()
+
+
+async def test_long_output_is_sent_truncated_and_kept_whole(
+    context: ToolContext, storage: Storage
+) -> None:
+    activities = ToolActivities(builtin_registry(), context.workspace, storage.ledger)
     result = await activities.run_tool(
         ToolRequest(
             call_id="c",
@@ -241,8 +303,10 @@ def test_schemas_are_openai_function_tools() -> None:
     assert params["type"] == "object" and set(params["required"]) == {"path", "content"}
 
 
-async def test_run_tool_turns_failures_into_error_results(context: ToolContext) -> None:
-    activities = ToolActivities(builtin_registry(), context.workspace, context.ledger)
+async def test_run_tool_turns_failures_into_error_results(
+    context: ToolContext, storage: Storage
+) -> None:
+    activities = ToolActivities(builtin_registry(), context.workspace, storage.ledger)
     unknown = await activities.run_tool(
         ToolRequest(call_id="c", tool="nope", arguments={}, idempotency_key="k")
     )
