@@ -40,7 +40,8 @@ CALL_SAMPLES: list[tuple[str, list[tuple[str, dict[str, object], str]]]] = [
     # A ```json block after a sentence (Qwen2.5-Coder-0.5B).
     (
         "To find the result, I will use the calculator.\n\n```json\n"
-        '{\n  "name": "calculator",\n  "arguments": {\n    "expression": "(12 + 30) * 7"\n  }\n}\n```',
+        '{\n  "name": "calculator",\n  "arguments": {\n    "expression": "(12 + 30) * 7"\n  }\n}'
+        "\n```",
         [("calculator", {"expression": "(12 + 30) * 7"}, "fenced")],
     ),
     # A fence without a language, holding a list of two calls.
@@ -223,7 +224,8 @@ def test_only_offered_tools_count() -> None:
 
 
 def test_arguments_come_back_as_json_object_text() -> None:
-    (call,) = recover_tool_calls('{"name": "calculator", "arguments": {"expression": "6*7"}}', TOOLS)
+    text = '{"name": "calculator", "arguments": {"expression": "6*7"}}'
+    (call,) = recover_tool_calls(text, TOOLS)
     assert json.loads(call.arguments) == {"expression": "6*7"}
     assert isinstance(call.arguments, str)
 
