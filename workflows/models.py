@@ -41,7 +41,24 @@ class ModelSettings(Contract):
         default=120,
         ge=0.1,
         le=3600,
-        description="Longest wait for the next streamed chunk before the attempt is retried.",
+        description="Idle timeout: the longest wait for the next streamed chunk once the "
+        "first has come, before the attempt is retried.",
+    )
+    first_chunk_timeout_seconds: float = Field(
+        default=300,
+        ge=0.1,
+        le=3600,
+        description="The longest wait from sending the request to the first streamed chunk. "
+        "A CPU-served model reads the whole prompt first: ~65 s for 720 tokens of a 1.5B "
+        "model on a busy 2-core machine, hence the generous default.",
+    )
+    tool_choice: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="'auto', 'none', 'required', or the name of the one tool the model "
+        "must call; unset leaves it to the endpoint (auto where tools are offered).",
     )
     max_attempts: int = Field(
         default=8, ge=1, le=100, description="LLM attempts per step, retries included."
