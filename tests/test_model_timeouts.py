@@ -49,7 +49,7 @@ def settings(name: str, *, first: float, idle: float, **kw: Any) -> ModelSetting
 async def test_no_first_chunk_in_time_is_a_retryable_timeout(fake_openai: FakeOpenAI) -> None:
     # The server neither answers nor sends headers (a model still reading a long prompt).
     name = fake_openai.script([hang(30)])
-    with pytest.raises(StreamTimeoutError, match="no first chunk from the model within 0.5 s"):
+    with pytest.raises(StreamTimeoutError, match=r"no first chunk from the model within 0\.5 s"):
         await collect(fake_openai, settings(name, first=0.5, idle=60))
 
 
@@ -75,7 +75,7 @@ async def test_a_stream_that_stalls_after_it_began_times_out(fake_openai: FakeOp
     # Chunks: role, "one ", "two ", then a stall before "three".
     name = fake_openai.script([stall("one two three", before_chunk=3, seconds=30)])
     received: list[ChatDelta] = []
-    with pytest.raises(StreamTimeoutError, match="stream stalled for 0.5 s"):
+    with pytest.raises(StreamTimeoutError, match=r"stream stalled for 0\.5 s"):
         await collect(fake_openai, settings(name, first=60, idle=0.5), received=received)
     assert "".join(d.text for d in received) == "one two "
 
