@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 DEFAULT_TEMPLATE = TEMPLATES / "qwen_tools.jinja"
+BUILTIN_TEMPLATE = "builtin"  # the GGUF's own chat template
 CHUNK = 8 * 1024 * 1024
 
 
@@ -298,7 +299,8 @@ def serve(model: Path, served_name: str, args: argparse.Namespace) -> None:
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
     params.use_jinja = True
-    params.chat_template = Path(args.template).read_text(encoding="utf-8")
+    if args.template != BUILTIN_TEMPLATE:
+        params.chat_template = Path(args.template).read_text(encoding="utf-8")
     params.sampling.temp = args.temperature
     params.warmup = False
     log = model.parent / "server.log"
@@ -347,7 +349,12 @@ def parser() -> argparse.ArgumentParser:
     )
     root.add_argument("--context", type=int, default=8192, help="context window in tokens")
     root.add_argument("--temperature", type=float, default=0.2)
-    root.add_argument("--template", default=str(DEFAULT_TEMPLATE), help="a Jinja chat template")
+    root.add_argument(
+        "--template",
+        default=str(DEFAULT_TEMPLATE),
+        help=f"a Jinja chat template file, or {BUILTIN_TEMPLATE!r} for the GGUF's own "
+        "(with which these models write tool calls as text)",
+    )
     root.add_argument("--check-only", action="store_true", help="assemble and verify; no server")
     return root
 
