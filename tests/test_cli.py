@@ -256,3 +256,64 @@ async def test_events_that_no_worker_answers_are_one_sentence(
     assert err.strip() == (
         "error: no worker answered the events query within 1 s (start one: python worker.py)"
     )
+
+
+async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    from runtime.temporal import temporal_binary
+
+    readme = (REPO / "README.md").read_text()
+    assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
+    assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
+    assert code == 3, err
+    address = dev_env.client.service_client.config.target_host
+
+    async def temporal(*args: str) -> tuple[int, str]:
+        process = await asyncio.create_subprocess_exec(
+            temporal_binary(),
+            *args,
+            "--address",
+            address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode is not None
+        return process.returncode, out.decode()
+
+    typo = '{"request_id": "1-call_1_9"}'
+    code, out = await temporal(
+        "workflow", "signal", "--workflow-id", "cli-tctl", "--name", "approve", "--input", typo
+    )
+    assert code == 0 and "Signal workflow succeeded" in out
+    # The Update needs a worker to answer: `stream` hosts one while it follows the task,
+    # which ends once the approved call has run.
+    async with asyncio.TaskGroup() as group:
+        group.create_task(starter(dev_env, settings, "stream", "cli-tctl", "--since", "0"))
+        code, out = await temporal(
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-tctl",
+            "--name",
+            "decide",
+            "--input",
+            '{"request_id": "1-call_1_9", "decision": "approve"}',
+        )
+        assert code != 0
+        assert "unknown approval request 1-call_1_9; pending: 1-call_1_0" in out
+        code, out = await temporal(
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-tctl",
+            "--name",
+            "decide",
+            "--input",
+            '{"request_id": "1-call_1_0", "decision": "approve"}',
+        )
+        assert code == 0 and "decision:approve" in out
