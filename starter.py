@@ -18,20 +18,23 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.storage.errors import StorageError
+from runtime import worker_log
 from runtime.agent_runtime import (
     AgentRuntime,
     DecisionError,
     TaskError,
     TaskHandle,
 )
+from runtime.pollers import no_worker_note
 from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
@@ -89,25 +92,47 @@ async def follow(
 ) -> int:
     """Show the task's stream until it ends (or waits, as `on_approval` says)."""
     view = LiveView()
-    async for item in runtime.stream(handle.id, since=since):
-        if as_json:
-            print(item.model_dump_json(), flush=True)
-        else:
-            view.show(item)
-        if isinstance(item.data, ApprovalRequested):
-            request = item.data
-            if interactive:
-                await _ask(handle, request)
-            elif on_approval == "exit":
-                _say(
-                    f"task {handle.id} waits for approval of [{request.request_id}]; it holds no "
-                    "process while it waits. Decide with:\n"
-                    f"  python starter.py approve {handle.id} {request.request_id}\n"
-                    f"  python starter.py approve {handle.id} {request.request_id} --reject "
-                    "--message 'why'"
-                )
-                return EXIT_WAITING
+    with shows_failed_attempts(view, handle.id, enabled=not as_json):
+        async for item in runtime.stream(handle.id, since=since):
+            if as_json:
+                print(item.model_dump_json(), flush=True)
+            else:
+                view.show(item)
+            if isinstance(item.data, ApprovalRequested):
+                request = item.data
+                if interactive:
+                    await _ask(handle, request)
+                elif on_approval == "exit":
+                    _say(
+                        f"task {handle.id} waits for approval of [{request.request_id}]; it holds "
+                        "no process while it waits. Decide with:\n"
+                        f"  python starter.py approve {handle.id} {request.request_id}\n"
+                        f"  python starter.py approve {handle.id} {request.request_id} --reject "
+                        "--message 'why'"
+                    )
+                    return EXIT_WAITING
     return await _final_status(handle)
+
+
+MODEL_ACTIVITIES = frozenset({"call_llm", "summarize_context"})
+
+
+@contextlib.contextmanager
+def shows_failed_attempts(view: LiveView, task_id: str, *, enabled: bool) -> Iterator[None]:
+    """While following a task, its failed model attempts are one line in the live view."""
+    if not enabled:
+        yield
+        return
+
+    def show(failure: worker_log.AttemptFailure) -> bool:
+        mine = failure.workflow_id == task_id and failure.activity in MODEL_ACTIVITIES
+        return mine and view.attempt_failed(failure)
+
+    worker_log.listen(show)
+    try:
+        yield
+    finally:
+        worker_log.listen(None)
 
 
 async def _ask(handle: TaskHandle, request: ApprovalRequested) -> None:
@@ -136,6 +161,11 @@ async def _final_status(handle: TaskHandle) -> int:
     return 0
 
 
+def _validation_sentence(err: ValidationError) -> str:
+    problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+    return "; ".join(problems)
+
+
 def _approver() -> str:
     try:
         return f"{getpass.getuser()}@cli"
@@ -144,9 +174,13 @@ def _approver() -> str:
 
 
 def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
+    model: dict[str, Any] = {"name": args.model or settings.default_model}
+    for option in ("temperature", "max_tokens", "tool_choice", "first_chunk_timeout_seconds"):
+        if getattr(args, option) is not None:
+            model[option] = getattr(args, option)
     fields: dict[str, Any] = {
         "task": args.task,
-        "model": ModelSettings(name=args.model or settings.default_model),
+        "model": ModelSettings(**model),
         "max_steps": args.max_steps,
     }
     if args.token_budget is not None:
@@ -162,11 +196,14 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     task = _task_from_args(args, settings)
     client = await connect(settings)
     runtime = AgentRuntime(client, settings)
-    async with hosted_worker(client, settings, args.worker):
+    # A worker hosted by a command that returns at once would only abandon what it took.
+    async with hosted_worker(client, settings, args.worker and not args.no_wait):
         handle = await runtime.run(task, task_id=args.id)
         _say(f"task {handle.id} started (model: {task.model.name})")
         if args.no_wait:
             print(handle.id)
+            if note := await no_worker_note(client, settings.task_queue):
+                _say(note)
             return 0
         if args.quiet:
             code = await _final_status(handle)
@@ -242,13 +279,14 @@ async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     async with hosted_worker(client, settings, args.worker):
         handle = runtime.get(args.id)
         view = LiveView()
-        async for item in runtime.stream(
-            args.id,
-            since=args.since,
-            topics=args.topics.split(",") if args.topics else None,
-            wait_for_start=timedelta(seconds=args.wait) if args.wait else None,
-        ):
-            _emit(item, view, args.json)
+        with shows_failed_attempts(view, args.id, enabled=not args.json):
+            async for item in runtime.stream(
+                args.id,
+                since=args.since,
+                topics=args.topics.split(",") if args.topics else None,
+                wait_for_start=timedelta(seconds=args.wait) if args.wait else None,
+            ):
+                _emit(item, view, args.json)
         return await _final_status(handle)
 
 
@@ -275,6 +313,8 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(state.model_dump_json(indent=2))
     else:
         print(render_state(state, args.id))
+    if state.status == "running" and (note := await no_worker_note(client, settings.task_queue)):
+        _say(note)
     return EXIT_WAITING if state.status == "waiting_approval" else 0
 
 
@@ -428,6 +468,18 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, default=20)
     run.add_argument("--token-budget", type=int)
     run.add_argument("--tools", help="comma-separated tool names the model may call")
+    run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
+    run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
+    run.add_argument(
+        "--tool-choice",
+        help="auto, none, required, or the name of the one tool the model must call",
+    )
+    run.add_argument(
+        "--first-chunk-timeout",
+        dest="first_chunk_timeout_seconds",
+        type=float,
+        help="seconds to wait for a model's first chunk (default 300: CPU-served models)",
+    )
     run.add_argument("--approval-timeout", type=float, help="seconds a request may wait")
     run.add_argument("--no-wait", action="store_true", help="print the task id and exit")
     run.add_argument("--quiet", action="store_true", help="no live view: print only the result")
@@ -515,12 +567,20 @@ def parser() -> argparse.ArgumentParser:
         "--older-than",
         type=float,
         metavar="DAYS",
-        help="prune: finished entries and unused blobs older than this (default: "
-        "WAYSTATION_RETENTION_DAYS)",
+        help="prune: finished ledger entries older than this (default: "
+        "WAYSTATION_RETENTION_DAYS); saved conversations go after "
+        "WAYSTATION_CONVERSATION_RETENTION_DAYS",
     )
 
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
+    for command in commands.choices.values():
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="the hosted worker's full log (tracebacks of failed attempts) on stderr",
+        )
     return root
 
 
@@ -545,6 +605,7 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    worker_log.configure(args.verbose)
     settings = Settings()
     if args.command == "api":
         from runtime.http_api import main as serve
@@ -559,6 +620,15 @@ def main(argv: list[str] | None = None) -> int:
     except RPCError as err:
         _say(f"error from Temporal: {err}")
         return EXIT_FAILED
+    except TimeoutError:
+        _say(
+            "error: no answer in time from Temporal or a worker (is a worker running? "
+            "python worker.py)"
+        )
+        return EXIT_FAILED
+    except ValidationError as err:
+        _say(f"error: {_validation_sentence(err)}")
+        return 2
     except KeyboardInterrupt:
         _say("interrupted; the task goes on in Temporal")
         return EXIT_CANCELLED

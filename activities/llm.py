@@ -32,6 +32,7 @@ from activities.conversation_store import ConversationStore
 from activities.heartbeat import Watchdog, watched
 from activities.offline_model import OfflineModel
 from activities.spans import span
+from activities.text_tool_calls import recover_tool_calls
 from activities.tools import ToolRegistry
 from workflows import errors
 from workflows.conversation import assistant_message, conversation_digest, message_digest
@@ -126,7 +127,8 @@ def classify_provider_error(err: Exception) -> ApplicationError:
             next_retry_delay=retry_after(err.response.headers),
         )
     if isinstance(err, openai.APITimeoutError):
-        return ApplicationError("model endpoint timed out", type=errors.LLM_UNAVAILABLE)
+        detail = str(err) if str(err) != "Request timed out." else "model endpoint timed out"
+        return ApplicationError(detail, type=errors.LLM_UNAVAILABLE)
     if isinstance(err, openai.APIConnectionError):
         return ApplicationError(
             f"cannot reach the model endpoint: {err.__cause__ or err}", type=errors.LLM_UNAVAILABLE
@@ -459,23 +461,32 @@ class LlmActivities:
                 "the model's stream ended before the message was complete",
                 type=errors.LLM_MALFORMED_RESPONSE,
             )
-        calls = [
-            self._registry.check_call(
-                call.call_id or f"call_{request.step}_{index}",
-                call.name,
-                call.arguments,
-                conversation.tools,
-                conversation.approval_policy,
-            )
+        content = "".join(message.text)
+        written = [
+            (call.call_id or f"call_{request.step}_{index}", call.name, call.arguments)
             for index, call in sorted(message.calls.items())
         ]
+        from_text = not written and request.model.recover_text_tool_calls
+        if from_text:
+            offered = [tool.name for tool in self._registry.allowed(conversation.tools)]
+            recovered = recover_tool_calls(content, offered)
+            written = [
+                (f"text_{request.step}_{i}", r.name, r.arguments) for i, r in enumerate(recovered)
+            ]
+        calls = [
+            self._registry.check_call(
+                call_id, name, arguments, conversation.tools, conversation.approval_policy
+            )
+            for call_id, name, arguments in written
+        ]
         result = LlmResult(
-            content="".join(message.text),
+            content=content,
             tool_calls=calls,
             usage=message.usage,
             finish_reason=message.finish_reason,
             model=message.model or request.model.name,
             attempt=attempt,
+            calls_from_text=bool(calls) and from_text,
         )
         reply = assistant_message(result.content, calls)
         self._conversations.remember_call(

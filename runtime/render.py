@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from runtime.streaming import StreamGap, StreamItem
+from runtime.worker_log import AttemptFailure
 from workflows.events import (
     Action,
     AgentState,
@@ -31,6 +32,11 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+PAST_TENSE = {"approve": "approved", "reject": "rejected", "timeout": "timed out"}
+# What a failed attempt of each activity is called in the live view.
+ATTEMPT_NAMES = {"call_llm": "model", "summarize_context": "summary", "run_tool": "tool"}
+
+
 def format_call(tool: str, arguments: dict[str, Any] | None) -> str:
     args = ", ".join(f"{k}={_short(v, 60)}" for k, v in (arguments or {}).items())
     return f"{tool}({args})"
@@ -43,6 +49,11 @@ class LiveView:
         self.out = out
         self.color = out.isatty() if color is None else color
         self._streaming: tuple[int, int] | None = None  # (step, attempt) whose tokens are shown
+        self._text_shown: set[tuple[int, int]] = set()  # every (step, attempt) with text shown
+        self._model_step: int | None = None  # the step whose model call is under way
+        self._failures_shown: set[tuple[int | None, int]] = set()  # (step, attempt) failed
+        self.max_attempts: int | None = None
+        """Model attempts per step, for "attempt n of m"; learnt from `task_started`."""
 
     def _paint(self, text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
@@ -61,6 +72,8 @@ class LiveView:
         match data:
             case TokenDelta():
                 key = (data.step, data.attempt)
+                self._model_step = data.step
+                self._text_shown.add(key)
                 if self._streaming != key:
                     self._end_tokens()
                     self.out.write(self._paint(f"[step {data.step}] ", "2"))
@@ -68,17 +81,26 @@ class LiveView:
                 self.out.write(data.text)
                 self.out.flush()
             case LlmAttemptStarted():
+                self._model_step = data.step
+                void = any(
+                    step == data.step and attempt < data.attempt
+                    for step, attempt in self._text_shown
+                )
+                if not void and (data.step, data.attempt - 1) in self._failures_shown:
+                    return  # the failure's own line said a next try comes
+                note = " (the text above is void)" if void else ""
                 self._line(
-                    self._paint(
-                        f"↻ step {data.step}: attempt {data.attempt} (the text above is void)", "33"
-                    )
+                    self._paint(f"↻ step {data.step}: {self._attempt(data.attempt)}{note}", "33")
                 )
             case StreamGap():
                 self._line(self._paint(f"… offsets {data.start}-{data.end - 1} were lost", "31"))
             case TaskStarted():
+                self.max_attempts = data.task.model.max_attempts
+                self._model_step = 1
                 self._line(self._paint(f"▶ {data.task_id}: {_short(data.task.task, 200)}", "1"))
                 self._line(self._paint(f"  model: {data.task.model.name}", "2"))
             case Thought():
+                self._model_step = data.step + 1
                 if self._streaming != (data.step, data.attempt) and data.content:
                     self._line(f"[step {data.step}] {data.content}")
                 self._end_tokens()
@@ -99,7 +121,8 @@ class LiveView:
                 who = f" by {data.approver}" if data.approver else ""
                 note = f": {data.message}" if data.message else ""
                 code = "32" if data.decision == "approve" else "31"
-                self._line(self._paint(f"  {data.decision}d{who} [{data.request_id}]{note}", code))
+                decided = PAST_TENSE.get(data.decision, data.decision)
+                self._line(self._paint(f"  {decided}{who} [{data.request_id}]{note}", code))
             case Resumed():
                 self._line(
                     self._paint(
@@ -118,6 +141,18 @@ class LiveView:
                 self._line(self._paint(f"✘ failed ({data.kind}): {data.reason}", "1;31"))
             case Cancelled():
                 self._line(self._paint(f"✘ cancelled: {data.reason}", "1;31"))
+
+    def _attempt(self, attempt: int) -> str:
+        of = f" of {self.max_attempts}" if self.max_attempts else ""
+        return f"attempt {attempt}{of}"
+
+    def attempt_failed(self, failure: AttemptFailure) -> bool:
+        """One line for a failed attempt the hosted worker ran (see runtime.worker_log)."""
+        what = ATTEMPT_NAMES.get(failure.activity, failure.activity)
+        where = f"step {self._model_step}: " if self._model_step is not None else ""
+        self._failures_shown.add((self._model_step, failure.attempt))
+        self._line(self._paint(f"✗ {where}{what} {failure.describe()}", "33"))
+        return True
 
 
 def render_state(state: AgentState, task_id: str) -> str:

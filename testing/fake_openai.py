@@ -3,7 +3,8 @@
 Real HTTP, so the real `openai` client runs in the LLM activity. Each test registers a
 script under its own model name; every request for that model takes the next reply.
 Replies can stream text and tool-call deltas, or inject faults: an HTTP error with
-headers (429 + Retry-After, 401, 500), a hang, or a stream cut off mid-way.
+headers (429 + Retry-After, 401, 500), a hang before the headers, a stream that stalls
+before a given chunk, or a stream cut off mid-way.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class Reply:
     status: int = 200
     error_message: str = ""
     headers: dict[str, str] = field(default_factory=dict)
-    hang_seconds: float = 0.0
+    hang_seconds: float = 0.0  # before the response's headers
+    stall_before_chunk: int | None = None  # headers sent: wait before this chunk (0: first)
+    stall_seconds: float = 0.0
     cut_after_chunks: int | None = None  # drop the connection after this many chunks
     chunk_delay: float = 0.0
     usage: tuple[int, int] = (11, 7)
@@ -52,6 +55,12 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> R
 
 def hang(seconds: float) -> Reply:
     return Reply(hang_seconds=seconds)
+
+
+def stall(content: str, before_chunk: int, seconds: float) -> Reply:
+    """A text reply whose stream (headers already sent) pauses before chunk `before_chunk`:
+    0 is the first chunk (the role), 1 the first word, and so on."""
+    return Reply(content=content, stall_before_chunk=before_chunk, stall_seconds=seconds)
 
 
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
@@ -200,6 +209,8 @@ class FakeOpenAI:
                 for index, chunk in enumerate(_chunks(model, reply, number)):
                     if reply.hold_after_chunks == index and reply.gate is not None:
                         reply.gate.wait(60)
+                    if index == reply.stall_before_chunk:
+                        time.sleep(reply.stall_seconds)
                     if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:
                         self.wfile.flush()
                         self.connection.close()

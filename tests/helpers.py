@@ -13,9 +13,10 @@ from workflows.models import AgentTask, ModelSettings
 
 def agent_task(model: str, task: str = "do the thing", **kw: Any) -> AgentTask:
     timeout = kw.pop("timeout", 5)
-    return AgentTask(
-        task=task, model=ModelSettings(name=model, request_timeout_seconds=timeout), **kw
+    settings = ModelSettings(
+        name=model, request_timeout_seconds=timeout, first_chunk_timeout_seconds=timeout
     )
+    return AgentTask(task=task, model=settings, **kw)
 
 
 async def wait_for_state(

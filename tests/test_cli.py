@@ -7,17 +7,24 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
-from testing.workers import REPO
+from testing.fake_openai import FakeOpenAI, error, text
+from testing.workers import REPO, WorkerProcess
 
 
 async def starter(
-    dev_env: WorkflowEnvironment, settings: Settings, *args: str
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    *args: str,
+    endpoint: FakeOpenAI | None = None,
 ) -> tuple[int, str, str]:
+    """`python starter.py ARGS` on the test's task queue: the offline model, or the fake
+    OpenAI server as the model endpoint when `endpoint` is given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "WAYSTATION_"))}
     env.update(
         TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
@@ -26,6 +33,8 @@ async def starter(
         WAYSTATION_DATA_DIR=str(settings.data_dir),
         WAYSTATION_EMBEDDED_SERVER="false",
     )
+    if endpoint is not None:
+        env.update(OPENAI_BASE_URL=endpoint.url, OPENAI_API_KEY="sk-test")
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(REPO / "starter.py"),
@@ -144,3 +153,169 @@ def test_run_in_a_terminal_asks_y_n_inline(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert b"typed-yes" in screen
+
+
+async def test_a_rejection_is_told_in_the_past_tense(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-no", "Run `echo nope`")
+    assert code == 3, err
+    code, out, err = await starter(
+        dev_env, settings, "approve", "cli-no", "--reject", "--approver", "erin", "--message", "no"
+    )
+    assert code == 0, err
+    assert "rejected by erin [1-call_1_0]: no" in out and "rejectd" not in out
+
+
+async def test_a_failed_model_attempt_is_one_line_and_verbose_shows_the_traceback(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([error(500, "the GPU caught fire"), text("all good now")])
+    code, out, err = await starter(
+        dev_env, settings, "run", "--model", model, "say hi", endpoint=fake_openai
+    )
+    assert code == 0, err
+    failed = [line for line in out.splitlines() if "failed" in line]
+    assert failed == [
+        "✗ step 1: model attempt 1 of 8 failed: model endpoint answered 500: the GPU caught "
+        "fire; next try in 1 s"
+    ]
+    assert "Traceback" not in out + err and "void" not in out and "↻" not in out
+    assert "✔ done after 1 step(s): all good now" in out
+
+    model = fake_openai.script([error(500, "the GPU caught fire"), text("all good now")])
+    code, out, err = await starter(
+        dev_env, settings, "run", "--verbose", "--model", model, "say hi", endpoint=fake_openai
+    )
+    assert code == 0, err
+    assert "Completing activity as failed" in err and "Traceback" in err
+
+
+async def test_model_flags_reach_the_endpoint(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("cool and short")])
+    code, _, err = await starter(
+        dev_env,
+        settings,
+        "run",
+        "--model",
+        model,
+        "--temperature",
+        "0.3",
+        "--max-tokens",
+        "50",
+        "--tool-choice",
+        "none",
+        "say hi",
+        endpoint=fake_openai,
+    )
+    assert code == 0, err
+    (request,) = fake_openai.requests[model]
+    assert (request["temperature"], request["max_tokens"], request["tool_choice"]) == (
+        0.3,
+        50,
+        "none",
+    )
+    code, _, err = await starter(dev_env, settings, "run", "--tool-choice", "no such;", "hi")
+    assert code == 2 and err.strip().startswith("error: tool_choice: String should match pattern")
+    assert "Traceback" not in err
+
+
+async def test_no_wait_and_status_say_when_no_worker_polls_the_task_queue(
+    dev_env: WorkflowEnvironment, settings: Settings, spawn_worker: Any
+) -> None:
+    code, out, err = await starter(
+        dev_env, settings, "run", "--no-wait", "--id", "cli-alone", "What is 2 + 2?"
+    )
+    assert code == 0 and out.strip() == "cli-alone"
+    note = f"no worker polls task queue '{settings.task_queue}'"
+    assert note in err and "python worker.py" in err
+
+    code, out, err = await starter(dev_env, settings, "status", "cli-alone")
+    assert code == 0 and "status    running" in out and "step      0" in out
+    assert note in err and "python worker.py" in err
+
+    worker: WorkerProcess = await (await spawn_worker()).ready()
+    code, out, err = await starter(
+        dev_env, settings, "run", "--no-wait", "--id", "cli-served", "What is 3 + 3?"
+    )
+    assert code == 0 and note not in err
+    assert worker.process.poll() is None
+
+
+async def test_events_that_no_worker_answers_are_one_sentence(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--no-wait", "--id", "cli-q", "hi")
+    assert code == 0, err
+    code, out, err = await starter(
+        dev_env, settings, "events", "cli-q", "--no-worker", "--timeout", "1"
+    )
+    assert code == 1 and out == ""
+    assert err.strip() == (
+        "error: no worker answered the events query within 1 s: no worker polls task queue "
+        f"'{settings.task_queue}': the task waits until one does; start one with "
+        "`python worker.py` (or `python starter.py worker`)"
+    )
+
+
+async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    from runtime.temporal import temporal_binary
+
+    readme = (REPO / "README.md").read_text()
+    assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
+    assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
+    assert code == 3, err
+    address = dev_env.client.service_client.config.target_host
+
+    async def temporal(*args: str) -> tuple[int, str]:
+        process = await asyncio.create_subprocess_exec(
+            temporal_binary(),
+            *args,
+            "--address",
+            address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode is not None
+        return process.returncode, out.decode()
+
+    typo = '{"request_id": "1-call_1_9"}'
+    code, out = await temporal(
+        "workflow", "signal", "--workflow-id", "cli-tctl", "--name", "approve", "--input", typo
+    )
+    assert code == 0 and "Signal workflow succeeded" in out
+    # The Update needs a worker to answer: `stream` hosts one while it follows the task,
+    # which ends once the approved call has run.
+    async with asyncio.TaskGroup() as group:
+        group.create_task(starter(dev_env, settings, "stream", "cli-tctl", "--since", "0"))
+        code, out = await temporal(
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-tctl",
+            "--name",
+            "decide",
+            "--input",
+            '{"request_id": "1-call_1_9", "decision": "approve"}',
+        )
+        assert code != 0
+        assert "unknown approval request 1-call_1_9; pending: 1-call_1_0" in out
+        code, out = await temporal(
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-tctl",
+            "--name",
+            "decide",
+            "--input",
+            '{"request_id": "1-call_1_0", "decision": "approve"}',
+        )
+        assert code == 0 and "decision:approve" in out

@@ -162,7 +162,16 @@ def test_an_identical_call_in_consecutive_steps_is_noted_then_stops_the_task() -
     assert log.move(task) == RunCalls(4, [again])
     answer = verdict("t", 4, again, log.state)
     assert isinstance(answer, ToolResult) and answer.is_error
-    assert "previous step" in answer.output and "(step 3)" in answer.output
+    assert "at step 3" in answer.output and "(step 3)" in answer.output
+
+
+def test_a_model_alternating_between_calls_is_caught_too() -> None:
+    log = Log()
+    a = call("a1", tool="calculator", expression="1+1")
+    b = call("b1", tool="calculator", expression="2+2")
+    for step, c in enumerate([a, b, a, b], start=1):
+        run_step(log, step, c.model_copy(update={"call_id": f"c{step}"}))
+    assert log.state.repeated_steps == 2  # steps 3 and 4 repeated steps 1 and 2
 
 
 def test_a_repeated_call_that_needs_approval_asks_nobody() -> None:

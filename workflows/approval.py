@@ -54,11 +54,11 @@ def request_id_for(step: int, call_id: str) -> str:
 
 def needs_decision(call: ToolCall, state: AgentState) -> bool:
     """A call that runs only once a person approves it (a repeated call is never run)."""
-    return call.needs_approval and call.runnable and not repeats_last_step(call, state)
+    return call.needs_approval and call.runnable and not repeats_recent_call(call, state)
 
 
-def repeats_last_step(call: ToolCall, state: AgentState) -> bool:
-    return call_signature(call) in state.last_step_calls
+def repeats_recent_call(call: ToolCall, state: AgentState) -> bool:
+    return call_signature(call) in state.recent_calls
 
 
 def outcome_of(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workflows.approval import repeats_last_step, request_id_for, run_outcome
+from workflows.approval import repeats_recent_call, request_id_for, run_outcome
 from workflows.events import AgentState, call_signature
 from workflows.models import ToolCall, ToolRequest, ToolResult, idempotency_key
 
@@ -25,12 +25,12 @@ class Run:
 def verdict(task_id: str, step: int, call: ToolCall, state: AgentState) -> Run | ToolResult:
     """A call to run, or the observation of a call that is not run (a repeat of the last
     step's identical call, a malformed call, a call a person rejected or left undecided)."""
-    if repeats_last_step(call, state):
-        earlier = state.last_step_calls[call_signature(call)]
+    if repeats_recent_call(call, state):
+        earlier = state.recent_calls[call_signature(call)]
         return ToolResult(
-            output=f"You made this exact {call.tool} call in the previous step, so it was not "
-            f"run again. Its result then began: {earlier}\nUse that result, or do something "
-            "different.",
+            output=f"You made this exact {call.tool} call at step {earlier.step}, so it was not "
+            f"run again. Its result then began: {earlier.output}\nUse that result, or do "
+            "something different.",
             is_error=True,
         )
     if not call.runnable:

@@ -40,7 +40,10 @@ STEP_USAGE_KEPT = 20  # per-step usage of the latest steps; the total covers all
 DECISIONS_KEPT = 50  # decisions of closed steps kept to answer repeats with the first outcome
 ERRORS_KEPT = 20
 REJECTED_CALLS_KEPT = 20
-RESULT_EXCERPT_CHARS = 500  # of each output of the last step, for the repeated-call note
+RESULT_EXCERPT_CHARS = 500  # of each output of the recent steps, for the repeated-call note
+# A call identical to one of the latest steps is a repeat: this catches a model that
+# alternates between a few calls (A, B, A, B), not only one that repeats the last.
+REPEAT_WINDOW_STEPS = 3
 
 
 class EventBase(Contract):
@@ -263,6 +266,11 @@ class OpenStep(Contract):
         return [c for c in self.calls if c.call_id not in self.outputs]
 
 
+class RecentCall(Contract):
+    step: int
+    output: str = Field(description="The start of what the call gave.")
+
+
 class RejectedCall(Contract):
     step: int
     message: str | None = None
@@ -293,9 +301,10 @@ class AgentState(Contract):
     repeated_steps: int = Field(
         default=0, description="Consecutive steps that repeated an identical tool call."
     )
-    last_step_calls: dict[str, str] = Field(
+    recent_calls: dict[str, RecentCall] = Field(
         default_factory=dict,
-        description="Signature -> start of the output of each call of the last closed step.",
+        description="Signature -> each call of the latest closed steps (a repeat of one is "
+        "answered with its result instead of being run again).",
     )
     rejected_calls: dict[str, RejectedCall] = Field(
         default_factory=dict, description="Signatures of calls a person rejected (latest)."
@@ -327,7 +336,7 @@ def _task_started(state: AgentState, event: TaskStarted) -> Changes:
 
 def _thought(state: AgentState, event: Thought) -> Changes:
     recent = {k: v for k, v in state.step_usage.items() if k > event.step - STEP_USAGE_KEPT}
-    repeats = any(call_signature(c) in state.last_step_calls for c in event.tool_calls)
+    repeats = any(call_signature(c) in state.recent_calls for c in event.tool_calls)
     changes: Changes = {
         "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))],
         "usage": state.usage + event.usage,
@@ -362,7 +371,12 @@ def _observation(state: AgentState, event: Observation) -> Changes:
         return changes
     # The step closes: remember what its calls gave, and forget decisions of long ago.
     changes["open_step"] = None
-    changes["last_step_calls"] = {call_signature(c): outputs[c.call_id] for c in step.calls}
+    recent = {
+        k: v for k, v in state.recent_calls.items() if v.step > step.step - REPEAT_WINDOW_STEPS
+    }
+    for c in step.calls:
+        recent[call_signature(c)] = RecentCall(step=step.step, output=outputs[c.call_id])
+    changes["recent_calls"] = recent
     changes["decisions"] = _latest(state.decisions, DECISIONS_KEPT)
     return changes
 

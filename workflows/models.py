@@ -32,9 +32,6 @@ def _not_blank(value: str) -> str:
     return value
 
 
-ToolChoice = Literal["auto", "none", "required"] | str
-
-
 class ModelSettings(Contract):
     """Which model to call and how. Recorded in history; never holds a secret."""
 
@@ -51,14 +48,16 @@ class ModelSettings(Contract):
         default=120,
         ge=0.1,
         le=3600,
-        description="Longest wait for the next streamed chunk once the answer has started.",
+        description="Idle timeout: the longest wait for the next streamed chunk once the "
+        "first has come, before the attempt is retried.",
     )
     first_chunk_timeout_seconds: float = Field(
         default=300,
         ge=0.1,
-        le=7200,
-        description="Longest wait for the first streamed chunk: a model served on a CPU may "
-        "take minutes to read a long prompt before it says anything.",
+        le=3600,
+        description="The longest wait from sending the request to the first streamed chunk. "
+        "A CPU-served model reads the whole prompt first: ~65 s for 720 tokens of a 1.5B "
+        "model on a busy 2-core machine, hence the generous default.",
     )
     max_attempts: int = Field(
         default=8, ge=1, le=100, description="LLM attempts per step, retries included."
@@ -70,10 +69,13 @@ class ModelSettings(Contract):
         description="The model's context window; default from a table of well-known models, "
         "else a safe 16,000.",
     )
-    tool_choice: ToolChoice | None = Field(
+    tool_choice: str | None = Field(
         default=None,
+        min_length=1,
         max_length=64,
-        description="auto, none, required, or the name of the one tool the model must call.",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="'auto', 'none', 'required', or the name of the one tool the model "
+        "must call; unset leaves it to the endpoint (auto where tools are offered).",
     )
     recover_text_tool_calls: bool = Field(
         default=True,

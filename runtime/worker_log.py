@@ -1,0 +1,127 @@
+"""What a worker hosted in a command-line process logs, kept out of the live view's way.
+
+The Temporal SDK logs every failed activity attempt as a warning with its traceback; with
+no logging configured, Python prints that to stderr, ~30 lines per failed model attempt in
+the middle of the live view. Without `--verbose` each record becomes one line instead, and
+a failed attempt of the task being followed is handed to the live view, which says
+"attempt n of m failed: why; next try in s". `--verbose` restores the full records.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TextIO
+
+import temporalio.activity
+from temporalio.exceptions import ApplicationError
+
+_ACTIVITY_FAILED = "Completing activity as failed"
+VERBOSE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass(frozen=True)
+class AttemptFailure:
+    """One failed attempt of an activity, as the worker that ran it logged it."""
+
+    workflow_id: str
+    activity: str
+    attempt: int
+    max_attempts: int | None
+    """None when the retry policy sets no limit."""
+    reason: str
+    retry_in: timedelta | None
+    """When the next attempt is due; None when there is none."""
+
+    def describe(self) -> str:
+        of = f" of {self.max_attempts}" if self.max_attempts else ""
+        then = "no more tries"
+        if self.retry_in is not None:
+            then = f"next try in {self.retry_in.total_seconds():g} s"
+        return f"attempt {self.attempt}{of} failed: {self.reason}; {then}"
+
+
+def attempt_failure(record: logging.LogRecord) -> AttemptFailure | None:
+    """The failed attempt a log record reports, if it is the SDK's "activity failed" record."""
+    info = getattr(record, "activity_info", None)
+    if not isinstance(info, temporalio.activity.Info) or record.exc_info is None:
+        return None
+    if not str(record.msg).startswith(_ACTIVITY_FAILED):
+        return None
+    err = record.exc_info[1]
+    policy = info.retry_policy
+    max_attempts = policy.maximum_attempts if policy and policy.maximum_attempts else None
+    last = max_attempts is not None and info.attempt >= max_attempts
+    retry_in: timedelta | None = None
+    if isinstance(err, ApplicationError) and (err.non_retryable or last):
+        retry_in = None
+    elif isinstance(err, ApplicationError) and err.next_retry_delay is not None:
+        retry_in = err.next_retry_delay
+    elif policy is not None and not last:
+        backoff = policy.initial_interval * policy.backoff_coefficient ** (info.attempt - 1)
+        ceiling = policy.maximum_interval or policy.initial_interval * 100
+        retry_in = min(backoff, ceiling)
+    reason = (err.message if isinstance(err, ApplicationError) else str(err)) or repr(err)
+    return AttemptFailure(
+        workflow_id=info.workflow_id or "",
+        activity=info.activity_type,
+        attempt=info.attempt,
+        max_attempts=max_attempts,
+        reason=reason.splitlines()[0],
+        retry_in=retry_in,
+    )
+
+
+AttemptListener = Callable[[AttemptFailure], bool]
+"""Shows a failed attempt (returns True), or declines it (False) to leave it to the log."""
+
+
+class OneLineWorkerLog(logging.Handler):
+    """Each warning or error of the hosted worker as one line; failed attempts of the task
+    being followed go to the live view through `listener`."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(logging.WARNING)
+        self.stream = stream or sys.stderr
+        self.listener: AttemptListener | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            failure = attempt_failure(record)
+            if failure is not None and self.listener is not None and self.listener(failure):
+                return
+            if failure is not None:
+                line = f"{failure.activity} of {failure.workflow_id}: {failure.describe()}"
+            else:
+                line = (record.getMessage().splitlines() or [""])[0]
+                if record.exc_info and record.exc_info[1] is not None:
+                    line += f": {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+            print(f"worker: {line} (--verbose for details)", file=self.stream, flush=True)
+        except Exception:
+            self.handleError(record)
+
+
+_handler: OneLineWorkerLog | None = None
+
+
+def configure(verbose: bool) -> None:
+    """Set up logging for a command-line process; call once, before a worker starts."""
+    global _handler
+    root = logging.getLogger()
+    if verbose:
+        logging.basicConfig(level=logging.WARNING, format=VERBOSE_FORMAT, stream=sys.stderr)
+        return
+    # The full activity info (attempt, retry policy) rides on the SDK's own log records.
+    temporalio.activity.logger.full_activity_info_on_extra = True
+    _handler = OneLineWorkerLog()
+    root.addHandler(_handler)
+    root.setLevel(logging.WARNING)
+
+
+def listen(listener: AttemptListener | None) -> None:
+    """Hand failed attempts to `listener` (a live view), or stop doing so with None."""
+    if _handler is not None:
+        _handler.listener = listener

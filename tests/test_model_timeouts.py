@@ -1,0 +1,134 @@
+"""The two clocks of a model stream (first chunk, then between chunks) and `tool_choice`,
+with the real `openai` client against the fake OpenAI server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from activities.chat import ChatDelta, OpenAIChat, StreamTimeoutError
+from runtime.agent_runtime import AgentRuntime
+from testing.fake_openai import FakeOpenAI, hang, stall, text, tools
+from workflows.models import AgentTask, ChatMessage, ModelSettings
+
+PROMPT = [ChatMessage(role="user", content="hello")]
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+
+
+async def collect(
+    fake_openai: FakeOpenAI,
+    model: ModelSettings,
+    offered: list[dict[str, Any]] | None = None,
+    received: list[ChatDelta] | None = None,
+) -> list[ChatDelta]:
+    chat = OpenAIChat("sk-test", fake_openai.url)
+    deltas = received if received is not None else []
+    try:
+        async for delta in chat.stream(PROMPT, offered or [], model):
+            deltas.append(delta)
+    finally:
+        await chat.close()
+    return deltas
+
+
+def settings(name: str, *, first: float, idle: float, **kw: Any) -> ModelSettings:
+    return ModelSettings(
+        name=name, first_chunk_timeout_seconds=first, request_timeout_seconds=idle, **kw
+    )
+
+
+async def test_no_first_chunk_in_time_is_a_retryable_timeout(fake_openai: FakeOpenAI) -> None:
+    # The server neither answers nor sends headers (a model still reading a long prompt).
+    name = fake_openai.script([hang(30)])
+    with pytest.raises(StreamTimeoutError, match=r"no first chunk from the model within 0\.5 s"):
+        await collect(fake_openai, settings(name, first=0.5, idle=60))
+
+
+async def test_headers_without_a_first_chunk_count_as_no_first_chunk(
+    fake_openai: FakeOpenAI,
+) -> None:
+    name = fake_openai.script([stall("never seen", before_chunk=0, seconds=30)])
+    with pytest.raises(openai.APITimeoutError, match="no first chunk"):
+        await collect(fake_openai, settings(name, first=0.5, idle=60))
+
+
+async def test_a_slow_first_chunk_is_waited_for_beyond_the_idle_timeout(
+    fake_openai: FakeOpenAI,
+) -> None:
+    # 1.5 s to the first chunk: three times the idle timeout, well within the first one.
+    name = fake_openai.script([stall("late but whole", before_chunk=0, seconds=1.5)])
+    deltas = await collect(fake_openai, settings(name, first=60, idle=0.5))
+    assert "".join(d.text for d in deltas) == "late but whole"
+    assert deltas[-1].usage is not None
+
+
+async def test_a_stream_that_stalls_after_it_began_times_out(fake_openai: FakeOpenAI) -> None:
+    # Chunks: role, "one ", "two ", then a stall before "three".
+    name = fake_openai.script([stall("one two three", before_chunk=3, seconds=30)])
+    received: list[ChatDelta] = []
+    with pytest.raises(StreamTimeoutError, match=r"stream stalled for 0\.5 s"):
+        await collect(fake_openai, settings(name, first=60, idle=0.5), received=received)
+    assert "".join(d.text for d in received) == "one two "
+
+
+async def test_the_activity_retries_an_attempt_whose_first_chunk_never_came(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    name = fake_openai.script(
+        [stall("too late", before_chunk=0, seconds=30), text("answered on the retry")]
+    )
+    model = settings(name, first=1, idle=60)
+    handle = await dev_runtime.run(AgentTask(task="hi", model=model))
+    outcome = await handle.result()
+    assert outcome.result == "answered on the retry"
+    assert fake_openai.calls(name) == 2
+
+
+@pytest.mark.parametrize(
+    ("choice", "sent"),
+    [
+        (None, None),
+        ("auto", "auto"),
+        ("none", "none"),
+        ("required", "required"),
+        ("calculator", {"type": "function", "function": {"name": "calculator"}}),
+    ],
+)
+async def test_tool_choice_is_passed_through(
+    fake_openai: FakeOpenAI, choice: str | None, sent: object
+) -> None:
+    name = fake_openai.script([tools(("calculator", {"expression": "1+1"}))])
+    await collect(fake_openai, settings(name, first=30, idle=30, tool_choice=choice), [CALCULATOR])
+    (request,) = fake_openai.requests[name]
+    assert request.get("tool_choice") == sent
+
+
+async def test_tool_choice_is_not_sent_without_tools(fake_openai: FakeOpenAI) -> None:
+    # Endpoints refuse tool_choice when no tools come with it.
+    name = fake_openai.script([text("no tools here")])
+    await collect(fake_openai, settings(name, first=30, idle=30, tool_choice="required"))
+    (request,) = fake_openai.requests[name]
+    assert "tool_choice" not in request and "tools" not in request
+
+
+def test_tool_choice_must_be_a_mode_or_a_tool_name() -> None:
+    with pytest.raises(ValueError, match="tool_choice"):
+        ModelSettings(tool_choice="calculator; rm -rf /")
+    with pytest.raises(ValueError, match="tool_choice"):
+        ModelSettings(tool_choice="")
+
+
+def test_defaults_fit_a_model_served_on_cpu() -> None:
+    model = ModelSettings()
+    assert model.first_chunk_timeout_seconds == 300
+    assert model.request_timeout_seconds == 120
+    assert model.tool_choice is None

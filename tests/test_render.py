@@ -1,0 +1,89 @@
+"""The live view's wording: decisions in the past tense, one line per failed attempt, and the
+"text above is void" note only when text of an earlier attempt was shown."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from runtime.render import LiveView
+from runtime.streaming import StreamItem
+from runtime.worker_log import AttemptFailure
+from workflows.events import ApprovalResolved, TaskStarted, Thought
+from workflows.models import AgentTask, ModelSettings
+from workflows.stream import LlmAttemptStarted, TokenDelta
+
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def view_of(*data: Any) -> tuple[LiveView, io.StringIO]:
+    out = io.StringIO()
+    view = LiveView(out, color=False)
+    for offset, item in enumerate(data):
+        topic = "tokens" if isinstance(item, TokenDelta | LlmAttemptStarted) else "events"
+        view.show(StreamItem(offset=offset, topic=topic, data=item))
+    return view, out
+
+
+def started(max_attempts: int = 8) -> TaskStarted:
+    task = AgentTask(task="t", model=ModelSettings(name="m", max_attempts=max_attempts))
+    return TaskStarted(seq=0, step=0, at=AT, task_id="task-1", task=task)
+
+
+@pytest.mark.parametrize(
+    ("decision", "shown"),
+    [("approve", "approved"), ("reject", "rejected"), ("timeout", "timed out")],
+)
+def test_decisions_are_told_in_the_past_tense(decision: str, shown: str) -> None:
+    resolved = ApprovalResolved(
+        seq=3, step=1, at=AT, request_id="1-call_1_0", decision=decision, approver="erin"
+    )
+    _, out = view_of(resolved)
+    assert out.getvalue().startswith(f"  {shown} by erin [1-call_1_0]")
+    assert "rejectd" not in out.getvalue() and "timeoutd" not in out.getvalue()
+
+
+def test_a_retry_after_shown_text_says_the_text_is_void() -> None:
+    _, out = view_of(
+        started(),
+        TokenDelta(step=1, attempt=1, index=0, text="half an ans"),
+        LlmAttemptStarted(step=1, attempt=2),
+    )
+    assert "↻ step 1: attempt 2 of 8 (the text above is void)" in out.getvalue()
+
+
+def test_a_retry_after_no_text_says_nothing_of_void_text() -> None:
+    _, out = view_of(
+        started(),
+        TokenDelta(step=1, attempt=1, index=0, text="step one's text"),
+        Thought(seq=1, step=1, at=AT, content="step one's text"),
+        LlmAttemptStarted(step=2, attempt=2),  # step 2's first attempt showed nothing
+    )
+    assert out.getvalue().splitlines()[-1] == "↻ step 2: attempt 2 of 8"
+
+
+def test_a_failed_attempt_is_one_line_and_its_retry_adds_none() -> None:
+    view, out = view_of(started(max_attempts=5))
+    failure = AttemptFailure(
+        workflow_id="task-1",
+        activity="call_llm",
+        attempt=1,
+        max_attempts=5,
+        reason="model endpoint timed out",
+        retry_in=timedelta(seconds=2),
+    )
+    assert view.attempt_failed(failure)
+    view.show(StreamItem(offset=1, topic="tokens", data=LlmAttemptStarted(step=1, attempt=2)))
+    assert out.getvalue().splitlines()[2:] == [
+        "✗ step 1: model attempt 1 of 5 failed: model endpoint timed out; next try in 2 s"
+    ]
+
+
+def test_the_last_failed_attempt_says_no_more_tries() -> None:
+    failure = AttemptFailure("task-1", "call_llm", 8, 8, "model endpoint answered 500: x", None)
+    assert (
+        failure.describe() == "attempt 8 of 8 failed: model endpoint answered 500: x; no more tries"
+    )
