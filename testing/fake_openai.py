@@ -3,7 +3,9 @@
 Real HTTP, so the real `openai` client runs in the LLM activity. Each test registers a
 script under its own model name; every request for that model takes the next reply.
 Replies can stream text and tool-call deltas, or inject faults: an HTTP error with
-headers (429 + Retry-After, 401, 500), a hang, or a stream cut off mid-way.
+headers (429 + Retry-After, 401, 500), a hang, or a stream cut off mid-way. A request
+without `"stream": true` gets the same reply as one JSON completion (the benchmarks' peers
+ask that way).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self.requests: dict[str, list[dict[str, Any]]] = {}
+        self._counts: dict[str, int] = {}
+        self._unrecorded: set[str] = set()
         server = _QuietServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self._server = server
@@ -76,21 +80,28 @@ class FakeOpenAI:
         self._server.shutdown()
         self._server.server_close()
 
-    def script(self, replies: Script, model: str | None = None) -> str:
-        """Register replies for a new model name and return that name."""
+    def script(self, replies: Script, model: str | None = None, *, record: bool = True) -> str:
+        """Register replies for a new model name and return that name. With `record=False`
+        requests are only counted: a long benchmark resends its whole conversation each
+        step, and keeping every body would grow with the square of its length."""
         model = model or f"fake-{uuid.uuid4().hex[:8]}"
         with self._lock:
             self._scripts[model] = replies if callable(replies) else list(replies)
             self.requests[model] = []
+            self._counts[model] = 0
+            if not record:
+                self._unrecorded.add(model)
         return model
 
     def calls(self, model: str) -> int:
         with self._lock:
-            return len(self.requests.get(model, []))
+            return self._counts.get(model, 0)
 
     def _next(self, model: str, body: dict[str, Any]) -> Reply:
         with self._lock:
-            self.requests.setdefault(model, []).append(body)
+            self._counts[model] = self._counts.get(model, 0) + 1
+            if model not in self._unrecorded:
+                self.requests.setdefault(model, []).append(body)
             script = self._scripts.get(model)
             if script is None:
                 return error(404, f"The model `{model}` does not exist")
@@ -130,7 +141,10 @@ class FakeOpenAI:
                     )
                     return
                 step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
-                self._stream(str(body.get("model")), reply, step)
+                if body.get("stream"):
+                    self._stream(str(body.get("model")), reply, step)
+                else:
+                    self._json(200, _completion(str(body.get("model")), reply, step))
 
             def _json(
                 self, status: int, payload: Any, headers: dict[str, str] | None = None
@@ -166,6 +180,46 @@ class FakeOpenAI:
         return Handler
 
 
+def _call_id(number: int, index: int) -> str:
+    return f"call_{number}_{index}"
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    prompt, completion = reply.usage
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _completion(model: str, reply: Reply, number: int) -> dict[str, Any]:
+    """The reply as one non-streamed chat completion, with the ids the stream would give."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": _call_id(number, index),
+                "type": "function",
+                "function": {"name": name, "arguments": raw},
+            }
+            for index, (name, raw) in enumerate(reply.tool_calls)
+        ]
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+    }
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(reply),
+    }
+
+
 def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
     """The stream of one reply; tool call ids are `call_<step>_<index>`, the step counted
     from the conversation, so a retried request gets the same ids."""
@@ -180,8 +234,7 @@ def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
         if word or i:
             chunks.append(chunk({"content": word + (" " if i < len(words) - 1 else "")}))
     for index, (name, raw) in enumerate(reply.tool_calls):
-        call_id = f"call_{number}_{index}"
-        head = {"index": index, "id": call_id, "type": "function"}
+        head = {"index": index, "id": _call_id(number, index), "type": "function"}
         chunks.append(
             chunk({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})
         )
@@ -191,11 +244,5 @@ def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             )
     chunks.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
-    prompt, completion = reply.usage
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    chunks.append({**base, "choices": [], "usage": usage})
+    chunks.append({**base, "choices": [], "usage": _usage(reply)})
     return chunks
