@@ -22,6 +22,7 @@ Figures:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import time
 import uuid
@@ -29,6 +30,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib.util import find_spec
+
+from temporalio.service import RPCError
 
 from bench.common import Bench, Row, median, run_alone, say
 from bench.peer_workload import (
@@ -58,7 +61,12 @@ class PeersOptions:
     rounds: int = 3
     byte_steps: tuple[int, ...] = (10, 50, 200)
     limit_steps: int = 400  # drive each agent this far, or until it fails
-    limit_seconds: float = 120.0  # wall-time bound on any one task
+    limit_seconds: float = 240.0  # wall-time bound on any one task
+
+    @property
+    def round_seconds(self) -> float:
+        """The bound on a timing round's task: a hung one should not hold the bench long."""
+        return min(self.limit_seconds, 10 + 2 * self.steps)
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,9 @@ class Contender:
     run: Runner
     workload: ScriptedWorkload
     seconds_per_step: list[float] = field(default_factory=list)
-    history: dict[int, Outcome] = field(default_factory=dict)
-    stopped: Outcome | None = None  # the first task that failed
+    failed_rounds: list[Outcome] = field(default_factory=list)
+    history: dict[int, Outcome] = field(default_factory=dict)  # by the task's steps
+    stopped: Outcome | None = None  # the first of the longer and longer tasks that failed
 
 
 @asynccontextmanager
@@ -152,13 +161,26 @@ async def attempt(bench: Bench, contender: Contender, steps: int, seconds: float
         if final.strip() != answer(steps):
             error = f"unexpected answer {final[:80]!r}"
     except TimeoutError:
-        error = f"still running after {seconds:.0f} s (stopped by the bench)"
-        await bench.client.get_workflow_handle(workflow_id).terminate("bench: wall-time bound")
+        error = f"still running after {seconds:.0f} s{await _pending(bench, workflow_id)}"
+        with contextlib.suppress(RPCError):  # unless it ended meanwhile
+            await bench.client.get_workflow_handle(workflow_id).terminate("bench: time bound")
     except Exception as err:
         error = failure_text(err)
     elapsed = time.perf_counter() - start
     history, runs = await history_bytes(bench.client, workflow_id)
     return Outcome(contender.workload.served(job.run_id), elapsed, history, runs, error)
+
+
+async def _pending(bench: Bench, workflow_id: str) -> str:
+    """What a task that outran its bound was waiting for: its pending activities."""
+    description = await bench.client.get_workflow_handle(workflow_id).describe()
+    pending = description.raw_description.pending_activities
+    waits = [
+        f"{a.activity_type.name} attempt {a.attempt}"
+        + (", heartbeating" if a.HasField("last_heartbeat_time") else "")
+        for a in pending
+    ]
+    return f", waiting on {'; '.join(waits)}" if waits else ""
 
 
 ServeFactory = Callable[[Bench], AbstractAsyncContextManager[Runner]]
@@ -193,24 +215,25 @@ async def _timing_rounds(bench: Bench, contenders: list[Contender], options: Pee
     for number in range(options.rounds):
         say(f"peers: round {number + 1}/{options.rounds}, {options.steps} steps each")
         for contender in contenders:
-            outcome = await attempt(bench, contender, options.steps, options.limit_seconds)
-            if outcome.error is None:
-                contender.seconds_per_step.append(outcome.seconds / options.steps)
-            elif contender.stopped is None:
-                contender.stopped = outcome
+            outcome = await attempt(bench, contender, options.steps, options.round_seconds)
+            if outcome.error is not None:
+                contender.failed_rounds.append(outcome)
+                continue
+            contender.seconds_per_step.append(outcome.seconds / options.steps)
+            if options.steps in options.byte_steps:  # its history counts once, like any other
+                contender.history.setdefault(options.steps, outcome)
 
 
 async def _history_and_limits(
     bench: Bench, contenders: list[Contender], options: PeersOptions
 ) -> None:
     """Longer and longer tasks; an agent that has failed once runs no longer one."""
-    lengths = [*sorted(options.byte_steps), options.limit_steps]
-    for steps in lengths:
+    for steps in sorted({*options.byte_steps, options.limit_steps}):
         for contender in contenders:
-            if contender.stopped is not None:
+            if contender.stopped is not None or steps in contender.history:
                 continue
-            say(f"peers: {contender.label}, {steps} steps")
             outcome = await attempt(bench, contender, steps, options.limit_seconds)
+            say(f"peers: {contender.label}, {steps} steps: {outcome.seconds:.0f} s")
             contender.history[steps] = outcome
             if outcome.error is not None:
                 contender.stopped = outcome
@@ -218,16 +241,11 @@ async def _history_and_limits(
 
 def _rows(contenders: list[Contender], options: PeersOptions) -> list[Row]:
     ours = contenders[0]
-    ours_ms = median(ours.seconds_per_step) * 1000 if ours.seconds_per_step else None
     rows: list[Row] = []
     timing = f"{options.steps} steps of 2 KB, median of {options.rounds} interleaved rounds"
     for contender in contenders:
-        if not contender.seconds_per_step:
-            rows.append(Row(f"ms per step ({timing}): {contender.label}", "failed", ""))
-            continue
-        value = median(contender.seconds_per_step) * 1000
-        versus = f"{value / ours_ms:.2f}x ours" if ours_ms else ""
-        rows.append(Row(f"ms per step ({timing}): {contender.label}", f"{value:.1f}", versus))
+        figure = f"ms per step ({timing}): {contender.label}"
+        rows.append(Row(figure, *_timing_cell(contender, ours)))
     for steps in sorted(options.byte_steps):
         for contender in contenders:
             figure = f"history per step after {steps} steps: {contender.label}"
@@ -238,6 +256,17 @@ def _rows(contenders: list[Contender], options: PeersOptions) -> list[Row]:
     for label in missing_peers():
         rows.append(Row(f"Temporal peer: {label}", "not installed", INSTALL))
     return rows
+
+
+def _timing_cell(contender: Contender, ours: Contender) -> tuple[str, str]:
+    failed = len(contender.failed_rounds)
+    note = f"; {failed} round(s) did not finish" if failed else ""
+    if not contender.seconds_per_step:
+        return "no round finished", note.lstrip("; ")
+    value = median(contender.seconds_per_step) * 1000
+    if contender is ours or not ours.seconds_per_step:
+        return f"{value:.1f}", note.lstrip("; ")
+    return f"{value:.1f}", f"{value / (median(ours.seconds_per_step) * 1000):.2f}x ours{note}"
 
 
 def _history_cell(contender: Contender, ours: Contender, steps: int) -> tuple[str, str]:
@@ -256,12 +285,14 @@ def _history_cell(contender: Contender, ours: Contender, steps: int) -> tuple[st
 
 
 def _stop_cell(contender: Contender) -> tuple[str, str]:
+    rounds = [f"a round failed at step {o.steps}: {o.error}" for o in contender.failed_rounds]
     outcome = contender.stopped
     if outcome is None:
         longest = max(contender.history)
         done = contender.history[longest]
-        return f"no failure up to {longest} steps", f"{done.history / 1e6:.1f} MB, {done.runs} runs"
-    return f"stops at step {outcome.steps}", str(outcome.error)
+        found = f"{done.history / 1e6:.1f} MB in {done.runs} run(s)"
+        return f"no failure up to {longest} steps", "; ".join([found, *rounds])
+    return f"stops at step {outcome.steps}", "; ".join([str(outcome.error), *rounds])
 
 
 if __name__ == "__main__":
