@@ -2,7 +2,7 @@
 
 Each figure is measured beside its baseline in the same run, on one dev server, so the
 ratios hold on a noisy shared machine where absolute times do not.
-    python -m bench                 # all of them (about seven minutes on 2 cores)
+    python -m bench                 # all of them (four minutes on 2 cores, and the Temporal peers)
     python -m bench --only approval throughput
     python -m bench --only peers_temporal --peers-steps 20 --peers-limit-steps 300
 """
