@@ -30,7 +30,7 @@ test: lint
 	$(BIN)/pytest
 
 bench: setup
-	@echo "==> installing the benchmark peers (LangGraph), then every benchmark (about 5 min)"
+	@echo "==> installing the benchmark peers (LangGraph, the Temporal peers), then every benchmark (about 10 min)"
 	$(BIN)/pip install --quiet --editable '.[dev,bench]'
 	$(BIN)/python -m bench
 

@@ -2,14 +2,16 @@
 
 Each figure is measured beside its baseline in the same run, on one dev server, so the
 ratios hold on a noisy shared machine where absolute times do not.
-    python -m bench                 # all of them (about four minutes on 2 cores)
+    python -m bench                 # all of them (four minutes on 2 cores, and the Temporal peers)
     python -m bench --only approval throughput
+    python -m bench --only peers_temporal --peers-steps 20 --peers-limit-steps 300
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 import time
 
@@ -17,6 +19,7 @@ from bench import (
     approval,
     durable_bytes,
     peers,
+    peers_temporal,
     recovery,
     step_overhead,
     stream_latency,
@@ -33,15 +36,18 @@ SECTIONS: dict[str, Measure] = {
     "stream_latency": stream_latency.measure,
     "worker_memory": worker_memory.measure,
     "recovery": recovery.measure,
+    "peers_temporal": peers_temporal.measure,
 }
 
 
-async def main(only: list[str]) -> None:
+async def main(only: list[str], sections: dict[str, Measure]) -> None:
     if not peers.available():
         say("LangGraph is not installed: its columns stay empty (pip install -e '.[bench]')")
+    for label in peers_temporal.missing_peers():
+        say(f"{label} is not installed: its rows stay empty (pip install -e '.[bench]')")
     rows: list[Row] = []
     async with bench_environment() as bench:
-        for name, measure in SECTIONS.items():
+        for name, measure in sections.items():
             if only and name not in only:
                 continue
             print(f"==> {name}", file=sys.stderr, flush=True)
@@ -51,7 +57,48 @@ async def main(only: list[str]) -> None:
     print_table(rows)
 
 
+def peers_options(args: argparse.Namespace) -> peers_temporal.PeersOptions:
+    return peers_temporal.PeersOptions(
+        steps=args.peers_steps,
+        rounds=args.peers_rounds,
+        byte_steps=tuple(args.peers_byte_steps),
+        limit_steps=args.peers_limit_steps,
+        limit_seconds=args.peers_limit_seconds,
+    )
+
+
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
+    defaults = peers_temporal.PeersOptions()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=[])
-    asyncio.run(main(parser.parse_args().only))
+    parser.add_argument(
+        "--peers-steps", type=int, default=defaults.steps, help="steps of each timing round"
+    )
+    parser.add_argument("--peers-rounds", type=int, default=defaults.rounds)
+    parser.add_argument(
+        "--peers-byte-steps",
+        type=int,
+        nargs="+",
+        default=list(defaults.byte_steps),
+        help="step counts at which history bytes are measured",
+    )
+    parser.add_argument(
+        "--peers-limit-steps",
+        type=int,
+        default=defaults.limit_steps,
+        help="drive each agent this far, or until it fails",
+    )
+    parser.add_argument(
+        "--peers-limit-seconds",
+        type=float,
+        default=defaults.limit_seconds,
+        help="wall-time bound on any one task",
+    )
+    args = parser.parse_args()
+    sections = dict(SECTIONS)
+    sections["peers_temporal"] = functools.partial(
+        peers_temporal.measure, options=peers_options(args)
+    )
+    asyncio.run(main(args.only, sections))

@@ -4,7 +4,9 @@ Real HTTP, so the real `openai` client runs in the LLM activity. Each test regis
 script under its own model name; every request for that model takes the next reply.
 Replies can stream text and tool-call deltas, or inject faults: an HTTP error with
 headers (429 + Retry-After, 401, 500), a hang before the headers, a stream that stalls
-before a given chunk, or a stream cut off mid-way.
+before a given chunk or is held open until the test opens a gate, or a stream cut off
+mid-way. A request without `"stream": true` gets the same reply as one JSON completion (the
+benchmarks' peers ask that way).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class FakeOpenAI:
         # The client's port of each request, by model: which process asked (see testing.proc).
         self.client_ports: dict[str, list[int]] = {}
         self._progress = threading.Condition(self._lock)
+        self._counts: dict[str, int] = {}
+        self._unrecorded: set[str] = set()
         server = _QuietServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self._server = server
@@ -95,19 +99,24 @@ class FakeOpenAI:
         self._server.shutdown()
         self._server.server_close()
 
-    def script(self, replies: Script, model: str | None = None) -> str:
-        """Register replies for a new model name and return that name."""
+    def script(self, replies: Script, model: str | None = None, *, record: bool = True) -> str:
+        """Register replies for a new model name and return that name. With `record=False`
+        requests are only counted: a long benchmark resends its whole conversation each
+        step, and keeping every body would grow with the square of its length."""
         model = model or f"fake-{uuid.uuid4().hex[:8]}"
         with self._lock:
             self._scripts[model] = replies if callable(replies) else list(replies)
             self.requests[model] = []
             self.chunks_sent[model] = []
             self.client_ports[model] = []
+            self._counts[model] = 0
+            if not record:
+                self._unrecorded.add(model)
         return model
 
     def calls(self, model: str) -> int:
         with self._lock:
-            return len(self.requests.get(model, []))
+            return self._counts.get(model, 0)
 
     def streaming(self, model: str, chunks: int, request: int | None = None) -> bool:
         """Whether a request (the latest if None) of `model` has sent at least `chunks`."""
@@ -144,7 +153,9 @@ class FakeOpenAI:
 
     def _next(self, model: str, body: dict[str, Any], port: int) -> Reply:
         with self._lock:
-            self.requests.setdefault(model, []).append(body)
+            self._counts[model] = self._counts.get(model, 0) + 1
+            if model not in self._unrecorded:
+                self.requests.setdefault(model, []).append(body)
             self.chunks_sent.setdefault(model, []).append(0)
             self.client_ports.setdefault(model, []).append(port)
             script = self._scripts.get(model)
@@ -188,7 +199,10 @@ class FakeOpenAI:
                     )
                     return
                 step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
-                self._stream(model, reply, step, request)
+                if body.get("stream"):
+                    self._stream(model, reply, step, request)
+                else:
+                    self._json(200, _completion(model, reply, step))
 
             def _json(
                 self, status: int, payload: Any, headers: dict[str, str] | None = None
@@ -232,6 +246,46 @@ class FakeOpenAI:
         return Handler
 
 
+def _call_id(number: int, index: int) -> str:
+    return f"call_{number}_{index}"
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    prompt, completion = reply.usage
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _completion(model: str, reply: Reply, number: int) -> dict[str, Any]:
+    """The reply as one non-streamed chat completion, with the ids the stream would give."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": _call_id(number, index),
+                "type": "function",
+                "function": {"name": name, "arguments": raw},
+            }
+            for index, (name, raw) in enumerate(reply.tool_calls)
+        ]
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+    }
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(reply),
+    }
+
+
 def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
     """The stream of one reply; tool call ids are `call_<step>_<index>`, the step counted
     from the conversation, so a retried request gets the same ids."""
@@ -246,8 +300,7 @@ def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
         if word or i:
             chunks.append(chunk({"content": word + (" " if i < len(words) - 1 else "")}))
     for index, (name, raw) in enumerate(reply.tool_calls):
-        call_id = f"call_{number}_{index}"
-        head = {"index": index, "id": call_id, "type": "function"}
+        head = {"index": index, "id": _call_id(number, index), "type": "function"}
         chunks.append(
             chunk({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})
         )
@@ -257,11 +310,5 @@ def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             )
     chunks.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
-    prompt, completion = reply.usage
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    chunks.append({**base, "choices": [], "usage": usage})
+    chunks.append({**base, "choices": [], "usage": _usage(reply)})
     return chunks

@@ -14,13 +14,14 @@ from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
 from workflows import search
 
 
-async def start_dev_env() -> WorkflowEnvironment:
+async def start_dev_env(log_level: str = "warn") -> WorkflowEnvironment:
     """The pip-installed dev server, in memory, tuned and with our search attributes."""
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_binary(),
         search_attributes=search.ALL,
         dev_server_extra_args=list(DEV_SERVER_TUNING),
+        dev_server_log_level=log_level,
     )
 
 
