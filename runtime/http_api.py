@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from runtime.agent_runtime import AgentRuntime
-from runtime.api import codec, tasks
+from runtime.api import codec, console, tasks
 from runtime.api.errors import ERROR_RESPONSES, install_error_handlers
 from runtime.settings import Settings
 from runtime.temporal import connect
@@ -62,6 +62,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(codec.router)
     app.include_router(tasks.router)
+    app.include_router(console.router)
     return app
 
 

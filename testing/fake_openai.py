@@ -30,6 +30,10 @@ class Reply:
     chunk_delay: float = 0.0
     usage: tuple[int, int] = (11, 7)
     stamp_chunks: bool = False  # replace each text chunk by the time it is sent (benchmarks)
+    # Hold the stream open after `gate_after_chunks` chunks until the test sets `gate`:
+    # a test can act while a stream is provably under way.
+    gate: threading.Event | None = None
+    gate_after_chunks: int = 0
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -49,6 +53,7 @@ def hang(seconds: float) -> Reply:
     return Reply(hang_seconds=seconds)
 
 
+GATE_TIMEOUT_SECONDS = 120.0  # a gate nobody opens must not hold a server thread forever
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
 
@@ -149,6 +154,9 @@ class FakeOpenAI:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for index, chunk in enumerate(_chunks(model, reply, number)):
+                    if reply.gate is not None and index == reply.gate_after_chunks:
+                        self.wfile.flush()
+                        reply.gate.wait(GATE_TIMEOUT_SECONDS)
                     if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:
                         self.wfile.flush()
                         self.connection.close()
