@@ -79,7 +79,10 @@ def main() -> None:
             "every local caller may start tasks and decide approvals",
             file=sys.stderr,
         )
-    print(f"waystation API on http://{host}:{settings.api_port} (docs: /docs)", file=sys.stderr)
+    print(
+        f"waystation API and console on http://{host}:{settings.api_port}/ (API docs: /docs)",
+        file=sys.stderr,
+    )
     uvicorn.run(create_app(settings), host=host, port=settings.api_port)
 
 

@@ -47,10 +47,8 @@ MEDIA_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
-    ".png": "image/png",
-    ".txt": "text/plain; charset=utf-8",
 }
-ASSET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(html|js|css|svg|png|txt)$")
+ASSET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(html|js|css|svg)$")
 
 router = APIRouter()
 router.include_router(inbox.router)

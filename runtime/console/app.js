@@ -42,7 +42,6 @@ async function start() {
   feed.subscribe((inbox) => {
     const n = inbox.approvals.length;
     inboxCount.textContent = n ? String(n) : "";
-    document.title = n ? `(${n}) waystation` : "waystation";
   });
   feed.start();
   route();

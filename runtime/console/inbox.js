@@ -65,6 +65,7 @@ export function mountInbox(main, { session, feed }) {
   const summary = h("p", { class: "summary", role: "status", "aria-live": "polite" });
   const trouble = h("p", { class: "error", role: "alert" });
   const decidedList = h("ol", { class: "decided-list", "aria-label": "Decided" });
+  const decidedTitle = h("h2", { hidden: true }, "Decided");
   let selected = null; // key of the selected card
 
   const help = h("p", { class: "keys muted" },
@@ -83,7 +84,7 @@ export function mountInbox(main, { session, feed }) {
     help,
     list,
     empty,
-    h("h2", {}, "Decided"),
+    decidedTitle,
     decidedList,
   );
 
@@ -128,6 +129,7 @@ export function mountInbox(main, { session, feed }) {
         " — ", h("span", { class: "decided-text" }, text), " · ", moment(new Date().toISOString())),
     );
     while (decidedList.children.length > DECIDED_SHOWN) decidedList.lastElementChild.remove();
+    decidedTitle.hidden = false;
     if (wasSelected) {
       const open = pending();
       if (open.length) select(key(open[0].item), focusWasInside || document.activeElement === document.body);
@@ -141,6 +143,7 @@ export function mountInbox(main, { session, feed }) {
     const open = pending();
     empty.hidden = open.length > 0;
     summary.textContent = open.length === 1 ? "1 request waits for a decision." : `${open.length} requests wait for a decision.`;
+    document.title = open.length ? `(${open.length}) Inbox · waystation` : "Inbox · waystation";
   }
 
   function update(inbox, error) {

@@ -20,9 +20,11 @@ const EMPTY_CLOSES = 3;
  * Follow task `taskId` from offset `since`. `onItem({offset, type, data})` gets each item
  * once, in order; `onState(state)` hears "connecting", "live", "reconnecting", "failed"
  * (the task failed; still watching for a resume), "ended", "quiet", "gone" or
- * "unauthorized". Returns {stop(), next} where `next` is the next offset wanted.
+ * "unauthorized". `isLatest(item)` tells whether a terminal item is the task's last word
+ * (a failure followed by a resume is not: the stream goes on past it). Returns
+ * {stop(), next} where `next` is the next offset wanted.
  */
-export function followStream(taskId, since, { onItem, onState = () => {} }) {
+export function followStream(taskId, since, { onItem, onState = () => {}, isLatest = () => true }) {
   const controller = new AbortController();
   const follower = { next: since, stopped: false };
   follower.stop = () => {
@@ -37,9 +39,8 @@ export function followStream(taskId, since, { onItem, onState = () => {} }) {
     follower.next = item.offset + 1;
     received += 1;
     onItem(item);
-    if (ENDINGS.has(item.type)) return "end";
-    if (item.type === "failed") return "failed";
-    return null;
+    if (!TERMINAL.has(item.type) || !isLatest(item)) return null;
+    return ENDINGS.has(item.type) ? "end" : "failed";
   };
 
   (async () => {

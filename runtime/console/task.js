@@ -102,6 +102,7 @@ class TaskPage {
     this.taskId = taskId;
     this.canDecide = session.role === "approver";
     this.stopped = false;
+    this.loads = 0;
   }
 
   reset() {
@@ -129,16 +130,18 @@ class TaskPage {
   }
 
   async load() {
+    const generation = ++this.loads; // a later load supersedes this one
     this.reset();
     const title = h("h1", { class: "task-title" }, this.taskId);
     replace(this.main, title, h("p", { class: "muted", role: "status" }, "loading…"));
     let head = 0;
     try {
       const timeline = await api(`/console/api/tasks/${seg(this.taskId)}/timeline`);
+      if (generation !== this.loads) return;
       for (const event of timeline.events) this.take(event, false);
       head = timeline.head;
     } catch (error) {
-      if (this.stopped) return;
+      if (this.stopped || generation !== this.loads) return;
       replace(this.main, title, h("p", { class: "error", role: "alert" },
         error instanceof ApiError && error.status === 404 ? `No task ${this.taskId}.` : `The task could not be read: ${error.message}`),
         h("button", { type: "button", onclick: () => this.load() }, "Try again"));
@@ -224,6 +227,9 @@ class TaskPage {
         if (this.watchingFailure) this.load();
         else this.onItem(item);
       },
+      // An ending older than the last event the page has (a failure since resumed) is
+      // history, not the end: the follower reads on past it.
+      isLatest: (item) => item.data.seq >= this.events.length - 1,
       onState: (state) => {
         if (this.streamToken !== mine) return;
         this.watchingFailure = state === "failed";

@@ -105,6 +105,7 @@ export function mountTaskList(main, { session }) {
     note.textContent = `Page ${page + 1}: ${result.tasks.length} tasks${searching}.`;
   }
 
+  document.title = "Tasks · waystation";
   load();
   return () => {
     generation++;
@@ -164,6 +165,7 @@ export function mountNewTask(main, { session }) {
     submit,
   );
   replace(main, form);
+  document.title = "New task · waystation";
   task.focus();
 
   async function start() {

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from playwright.async_api import Locator, Page, expect
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import TaskHandle
@@ -46,7 +47,7 @@ def task_id_of(page: Page) -> str:
 
 async def shoot(page: Page, name: str, tmp_path: Path) -> None:
     folder = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
-    await page.screenshot(path=folder / name, full_page=True)
+    await page.screenshot(path=folder / name, full_page=True, animations="disabled")
 
 
 async def start(stack: ConsoleStack, model: str, task: str, **kw: Any) -> TaskHandle:
@@ -273,11 +274,18 @@ async def test_resume_a_failed_task_and_fork_from_an_event(
     page = await open_console(ALICE, f"/#/tasks/{handle.id}")
     await expect(page.locator(".task-status")).to_have_text("failed")
     await expect(page.locator("section.failure")).to_contain_text("max_steps")
+    # After a limit the run stays open a few seconds to meet a resume; the page would ask
+    # again until it has closed, the test waits for that state instead.
+    async with asyncio.timeout(30):
+        while (await handle.describe()).status != WorkflowExecutionStatus.FAILED:
+            await asyncio.sleep(0.05)
     await page.get_by_label("Max steps").fill("5")
     await page.get_by_role("button", name="Resume").click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-resumed")).to_have_count(1)
     await expect(page.locator("section.result")).to_contain_text("finished after 2 calculations")
+    # The failure in its history is not the end: the page followed the stream to the end.
+    await expect(page.locator(".stream-state")).to_have_attribute("data-state", "ended")
     original = await handle.events()
 
     observation = page.locator("li.type-observation").first
@@ -308,8 +316,9 @@ async def test_the_inbox_works_from_the_keyboard_and_fields_have_labels(
 
     name = fake_openai.script(model)
     handles = []
-    for i in range(3):  # one after the other: the inbox lists the oldest first
-        handles.append(await start(stack, name, f"keyboard-{i}"))
+    chores = ["Rotate the logs on web-1", "Clear the build cache on ci-2", "Restart db-3"]
+    for chore in chores:  # one after the other: the inbox lists the oldest first
+        handles.append(await start(stack, name, chore))
         await pending_requests(handles[-1])
     page = await open_console()
     await expect(page.get_by_label("API token")).to_be_focused()
