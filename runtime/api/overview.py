@@ -4,6 +4,7 @@ a task's log with where its stream stands."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable
 from typing import Annotated, Any, Literal, TypeVar
@@ -78,6 +79,12 @@ async def bounded(works: Iterable[Awaitable[T]], at_once: int) -> list[T]:
     return list(await asyncio.gather(*(one(w) for w in works)))
 
 
+@functools.cache
+def builtin_tools() -> list[ToolInfo]:
+    """The built-in tools the start form offers a rule for (custom tools keep their own)."""
+    return [ToolInfo(name=t.name, approval=t.approval) for t in builtin_registry().allowed(None)]
+
+
 def remembered(request: Request, name: str) -> OrderedDict[str, Any]:
     """A per-process memory of the app's, made on first use (least recently used first)."""
     memory: OrderedDict[str, Any] | None = getattr(request.app.state, name, None)
@@ -123,14 +130,12 @@ async def task_text(request: Request, runtime: AgentRuntime, task_id: str) -> st
 @router.get("/console/api/session", response_model=ConsoleSession)
 async def session(request: Request, who: Reader, runtime: Runtime) -> ConsoleSession:
     """Who the token belongs to, and the defaults of the start-task form."""
-    registry = builtin_registry()
-    tools = [ToolInfo(name=n, approval=registry.get(n).approval) for n in registry.names()]  # type: ignore[union-attr]
     return ConsoleSession(
         name=who.name,
         role=who.role,
         tokens_required=bool(settings_of(request).api_tokens),
         default_model=runtime.settings.default_model,
-        tools=tools,
+        tools=builtin_tools(),
         statuses=STATUSES,
     )
 

@@ -238,10 +238,11 @@ async def test_a_reader_sees_no_decision_buttons_and_a_forced_post_is_refused(
     def model(body: dict[str, Any]) -> Reply:
         return text("ok") if said(body) else tools(("run_shell", {"command": "true"}))
 
+    page = await open_console(RITA)
+    await expect(page.locator(".summary")).to_have_text("0 requests wait for a decision.")
     handle = await start(stack, fake_openai.script(model), "Reader")
     [request] = await pending_requests(handle)
-    page = await open_console(RITA)
-    pending = card(page, handle.id)
+    pending = card(page, handle.id)  # comes in without a reload
     await expect(pending.locator(".read-only")).to_be_visible()
     assert await pending.get_by_role("button").count() == 0
     status = await page.evaluate(
@@ -254,11 +255,25 @@ async def test_a_reader_sees_no_decision_buttons_and_a_forced_post_is_refused(
         [handle.id, request],
     )
     assert status == 403
-    await page.get_by_role("link", name="Reader").click()  # the task's page
+    await pending.get_by_role("link", name="Reader").click()  # the task's page
     await expect(page.locator(".task-status")).to_have_text("waiting approval")
     await expect(page.locator(".controls .read-only")).to_be_visible()
     assert await page.locator("button.cancel, button.approve, button.reject").count() == 0
     assert request in (await handle.state()).pending_approvals
+
+    # Decided elsewhere (here: alice through the API), the request leaves the reader's
+    # inbox saying who decided.
+    await page.get_by_role("link", name=re.compile("^Inbox")).click()
+    await expect(pending).to_be_visible()
+    async with httpx.AsyncClient(
+        base_url=stack.url, headers={"Authorization": f"Bearer {ALICE}"}
+    ) as http:
+        approved = await http.post(
+            f"/tasks/{handle.id}/approve", json={"request_id": request, "message": "fine"}
+        )
+        assert approved.status_code == 200
+    await expect(decided(page, handle.id)).to_have_text("Already approved by alice: fine")
+    await expect(pending).to_have_count(0)
 
 
 async def test_resume_a_failed_task_and_fork_from_an_event(
