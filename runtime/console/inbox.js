@@ -67,6 +67,9 @@ export function mountInbox(main, { session, feed }) {
   const decidedList = h("ol", { class: "decided-list", "aria-label": "Decided" });
   const decidedTitle = h("h2", { hidden: true }, "Decided");
   let selected = null; // key of the selected card
+  // Requests this page has seen settled, with when they were asked: a poll that was already
+  // under way when one was decided must not bring it back.
+  const settled = new Map();
 
   const help = h("p", { class: "keys muted" },
     h("kbd", {}, "j"), "/", h("kbd", {}, "k"), " or arrows move · ",
@@ -119,6 +122,7 @@ export function mountInbox(main, { session, feed }) {
     const cardKey = key(item);
     const card = cards.get(cardKey);
     cards.delete(cardKey);
+    settled.set(cardKey, item.requested_at);
     const wasSelected = selected === cardKey;
     const focusWasInside = card?.element.contains(document.activeElement);
     card?.element.remove();
@@ -159,6 +163,7 @@ export function mountInbox(main, { session, feed }) {
     let previous = null;
     for (const item of inbox.approvals) {
       const cardKey = key(item);
+      if (settled.get(cardKey) === item.requested_at) continue;
       let card = cards.get(cardKey);
       if (!card) {
         card = approvalCard(item, { me: session.name, canDecide, onDecided });
