@@ -91,8 +91,8 @@ async def clean_slate(stack: ConsoleStack) -> AsyncIterator[None]:
 async def cancelled(runtime: AgentRuntime, task_id: str) -> None:
     """Cancel a task and wait until it has ended (it may end some other way first)."""
     handle = runtime.get(task_id)
-    await handle.cancel()
     async with asyncio.timeout(30):
+        await handle.cancel()
         # Any ending will do (a task of the encrypted stack cannot even be decoded here).
         with contextlib.suppress(Exception):
             await handle.result()
@@ -134,10 +134,9 @@ async def open_console(browser: Browser, stack: ConsoleStack) -> AsyncIterator[O
 
     yield open_page
     for context in contexts:
-        try:
-            await context.close()
-        except Error:
-            pass
+        with contextlib.suppress(Error):
+            async with asyncio.timeout(30):
+                await context.close()
     assert watch.dialogs == [], "a dialog opened: a script from data ran"
     assert watch.errors == [], "the page raised errors"
 
