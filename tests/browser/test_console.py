@@ -447,7 +447,8 @@ async def test_a_task_of_a_thousand_events_pages_its_timeline(
         return text("all batches done")
 
     handle = await start(stack, fake_openai.script(model), "A thousand events")
-    await handle.result()
+    async with asyncio.timeout(120):
+        await handle.result()
     total = len(await handle.events())
     assert total >= 1000
     page = await open_console(ALICE, f"/#/tasks/{handle.id}")
