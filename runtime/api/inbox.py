@@ -113,9 +113,8 @@ async def approvals(request: Request, runtime: Runtime, who: Reader) -> Inbox:
 
     async def read(task_id: str) -> _Read | None:
         try:
-            done = await asyncio.wait_for(
-                read_pending(runtime, task_id, reads.get(task_id)), TASK_READ_TIMEOUT_SECONDS
-            )
+            async with asyncio.timeout(TASK_READ_TIMEOUT_SECONDS):
+                done = await read_pending(runtime, task_id, reads.get(task_id))
         except (TimeoutError, RPCError, TaskError):
             return None
         reads[task_id] = done

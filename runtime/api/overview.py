@@ -118,7 +118,8 @@ async def task_text(request: Request, runtime: AgentRuntime, task_id: str) -> st
         texts.move_to_end(task_id)
         return texts[task_id]
     try:
-        text = await asyncio.wait_for(read_task_text(runtime, task_id), TEXT_TIMEOUT_SECONDS)
+        async with asyncio.timeout(TEXT_TIMEOUT_SECONDS):
+            text = await read_task_text(runtime, task_id)
     except Exception:  # a text is a nicety: a task that cannot be read is listed without one
         return ""
     texts[task_id] = text
