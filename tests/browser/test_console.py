@@ -441,9 +441,9 @@ async def test_a_task_of_a_thousand_events_pages_its_timeline(
 ) -> None:
     def model(body: dict[str, Any]) -> Reply:
         step = sum(1 for m in body["messages"] if m["role"] == "assistant")
-        if step < 5:
+        if step < 5:  # calls without text: this test is about the page, not the tokens
             calls = [("calculator", {"expression": f"{step} + {i}"}) for i in range(100)]
-            return tools(*calls, content=f"batch {step}")
+            return tools(*calls)
         return text("all batches done")
 
     handle = await start(stack, fake_openai.script(model), "A thousand events")
