@@ -54,7 +54,7 @@ from workflows.models import (
     RepairNote,
     Resumption,
 )
-from workflows.run import AgentRun, RunCarry, RunRef
+from workflows.run import WORKFLOW_TYPE, AgentRun, RunCarry, RunRef
 
 __all__ = [
     "AgentRuntime",
@@ -493,10 +493,13 @@ class AgentRuntime:
     async def list_tasks(
         self, status: str | None = None, page_size: int = 50, page_token: bytes | None = None
     ) -> tuple[list[TaskSummary], bytes | None]:
-        """A page of tasks, newest first, optionally only those with an AgentStatus."""
-        query = f'WorkflowType="{AgentWorkflow.__name__}"'
-        if status is not None:
-            query += f' AND AgentStatus="{status}"'
+        """A page of tasks, newest first, optionally only those with a status: an AgentStatus,
+        or `stuck` (Temporal reports its workflow task failing again and again)."""
+        query = f'WorkflowType="{WORKFLOW_TYPE}"'
+        if status == "stuck":
+            query += f" AND {search.STUCK_QUERY}"
+        elif status is not None:
+            query += f' AND {search.AGENT_STATUS.name}="{status}"'
         executions = self.client.list_workflows(
             query, page_size=page_size, next_page_token=page_token
         )
@@ -504,7 +507,9 @@ class AgentRuntime:
         tasks = [
             TaskSummary(
                 id=e.id,
-                status=e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
+                status="stuck"
+                if search.reports_stuck(e.search_attributes)
+                else e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
                 step=e.typed_search_attributes.get(search.AGENT_STEP),
                 started_at=e.start_time,
                 closed_at=e.close_time,

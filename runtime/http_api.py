@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from runtime.agent_runtime import AgentRuntime
-from runtime.api import codec, tasks
+from runtime.api import codec, console, tasks
 from runtime.api.errors import ERROR_RESPONSES, install_error_handlers
 from runtime.settings import Settings
 from runtime.temporal import connect
@@ -62,6 +62,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(codec.router)
     app.include_router(tasks.router)
+    app.include_router(console.router)
     return app
 
 
@@ -78,7 +79,10 @@ def main() -> None:
             "every local caller may start tasks and decide approvals",
             file=sys.stderr,
         )
-    print(f"waystation API on http://{host}:{settings.api_port} (docs: /docs)", file=sys.stderr)
+    print(
+        f"waystation API and console on http://{host}:{settings.api_port}/ (API docs: /docs)",
+        file=sys.stderr,
+    )
     uvicorn.run(create_app(settings), host=host, port=settings.api_port)
 
 

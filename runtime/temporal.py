@@ -35,8 +35,14 @@ from runtime.tracing import tracing_interceptors
 from workflows import search
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
-# The dev server's default transfer-queue poll rate, not SQLite, dominates a step's latency.
-DEV_SERVER_TUNING = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=2000")
+# The dev server's default transfer-queue poll rate, not SQLite, dominates a step's latency;
+# a task is reported stuck (TemporalReportedProblems) after 3 failed workflow tasks, not 5.
+DEV_SERVER_TUNING = (
+    "--dynamic-config-value",
+    "history.transferProcessorMaxPollRPS=2000",
+    "--dynamic-config-value",
+    "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=3",
+)
 
 _CLI_TYPE = {
     SearchAttributeIndexedValueType.KEYWORD: "Keyword",

@@ -37,7 +37,7 @@ class Reply:
     usage: tuple[int, int] = (11, 7)
     stamp_chunks: bool = False  # replace each text chunk by the time it is sent (benchmarks)
     # Hold the stream open after this many chunks until `gate` is set (a test's handle on
-    # "this request is provably mid-stream"); at most a minute.
+    # "this request is provably mid-stream"); at most GATE_TIMEOUT_SECONDS.
     hold_after_chunks: int | None = None
     gate: threading.Event | None = None
 
@@ -65,6 +65,7 @@ def stall(content: str, before_chunk: int, seconds: float) -> Reply:
     return Reply(content=content, stall_before_chunk=before_chunk, stall_seconds=seconds)
 
 
+GATE_TIMEOUT_SECONDS = 120.0  # a gate nobody opens must not hold a server thread forever
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
 
@@ -221,8 +222,9 @@ class FakeOpenAI:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for index, chunk in enumerate(_chunks(model, reply, number)):
-                    if reply.hold_after_chunks == index and reply.gate is not None:
-                        reply.gate.wait(60)
+                    if reply.gate is not None and index == reply.hold_after_chunks:
+                        self.wfile.flush()
+                        reply.gate.wait(GATE_TIMEOUT_SECONDS)
                     if index == reply.stall_before_chunk:
                         time.sleep(reply.stall_seconds)
                     if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:

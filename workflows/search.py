@@ -4,6 +4,7 @@ the Web UI) and the memo, both written by the workflow task that changes them.""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
@@ -20,6 +21,22 @@ AGENT_MODEL = SearchAttributeKey.for_keyword("AgentModel")
 AGENT_WAITING_SINCE = SearchAttributeKey.for_datetime("AgentWaitingSince")
 
 ALL = (AGENT_STATUS, AGENT_STEP, AGENT_MODEL, AGENT_WAITING_SINCE)
+
+# Temporal's own attribute for a workflow whose workflow task keeps failing or timing out
+# (a nondeterminism error, a bug in a new version): such a task is stuck. Closed runs keep
+# it, so only running ones count.
+REPORTED_PROBLEMS = "TemporalReportedProblems"
+_STUCK_CATEGORIES = ("category=WorkflowTaskFailed", "category=WorkflowTaskTimedOut")
+STUCK_QUERY = (
+    f"{REPORTED_PROBLEMS} IN ({', '.join(repr(c) for c in _STUCK_CATEGORIES)})"
+    " AND ExecutionStatus = 'Running'"
+)
+
+
+def reports_stuck(attributes: Mapping[str, Sequence[Any]]) -> bool:
+    """Whether a listed execution's search attributes say Temporal reports it stuck."""
+    return any(c in attributes.get(REPORTED_PROBLEMS, ()) for c in _STUCK_CATEGORIES)
+
 
 # Memo keys. `pending` lists the requests waiting for a person, as committed by the workflow
 # task that made them: what an approver may act on (a query can show a request earlier).

@@ -139,7 +139,8 @@ async def create_task(
 async def list_tasks(
     runtime: Runtime,
     who: Reader,
-    status: Literal["running", "waiting_approval", "done", "failed", "cancelled"] | None = None,
+    status: Literal["running", "waiting_approval", "done", "failed", "cancelled", "stuck"]
+    | None = None,
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> TaskPage:

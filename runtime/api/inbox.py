@@ -1,0 +1,129 @@
+"""The inbox: every pending approval across tasks, oldest request first.
+
+Tasks waiting for approval come from Temporal's visibility; each one's pending requests
+from its state. A task whose history has not grown since it was last read is not asked
+again, so a console polling every second costs one describe per waiting task, not a query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from temporalio.service import RPCError
+
+from runtime.agent_runtime import AgentRuntime, TaskError
+from runtime.api.auth import Reader, Runtime
+from runtime.api.overview import bounded, read_task_text, remembered
+from workflows.events import PendingApproval
+
+router = APIRouter(tags=["console"])
+
+WAITING_TASKS_READ = 1_000  # the inbox shows the requests of this many waiting tasks at most
+READS_AT_ONCE = 8
+# One dead or slow task must not hold up the inbox: it is listed as unreachable instead.
+TASK_READ_TIMEOUT_SECONDS = 3.0
+READS_KEPT = 10_000
+
+
+class InboxItem(BaseModel):
+    """One pending approval request, with the task it belongs to."""
+
+    task_id: str
+    task: str = Field(description="The task's text (shortened).")
+    request_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    reason: str | None = Field(default=None, description="Why the policy asks.")
+    model_reason: str | None = Field(default=None, description="What the model said with it.")
+    requested_at: datetime
+    step: int
+
+
+class Inbox(BaseModel):
+    approvals: list[InboxItem] = Field(description="Oldest request first.")
+    unreachable: list[str] = Field(
+        default_factory=list,
+        description="Tasks waiting for approval whose state could not be read in time "
+        "(no worker answering?).",
+    )
+    truncated: bool = Field(
+        default=False, description="More tasks are waiting than the inbox reads at once."
+    )
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A task's pending requests as read at one point of its history."""
+
+    run_id: str | None
+    history_length: int
+    task: str
+    pending: list[PendingApproval]
+
+
+async def read_pending(runtime: AgentRuntime, task_id: str, known: _Read | None) -> _Read:
+    """The task's pending requests (the one place that knows where they come from: the
+    state query, skipped when the history is as long as when `known` was read)."""
+    handle = runtime.get(task_id)
+    description = await handle.describe()
+    if (
+        known is not None
+        and known.run_id == description.run_id
+        and known.history_length == description.history_length
+    ):
+        return known
+    state = await handle.state()
+    return _Read(
+        run_id=description.run_id,
+        history_length=description.history_length,
+        task=await read_task_text(runtime, task_id),
+        pending=list(state.pending_approvals.values()),
+    )
+
+
+async def _waiting_task_ids(runtime: AgentRuntime) -> tuple[list[str], bool]:
+    ids: list[str] = []
+    token: bytes | None = None
+    while len(ids) < WAITING_TASKS_READ:
+        page, token = await runtime.list_tasks("waiting_approval", 200, token)
+        ids += [t.id for t in page]
+        if token is None:
+            return ids[:WAITING_TASKS_READ], False
+    return ids[:WAITING_TASKS_READ], True
+
+
+@router.get("/approvals", response_model=Inbox)
+async def approvals(request: Request, runtime: Runtime, who: Reader) -> Inbox:
+    """Every pending approval request across tasks, oldest first (the console's inbox)."""
+    reads: OrderedDict[str, _Read] = remembered(request, "console_inbox_reads")
+    task_ids, truncated = await _waiting_task_ids(runtime)
+
+    async def read(task_id: str) -> _Read | None:
+        try:
+            async with asyncio.timeout(TASK_READ_TIMEOUT_SECONDS):
+                done = await read_pending(runtime, task_id, reads.get(task_id))
+        except (TimeoutError, RPCError, TaskError):
+            return None
+        reads[task_id] = done
+        reads.move_to_end(task_id)
+        while len(reads) > READS_KEPT:
+            reads.popitem(last=False)
+        return done
+
+    results = await bounded((read(i) for i in task_ids), READS_AT_ONCE)
+    items = [
+        InboxItem(task_id=task_id, task=got.task, **pending.model_dump())
+        for task_id, got in zip(task_ids, results, strict=True)
+        if got is not None
+        for pending in got.pending
+    ]
+    items.sort(key=lambda item: (item.requested_at, item.task_id, item.request_id))
+    unreachable = [i for i, got in zip(task_ids, results, strict=True) if got is None]
+    return Inbox(approvals=items, unreachable=unreachable, truncated=truncated)

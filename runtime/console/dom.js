@@ -1,0 +1,87 @@
+// Building the page: elements and text nodes only. Data never becomes markup: strings are
+// text nodes or textContent, so a `<script>` or `onerror=` in model output stays text.
+
+const PROPERTIES = new Set([
+  "value", "checked", "disabled", "hidden", "selected", "readOnly", "required", "open",
+  "tabIndex", "defaultValue",
+]);
+
+/** An element with attributes, properties, listeners (`onclick`, ...) and children. */
+export function h(tag, props = {}, ...children) {
+  const element = document.createElement(tag);
+  for (const [key, value] of Object.entries(props ?? {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") element.className = value;
+    else if (key === "dataset") Object.assign(element.dataset, value);
+    else if (key.startsWith("on") && typeof value === "function") {
+      element.addEventListener(key.slice(2), value);
+    } else if (PROPERTIES.has(key)) element[key] = value;
+    else element.setAttribute(key, value === true ? "" : String(value));
+  }
+  append(element, children);
+  return element;
+}
+
+/** Append children: nodes as they are, strings and numbers as text, arrays flattened. */
+export function append(parent, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    parent.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return parent;
+}
+
+/** Replace every child of `parent`. */
+export function replace(parent, ...children) {
+  parent.replaceChildren();
+  return append(parent, children);
+}
+
+/** JSON for people: indented, keys in their order. */
+export function pretty(value) {
+  return JSON.stringify(value, null, 2);
+}
+
+const clock = new Intl.DateTimeFormat(undefined, {
+  year: "numeric", month: "short", day: "numeric",
+  hour: "2-digit", minute: "2-digit", second: "2-digit",
+});
+
+/** A <time> element showing a moment, with the full date in its title. */
+export function moment(iso) {
+  if (!iso) return h("span", { class: "muted" }, "—");
+  const date = new Date(iso);
+  return h("time", { datetime: date.toISOString(), title: date.toISOString() }, clock.format(date));
+}
+
+/** "4 s", "3 min", "2 h 5 min", "3 d 4 h": how long ago `iso` was. */
+export function since(iso, now = Date.now()) {
+  const seconds = Math.max(0, Math.round((now - new Date(iso).getTime()) / 1000));
+  if (seconds < 60) return `${seconds} s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 60) return `${minutes} min`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return `${hours} h ${minutes % 60} min`;
+  return `${Math.floor(hours / 24)} d ${hours % 24} h`;
+}
+
+const numbers = new Intl.NumberFormat();
+
+/** 12,345 */
+export function count(n) {
+  return numbers.format(n ?? 0);
+}
+
+/** A status badge: the class carries the colour, the text says it. */
+export function statusBadge(status) {
+  return h("span", { class: `badge status-${status}`, dataset: { status } }, status.replace("_", " "));
+}
+
+/** Is keyboard input going to a field (so single-key shortcuts must stay quiet)? */
+export function typing(event) {
+  const target = event.target;
+  return (
+    target instanceof HTMLElement &&
+    (target.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName))
+  );
+}

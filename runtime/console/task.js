@@ -1,0 +1,508 @@
+// A task's page: its state, the live stream (tokens as they come, then each event), the
+// controls (cancel, resume with raised limits, fork from any event) and its approvals.
+
+import { ApiError, api, seg } from "./api.js";
+import { approvalCard } from "./approval.js";
+import { count, h, moment, replace, statusBadge } from "./dom.js";
+import { TERMINAL, followStream } from "./stream.js";
+import { TaskFold } from "./fold.js";
+import { eventRow, retractedBlock } from "./timeline.js";
+
+const LOG_PAGE = 1000;
+const WINDOW = 200; // rows rendered at once; earlier ones on request
+// The stream is joined this many items before its head when the page loads: the log has
+// the events, and these bring the tokens of a step that is streaming now.
+const STREAM_OVERLAP = 500;
+const RESUME_RETRY_MS = 500;
+const RESUME_RETRIES = 20;
+const STREAM_STATES = {
+  connecting: "connecting…",
+  reconnecting: "reconnecting…",
+  failed: "the task failed; a resume would show here",
+  ended: "ended",
+  quiet: "closed",
+};
+
+/** The task page; returns its unmount function. */
+export function mountTask(main, { session }, taskId) {
+  const page = new TaskPage(main, session, taskId);
+  page.load();
+  return () => page.stop();
+}
+
+class TaskPage {
+  constructor(main, session, taskId) {
+    this.main = main;
+    this.session = session;
+    this.taskId = taskId;
+    this.canDecide = session.role === "approver";
+    this.stopped = false;
+    this.loads = 0;
+  }
+
+  reset() {
+    this.follower?.stop();
+    this.follower = null;
+    this.streamToken = null;
+    this.events = [];
+    this.early = new Map(); // events that came ahead of a gap, by seq
+    this.fold = new TaskFold();
+    this.streams = new Map(); // step -> {attempts: Map(attempt -> {text, node}), top}
+    this.finished = new Map(); // step -> what was streamed for it: {retracted, differs}
+    this.thoughts = new Map(); // step -> its thought event
+    this.rerender = new Set(); // seqs of rows to draw again (void text came in late)
+    this.cards = new Map(); // request id -> approval card
+    this.firstShown = 0;
+    this.catchingUp = null;
+    this.headQueued = false;
+    this.controlsKey = null;
+    this.watchingFailure = false;
+  }
+
+  stop() {
+    this.stopped = true;
+    this.follower?.stop();
+  }
+
+  async load() {
+    const generation = ++this.loads; // a later load supersedes this one
+    this.reset();
+    const title = h("h1", { class: "task-title" }, this.taskId);
+    replace(this.main, title, h("p", { class: "muted", role: "status" }, "loading…"));
+    let head = 0;
+    try {
+      const timeline = await api(`/console/api/tasks/${seg(this.taskId)}/timeline`);
+      if (generation !== this.loads) return;
+      for (const event of timeline.events) this.take(event, false);
+      head = timeline.head;
+    } catch (error) {
+      if (this.stopped || generation !== this.loads) return;
+      replace(this.main, title, h("p", { class: "error", role: "alert" },
+        error instanceof ApiError && error.status === 404 ? `No task ${this.taskId}.` : `The task could not be read: ${error.message}`),
+        h("button", { type: "button", onclick: () => this.load() }, "Try again"));
+      return;
+    }
+    if (this.stopped) return;
+    performance.mark("ws:task-data-loaded");
+    this.build();
+    performance.mark("ws:timeline-rendered");
+    const measure = performance.measure("ws:timeline-render", "ws:task-data-loaded", "ws:timeline-rendered");
+    this.main.dataset.renderMs = String(Math.round(measure.duration));
+    this.main.dataset.loadedMs = String(Math.round(performance.now()));
+    // Followed even when the task has ended: the stream's latest items still tell which
+    // attempts were retried and what text they streamed (it stops at the ending).
+    this.follow(Math.max(0, head - STREAM_OVERLAP));
+  }
+
+  /** The page's skeleton, then the rows of the latest events. */
+  build() {
+    this.title = h("h1", { class: "task-title" });
+    this.figures = h("dl", { class: "figures" });
+    this.streamState = h("span", { class: "stream-state", role: "status", "aria-live": "polite" });
+    this.controls = h("div", { class: "controls" });
+    this.outcome = h("div", { class: "task-outcome" });
+    this.pendingList = h("div", { class: "pending-list", "aria-label": "Pending approvals of this task" });
+    this.earlier = h("button", { type: "button", class: "earlier", onclick: () => this.showEarlier() });
+    this.rows = h("ol", { class: "timeline", "aria-label": "Events" });
+    this.live = h("div", { class: "live", "aria-live": "off" });
+    this.notice = h("p", { class: "error", role: "alert" });
+    replace(
+      this.main,
+      h("header", { class: "task-head" },
+        this.title,
+        h("p", { class: "muted ids" }, h("span", { class: "task-id" }, this.taskId), " · stream ", this.streamState),
+        this.figures),
+      this.notice,
+      this.controls,
+      this.outcome,
+      this.pendingList,
+      h("h2", {}, "Timeline"),
+      this.earlier,
+      this.rows,
+      this.live,
+    );
+    this.firstShown = Math.max(0, this.events.length - WINDOW);
+    const fragment = document.createDocumentFragment();
+    for (const event of this.events.slice(this.firstShown)) fragment.append(this.row(event));
+    this.rows.append(fragment);
+    for (const step of this.streams.keys()) this.renderLive(step);
+    this.refresh();
+  }
+
+  row(event) {
+    return eventRow(event, {
+      streamed: event.type === "thought" ? this.finished.get(event.step) : null,
+      onFork: (e, slot) => this.openFork(e, slot),
+    });
+  }
+
+  showEarlier() {
+    const from = Math.max(0, this.firstShown - WINDOW);
+    const fragment = document.createDocumentFragment();
+    for (const event of this.events.slice(from, this.firstShown)) fragment.append(this.row(event));
+    this.rows.prepend(fragment);
+    this.firstShown = from;
+    this.refreshEarlier();
+  }
+
+  refreshEarlier() {
+    this.earlier.hidden = this.firstShown === 0;
+    this.earlier.textContent = `Show ${Math.min(WINDOW, this.firstShown)} earlier events (${count(this.firstShown)} not shown)`;
+  }
+
+  follow(since) {
+    this.follower?.stop();
+    const mine = {}; // callbacks of a follower this page has since replaced are ignored
+    this.streamToken = mine;
+    this.follower = followStream(this.taskId, since, {
+      onItem: (item) => {
+        if (this.streamToken !== mine) return;
+        // After the failure, anything new means the task was resumed: a reset may have
+        // rewritten what followed its reset point, so the page reads it all again.
+        if (this.watchingFailure) this.load();
+        else this.onItem(item);
+      },
+      // An ending older than the last event the page has (a failure since resumed) is
+      // history, not the end: the follower reads on past it.
+      isLatest: (item) => item.data.seq >= this.events.length - 1,
+      onState: (state) => {
+        if (this.streamToken !== mine) return;
+        this.watchingFailure = state === "failed";
+        if (!this.streamState) return;
+        this.streamState.textContent = STREAM_STATES[state] ?? state;
+        this.streamState.dataset.state = state;
+      },
+    });
+  }
+
+  onItem({ type, data }) {
+    if (type === "token") this.onToken(data);
+    else if (type === "llm_retry") this.onRetry(data);
+    else if (type === "gap") this.catchUp();
+    else if ("seq" in data) this.take(data, true);
+  }
+
+  /** An event from the log or the stream: each seq once, in order; a jump is filled from the log. */
+  take(event, live) {
+    if (event.seq < this.events.length) return;
+    if (event.seq > this.events.length) {
+      this.early.set(event.seq, event);
+      this.catchUp();
+      return;
+    }
+    this.events.push(event);
+    this.fold.apply(event);
+    if (event.type === "thought") {
+      this.thoughts.set(event.step, event);
+      this.closeStream(event);
+    }
+    if (live) {
+      this.rows.append(this.row(event));
+      this.queueRefresh();
+    }
+    const next = this.early.get(this.events.length);
+    if (next) {
+      this.early.delete(next.seq);
+      this.take(next, live);
+    }
+  }
+
+  catchUp() {
+    this.catchingUp ??= (async () => {
+      try {
+        for (;;) {
+          const since = this.events.length;
+          const page = await api(`/tasks/${seg(this.taskId)}/log?since=${since}&limit=${LOG_PAGE}`);
+          for (const event of page.events) this.take(event, true);
+          if (page.events.length < LOG_PAGE) break;
+        }
+      } catch (error) {
+        this.notice.textContent = `Some events could not be read: ${error.message}`;
+      } finally {
+        this.catchingUp = null;
+      }
+    })();
+  }
+
+  stream(step) {
+    let stream = this.streams.get(step);
+    if (!stream) {
+      stream = { attempts: new Map(), top: 0, block: null };
+      this.streams.set(step, stream);
+    }
+    return stream;
+  }
+
+  attempt(stream, number) {
+    let attempt = stream.attempts.get(number);
+    if (!attempt) {
+      attempt = { text: "", node: null };
+      stream.attempts.set(number, attempt);
+    }
+    return attempt;
+  }
+
+  onToken({ step, attempt, text }) {
+    const thought = this.thoughts.get(step);
+    if (thought) {
+      // Its thought is in and is the final word; text of an attempt before it was void.
+      if (attempt < thought.attempt) this.lateVoidText(thought, attempt, text);
+      return;
+    }
+    const stream = this.stream(step);
+    const entry = this.attempt(stream, attempt);
+    entry.text += text;
+    if (attempt > stream.top) {
+      stream.top = attempt;
+      this.renderLive(step);
+    } else if (entry.node) {
+      entry.node.append(text);
+    } else {
+      this.renderLive(step);
+    }
+  }
+
+  /** Text of a retried attempt that arrives after its step's thought (a page opened late). */
+  lateVoidText(thought, attempt, text) {
+    const done = this.finished.get(thought.step) ?? { retracted: [], differs: false, final: false };
+    let entry = done.retracted.find((r) => r.attempt === attempt);
+    if (!entry) {
+      entry = { attempt, text: "" };
+      done.retracted.push(entry);
+      done.retracted.sort((a, b) => a.attempt - b.attempt);
+    }
+    entry.text += text;
+    this.finished.set(thought.step, done);
+    this.rerender.add(thought.seq);
+    this.queueRefresh();
+  }
+
+  onRetry({ step, attempt }) {
+    if (this.thoughts.has(step)) return;
+    const stream = this.stream(step);
+    stream.top = Math.max(stream.top, attempt);
+    this.attempt(stream, attempt);
+    this.renderLive(step);
+  }
+
+  /** The streaming block of `step`: void attempts struck through, the current one growing. */
+  renderLive(step) {
+    const stream = this.streams.get(step);
+    if (!stream || !this.live) return;
+    const retracted = [...stream.attempts].filter(([n]) => n < stream.top)
+      .map(([attempt, { text }]) => ({ attempt, text }));
+    const current = this.attempt(stream, stream.top || 1);
+    current.node = h("p", { class: "text live-text", dataset: { attempt: String(stream.top || 1) } }, current.text);
+    const block = h("div", { class: "live-step", dataset: { step: String(step) } },
+      h("p", { class: "event-head" }, h("span", { class: "type" }, "Streaming"), h("span", { class: "muted" }, `step ${step}`),
+        stream.top > 1 ? h("span", { class: "retry-mark" }, ` attempt ${stream.top}`) : null),
+      retractedBlock(retracted),
+      current.node);
+    if (stream.block) stream.block.replaceWith(block);
+    else this.live.append(block);
+    stream.block = block;
+  }
+
+  /** A step's thought arrived: its streamed text is history, kept to show what was void. */
+  closeStream(thought) {
+    const stream = this.streams.get(thought.step);
+    if (!stream) {
+      this.finished.set(thought.step, null);
+      return;
+    }
+    const retracted = [...stream.attempts].filter(([n]) => n < thought.attempt)
+      .map(([attempt, { text }]) => ({ attempt, text }));
+    const streamedText = stream.attempts.get(thought.attempt)?.text ?? "";
+    this.finished.set(thought.step, {
+      retracted,
+      final: streamedText !== "",
+      differs: streamedText !== "" && streamedText !== thought.content,
+    });
+    stream.block?.remove();
+    this.streams.delete(thought.step);
+  }
+
+  queueRefresh() {
+    if (this.headQueued) return;
+    this.headQueued = true;
+    requestAnimationFrame(() => {
+      this.headQueued = false;
+      if (this.stopped) return;
+      for (const seq of this.rerender) {
+        const old = seq >= this.firstShown ? this.rows.querySelector(`li[data-seq="${seq}"]`) : null;
+        old?.replaceWith(this.row(this.events[seq]));
+      }
+      this.rerender.clear();
+      this.refresh();
+    });
+  }
+
+  /** The header, controls, outcome and pending approvals, from the fold. */
+  refresh() {
+    const f = this.fold;
+    const text = f.task?.task ?? this.taskId;
+    this.title.textContent = text.length > 200 ? `${text.slice(0, 199)}…` : text;
+    this.title.title = text;
+    document.title = `${f.status} · ${text.slice(0, 60)} · waystation`;
+    const tokens = f.usage.input + f.usage.output;
+    replace(this.figures,
+      h("div", {}, h("dt", {}, "Status"), h("dd", { class: "task-status" }, statusBadge(f.status))),
+      h("div", {}, h("dt", {}, "Step"), h("dd", { class: "task-step" }, f.maxSteps ? `${f.step} of ${f.maxSteps}` : String(f.step))),
+      h("div", {}, h("dt", {}, "Tokens"), h("dd", { class: "task-usage" },
+        `${count(f.usage.input)} in · ${count(f.usage.output)} out · ${count(tokens)}` +
+        (f.tokenBudget ? ` of ${count(f.tokenBudget)}` : ""))),
+      h("div", {}, h("dt", {}, "Events"), h("dd", { class: "task-events" }, count(this.events.length))),
+      h("div", {}, h("dt", {}, "Started"), h("dd", {}, moment(this.events[0]?.at))));
+    this.renderControls();
+    this.renderOutcome();
+    this.renderPending();
+    this.refreshEarlier();
+  }
+
+  renderControls() {
+    const f = this.fold;
+    if (this.controlsKey === f.status) return; // keep what the user is typing
+    this.controlsKey = f.status;
+    const parts = [];
+    if (this.canDecide && !TERMINAL.has(f.status)) {
+      parts.push(h("button", { type: "button", class: "cancel danger", onclick: (event) => this.cancel(event.target) }, "Cancel task"));
+    }
+    if (this.canDecide && f.status === "failed") parts.push(this.resumeForm());
+    if (!this.canDecide && !TERMINAL.has(f.status)) {
+      parts.push(h("p", { class: "muted read-only" }, "Read-only: cancelling, resuming and deciding need an approver token."));
+    }
+    replace(this.controls, parts);
+  }
+
+  resumeForm() {
+    const f = this.fold;
+    const steps = h("input", { id: "resume-max-steps", type: "number", min: "1", step: "1",
+      value: String(f.failureKind === "max_steps" ? (f.maxSteps ?? 20) + 10 : (f.maxSteps ?? 20)) });
+    const budget = h("input", { id: "resume-token-budget", type: "number", min: "1", step: "1",
+      value: f.tokenBudget ? String(f.failureKind === "token_budget" ? f.tokenBudget * 2 : f.tokenBudget) : "" });
+    const problem = h("p", { class: "error", role: "alert" });
+    const submit = h("button", { type: "submit", class: "primary" }, "Resume");
+    return h("form", { class: "resume inline-form", onsubmit: async (event) => {
+      event.preventDefault();
+      submit.disabled = true;
+      problem.textContent = "";
+      const body = {};
+      if (steps.value) body.max_steps = Number(steps.value);
+      if (budget.value) body.token_budget = Number(budget.value);
+      try {
+        const view = await this.resume(body, problem);
+        problem.textContent = "resumed; reading the task again…";
+        await this.untilResumed(view);
+        await this.load();
+      } catch (error) {
+        problem.textContent = `Not resumed: ${error.message}`;
+        submit.disabled = false;
+      }
+    } },
+    h("h2", {}, "Resume from the last good point"),
+    h("div", { class: "field" }, h("label", { for: "resume-max-steps" }, "Max steps"), steps),
+    h("div", { class: "field" }, h("label", { for: "resume-token-budget" }, "Token budget"), budget),
+    submit, problem);
+  }
+
+  /** POST /resume; right after a limit the run stays open a moment to meet a resume, and
+   * the API refuses until it has closed: ask again for a few seconds. */
+  async resume(body, problem) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await api(`/tasks/${seg(this.taskId)}/resume`, { method: "POST", body });
+      } catch (error) {
+        const closing = error instanceof ApiError && error.status === 409 && /has not failed/.test(error.message);
+        if (!closing || attempt >= RESUME_RETRIES) throw error;
+        problem.textContent = "waiting for the failed run to close…";
+        await new Promise((resolve) => setTimeout(resolve, RESUME_RETRY_MS));
+      }
+    }
+  }
+
+  /** Wait (briefly) until the reset task has taken the resumption in. */
+  async untilResumed(view) {
+    for (let attempt = 0; view.state.status === "failed" && attempt < RESUME_RETRIES; attempt++) {
+      await new Promise((resolve) => setTimeout(resolve, RESUME_RETRY_MS));
+      view = await api(`/tasks/${seg(this.taskId)}`);
+    }
+  }
+
+  async cancel(button) {
+    button.disabled = true;
+    try {
+      await api(`/tasks/${seg(this.taskId)}/cancel`, { method: "POST" });
+      button.textContent = "cancelling…";
+    } catch (error) {
+      this.notice.textContent = `Not cancelled: ${error.message}`;
+      button.disabled = false;
+    }
+  }
+
+  renderOutcome() {
+    const f = this.fold;
+    if (f.status === "done") {
+      replace(this.outcome, h("section", { class: "result" }, h("h2", {}, "Result"), h("pre", { class: "result-text text" }, f.result ?? "")));
+    } else if (f.status === "failed" || f.status === "cancelled") {
+      replace(this.outcome, h("section", { class: `failure status-${f.status}` }, h("h2", {}, f.status === "failed" ? "Failed" : "Cancelled"),
+        h("p", { class: "text" }, f.failureKind ? h("strong", {}, `${f.failureKind}: `) : null, f.failure ?? "")));
+    } else {
+      replace(this.outcome);
+    }
+  }
+
+  renderPending() {
+    const pending = this.fold.pending;
+    for (const [requestId, card] of this.cards) {
+      if (!pending.has(requestId) && !card.decided) {
+        card.element.remove();
+        this.cards.delete(requestId);
+      }
+    }
+    for (const [requestId, request] of pending) {
+      if (this.cards.has(requestId)) {
+        this.cards.get(requestId).refreshAge();
+        continue;
+      }
+      const card = approvalCard({ ...request, task_id: this.taskId }, {
+        me: this.session.name, canDecide: this.canDecide, showTask: false,
+      });
+      this.cards.set(requestId, card);
+      this.pendingList.append(card.element);
+    }
+  }
+
+  openFork(event, slot) {
+    if (slot.firstChild) {
+      replace(slot);
+      return;
+    }
+    const id = `fork-${event.seq}`;
+    const message = h("textarea", { id: `${id}-message`, rows: "3" });
+    const steps = h("input", { id: `${id}-max-steps`, type: "number", min: "1", step: "1" });
+    const budget = h("input", { id: `${id}-token-budget`, type: "number", min: "1", step: "1" });
+    const problem = h("p", { class: "error", role: "alert" });
+    const submit = h("button", { type: "submit", class: "primary" }, "Start the fork");
+    replace(slot, h("form", { class: "fork-form inline-form", onsubmit: async (e) => {
+      e.preventDefault();
+      submit.disabled = true;
+      const body = { at_seq: event.seq };
+      if (message.value.trim()) body.message = message.value;
+      if (steps.value) body.max_steps = Number(steps.value);
+      if (budget.value) body.token_budget = Number(budget.value);
+      try {
+        const created = await api(`/tasks/${seg(this.taskId)}/fork`, { method: "POST", body });
+        location.hash = `#/tasks/${seg(created.id)}`;
+      } catch (error) {
+        problem.textContent = `Not forked: ${error.message}`;
+        submit.disabled = false;
+      }
+    }, onkeydown: (e) => { if (e.key === "Escape") replace(slot); } },
+    h("p", { class: "muted" }, `A new task starts from the state just after event #${event.seq}; this one is left as it is.`),
+    h("div", { class: "field" }, h("label", { for: `${id}-message` }, "Message to add (optional)"), message),
+    h("div", { class: "field" }, h("label", { for: `${id}-max-steps` }, "Max steps (optional)"), steps),
+    h("div", { class: "field" }, h("label", { for: `${id}-token-budget` }, "Token budget (optional)"), budget),
+    submit, problem));
+    message.focus();
+  }
+}

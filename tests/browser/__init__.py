@@ -1,0 +1,1 @@
+"""The web console in a real browser: Debian's chromium driven by Playwright for Python."""

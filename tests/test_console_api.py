@@ -1,0 +1,232 @@
+"""What the API serves for the web console: the page and its files under a strict policy, the
+inbox across tasks, tasks with their text, and a task's log with its stream head."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from temporalio.testing import WorkflowEnvironment
+
+from runtime.agent_runtime import AgentRuntime
+from runtime.api import inbox
+from runtime.http_api import create_app
+from runtime.settings import ApiToken, Settings
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import running_worker
+from tests.helpers import agent_task, pending_requests
+
+APPROVER = "console-approver"
+READER = "console-reader"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Api:
+    """The API over HTTP on a free port; `restart()` gives a fresh process state."""
+
+    def __init__(self, runtime: AgentRuntime) -> None:
+        self.runtime = runtime
+        self.server: uvicorn.Server | None = None
+        self.serving: asyncio.Task[None] | None = None
+        self.port = _free_port()
+
+    async def start(self) -> httpx.AsyncClient:
+        app = create_app(self.runtime.settings, self.runtime)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.serving = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            await asyncio.sleep(0.02)
+        return httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{self.port}",
+            headers={"Authorization": f"Bearer {APPROVER}"},
+            timeout=30,
+        )
+
+    async def stop(self) -> None:
+        if self.server is not None and self.serving is not None:
+            self.server.should_exit = True
+            await self.serving
+
+
+@pytest.fixture
+def console_settings(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={
+            "api_tokens": {
+                APPROVER: ApiToken(role="approver", name="ada"),
+                READER: ApiToken(role="reader", name="rob"),
+            }
+        }
+    )
+
+
+@pytest.fixture
+def console_runtime(dev_env: WorkflowEnvironment, console_settings: Settings) -> AgentRuntime:
+    return AgentRuntime(dev_env.client, console_settings)
+
+
+@pytest.fixture
+async def http(
+    dev_env: WorkflowEnvironment, console_settings: Settings, console_runtime: AgentRuntime
+) -> AsyncIterator[httpx.AsyncClient]:
+    api = Api(console_runtime)
+    async with running_worker(dev_env.client, console_settings), await api.start() as client:
+        yield client
+    await api.stop()
+
+
+async def test_the_page_and_its_files_come_with_a_strict_policy(http: httpx.AsyncClient) -> None:
+    page = await http.get("/", headers={"Authorization": ""})  # the page itself needs no token
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "default-src 'none'" in policy
+    assert "require-trusted-types-for 'script'" in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert "<script" not in re.sub(r'<script type="module" src="[^"]+"></script>', "", page.text)
+    for path in re.findall(r'(?:src|href)="(/console/[^"]+)"', page.text):
+        asset = await http.get(path)
+        assert asset.status_code == 200, path
+        assert asset.headers["content-security-policy"] == policy
+    script = await http.get("/console/app.js")
+    assert script.headers["content-type"].startswith("text/javascript")
+    for imported in re.findall(r'from "\./([a-z]+\.js)"', script.text):
+        assert (await http.get(f"/console/{imported}")).status_code == 200, imported
+    for path in ("/console/nope.js", "/console/..%2Fhttp_api.py", "/console/.hidden.js"):
+        assert (await http.get(path)).status_code == 404, path
+    assert "innerHTML" not in "".join(
+        f.read_text() for f in (resources.files("runtime") / "console").iterdir() if f.is_file()
+    )
+
+
+async def test_session_says_who_and_what_the_form_offers(http: httpx.AsyncClient) -> None:
+    me = (await http.get("/console/api/session")).json()
+    assert (me["name"], me["role"], me["tokens_required"]) == ("ada", "approver", True)
+    assert "stuck" in me["statuses"]
+    assert {"name": "run_shell", "approval": "always"} in me["tools"]
+    reader = await http.get("/console/api/session", headers={"Authorization": f"Bearer {READER}"})
+    assert reader.json()["role"] == "reader"
+    anonymous = await http.get("/console/api/session", headers={"Authorization": ""})
+    assert anonymous.status_code == 401
+
+
+async def test_the_inbox_lists_requests_across_tasks_oldest_first(
+    http: httpx.AsyncClient, fake_openai: FakeOpenAI, console_runtime: AgentRuntime
+) -> None:
+    def model(body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        if any(m["role"] == "tool" for m in messages):
+            return text("ok")
+        return tools(("run_shell", {"command": f"echo {messages[1]['content']}"}), content="may I?")
+
+    name = fake_openai.script(model)
+    runtime = console_runtime
+    first = await runtime.run(agent_task(name, "inbox first"))
+    [first_request] = await pending_requests(first)
+    second = await runtime.run(agent_task(name, "inbox second"))
+    await pending_requests(second)
+    mine = await _mine(http, {first.id, second.id}, 2)
+    assert [(i["task_id"], i["task"]) for i in mine] == [
+        (first.id, "inbox first"),
+        (second.id, "inbox second"),
+    ]
+    assert mine[0]["tool"] == "run_shell" and mine[0]["reason"] == "this tool always needs approval"
+    assert mine[0]["arguments"]["command"] == "echo inbox first"
+    assert mine[0]["model_reason"] == "may I?"
+    decided = await http.post(f"/tasks/{first.id}/approve", json={"request_id": first_request})
+    assert decided.status_code == 200
+    assert [i["task_id"] for i in await _mine(http, {first.id, second.id}, 1)] == [second.id]
+    await second.cancel()
+
+
+async def test_a_task_nobody_answers_for_is_listed_unreachable_not_waited_on(
+    dev_env: WorkflowEnvironment,
+    console_settings: Settings,
+    fake_openai: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = fake_openai.script([tools(("run_shell", {"command": "true"})), text("ok")])
+    runtime = AgentRuntime(dev_env.client, console_settings)
+    async with running_worker(dev_env.client, console_settings):
+        handle = await runtime.run(agent_task(name, "orphan"))
+        await pending_requests(handle)
+    # No worker now: the state query cannot be answered. A fresh API has nothing remembered.
+    monkeypatch.setattr(inbox, "TASK_READ_TIMEOUT_SECONDS", 0.5)
+    api = Api(runtime)
+    async with await api.start() as client:
+        async with asyncio.timeout(20):
+            answer = (await client.get("/approvals")).json()
+        assert handle.id in answer["unreachable"]
+        assert handle.id not in [i["task_id"] for i in answer["approvals"]]
+    await api.stop()
+    await handle.cancel()
+
+
+async def test_tasks_are_listed_with_their_text_and_found_by_it(
+    http: httpx.AsyncClient, fake_openai: FakeOpenAI, console_runtime: AgentRuntime
+) -> None:
+    name = fake_openai.script(lambda body: text("done"))
+    runtime = console_runtime
+    marker = f"zebra-{_free_port()}"
+    wanted = await runtime.run(agent_task(name, f"Find the {marker} in the list"))
+    other = await runtime.run(agent_task(name, "Something else entirely"))
+    await wanted.result()
+    await other.result()
+    fork = await runtime.fork(wanted.id, 0, message="again")  # forks start without a summary
+    await fork.result()
+    found: list[dict[str, Any]] = []
+    async with asyncio.timeout(20):
+        while len(found) < 2:  # until visibility shows the fork
+            page = (await http.get("/console/api/tasks", params={"q": marker.upper()})).json()
+            found = page["tasks"]
+            await asyncio.sleep(0.1)
+    assert {t["id"] for t in found} == {wanted.id, fork.id}
+    assert {t["task"] for t in found} == {f"Find the {marker} in the list"}
+    listed = (await http.get("/console/api/tasks", params={"status": "done"})).json()["tasks"]
+    assert {t["status"] for t in listed} == {"done"}
+    stuck = await http.get("/console/api/tasks", params={"status": "stuck"})
+    assert stuck.status_code == 200
+    assert (await http.get("/console/api/tasks", params={"status": "nope"})).status_code == 422
+
+
+async def test_a_task_page_starts_from_its_whole_log_and_stream_head(
+    http: httpx.AsyncClient, fake_openai: FakeOpenAI, console_runtime: AgentRuntime
+) -> None:
+    name = fake_openai.script([tools(("calculator", {"expression": "6*7"})), text("42")])
+    runtime = console_runtime
+    handle = await runtime.run(agent_task(name, "multiply"))
+    await handle.result()
+    timeline = (await http.get(f"/console/api/tasks/{handle.id}/timeline")).json()
+    assert [e["type"] for e in timeline["events"]] == [
+        "task_started",
+        "thought",
+        "action",
+        "observation",
+        "thought",
+        "done",
+    ]
+    assert timeline["head"] == await runtime.stream_head(handle.id)
+    assert (await http.get("/console/api/tasks/nope/timeline")).status_code == 404
+
+
+async def _mine(http: httpx.AsyncClient, task_ids: set[str], count: int) -> list[dict[str, Any]]:
+    """The inbox's requests of these tasks, once there are `count` of them (bounded wait)."""
+    async with asyncio.timeout(20):
+        while True:
+            answer = (await http.get("/approvals")).json()
+            mine = [i for i in answer["approvals"] if i["task_id"] in task_ids]
+            if len(mine) == count:
+                return mine
+            await asyncio.sleep(0.05)
