@@ -21,6 +21,8 @@ from activities.chat import ChatBackend
 from activities.conversation_cache import ConversationCache
 from activities.ledger import IdempotencyLedger
 from activities.llm import LlmActivities
+from activities.mcp.activities import McpActivities
+from activities.mcp.manager import McpClientManager
 from activities.tools import ToolActivities, ToolRegistry
 from runtime.settings import Settings
 from runtime.temporal import connect
@@ -37,15 +39,19 @@ WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 
 class AgentWorker(Worker):
-    """A Worker that also closes the model client its LLM activities hold."""
+    """A Worker that also closes the model client and the MCP connections it holds."""
 
-    def __init__(self, client: Client, *, llm: LlmActivities, **options: Any) -> None:
+    def __init__(
+        self, client: Client, *, llm: LlmActivities, mcp: McpActivities, **options: Any
+    ) -> None:
         super().__init__(client, **options)
         self.llm = llm
+        self.mcp = mcp
 
     async def shutdown(self) -> None:
         await super().shutdown()
         await self.llm.close()
+        await self.mcp.manager.close()  # stdio MCP servers stop with the worker
 
 
 def build_worker(
@@ -75,12 +81,15 @@ def build_worker(
     )
     ledger = IdempotencyLedger(settings.data_dir.absolute() / "ledger.sqlite3")
     tools = ToolActivities(registry, settings.workspace_dir, ledger, conversations)
+    # Connections start on first use, so a worker with servers it never needs spawns none.
+    mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
     return AgentWorker(
         client,
         llm=llm,
+        mcp=mcp,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
-        activities=[llm.call_llm, llm.summarize_context, tools.run_tool],
+        activities=[llm.call_llm, llm.summarize_context, tools.run_tool, mcp.list_tools],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,

@@ -60,6 +60,11 @@ class McpClientManager:
     def servers(self) -> list[str]:
         return list(self._configs)
 
+    def connected(self, server: str) -> bool:
+        """Whether this worker holds a live connection to `server` now."""
+        connection = self._connections.get(server)
+        return connection is not None and connection.usable
+
     def add_tools_changed_listener(self, listener: ToolsChanged) -> None:
         """`listener(server)` runs when a server says its tool list changed."""
         self._listeners.append(listener)
