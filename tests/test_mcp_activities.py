@@ -37,7 +37,7 @@ class McpProbe:
 
     @workflow.run
     async def run(self, request: ToolRequest) -> ToolResult:
-        return await workflow.execute_activity(
+        result: ToolResult = await workflow.execute_activity(
             "mcp_probe",
             request,
             result_type=ToolResult,
@@ -46,6 +46,7 @@ class McpProbe:
             retry_policy=RetryPolicy(maximum_attempts=1),
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
+        return result
 
 
 @workflow.defn(name="McpList", sandboxed=False)
@@ -54,7 +55,7 @@ class McpList:
 
     @workflow.run
     async def run(self, queue: str, request: ListToolsRequest) -> ToolCatalog:
-        return await workflow.execute_activity(
+        catalog: ToolCatalog = await workflow.execute_activity(
             "list_tools",
             request,
             result_type=ToolCatalog,
@@ -62,6 +63,7 @@ class McpList:
             start_to_close_timeout=timedelta(minutes=2),
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
         )
+        return catalog
 
 
 def probe_activity(mcp: McpActivities) -> Callable[[ToolRequest], Any]:

@@ -162,13 +162,19 @@ async def test_listing_maps_each_annotation_and_settings_override_it(
     assert ToolCatalog.model_validate_json(catalog.model_dump_json()) == catalog
 
 
-async def test_third_party_servers_time_and_git(
-    tmp_path: Path, managers: list[McpClientManager]
-) -> None:
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with one untracked file."""
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "hello.txt").write_text("hi\n")
+    return repo
+
+
+async def test_third_party_servers_time_and_git(
+    repo: Path, managers: list[McpClientManager]
+) -> None:
     manager = manage(
         managers,
         time=McpServerConfig(
