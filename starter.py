@@ -302,6 +302,15 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from runtime.mcp_server import serve_stdio
+
+    # stdout is the MCP channel from here on: everything else this process says goes to stderr.
+    async with session(settings, args.worker) as runtime:
+        await serve_stdio(runtime)
+    return 0
+
+
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import worker
 
@@ -447,6 +456,9 @@ def parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a task")
     cancel.add_argument("id")
 
+    mcp = commands.add_parser("mcp", help="serve waystation's tools to an MCP client over stdio")
+    _add_worker_flag(mcp)
+
     commands.add_parser("worker", help="run a worker in the foreground")
     commands.add_parser("config", help="the effective settings, secrets masked")
     commands.add_parser("setup", help="register the search attributes on the namespace")
@@ -467,6 +479,7 @@ COMMANDS = {
     "events": cmd_events,
     "list": cmd_list,
     "cancel": cmd_cancel,
+    "mcp": cmd_mcp,
     "worker": cmd_worker,
     "config": cmd_config,
     "setup": cmd_setup,

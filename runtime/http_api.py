@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from runtime.agent_runtime import AgentRuntime
 from runtime.api import codec, tasks
 from runtime.api.errors import ERROR_RESPONSES, install_error_handlers
+from runtime.mcp_server import mount_http
 from runtime.settings import Settings
 from runtime.temporal import connect
 
@@ -40,7 +41,8 @@ def create_app(
             app.state.runtime = AgentRuntime(await connect(settings), settings)
         else:
             app.state.runtime = runtime
-        yield
+        async with mcp_sessions.run():
+            yield
 
     app = FastAPI(
         title="waystation",
@@ -62,6 +64,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(codec.router)
     app.include_router(tasks.router)
+    mcp_sessions = mount_http(app, settings)  # MCP clients: streamable HTTP at /mcp
     return app
 
 

@@ -35,7 +35,7 @@ from mcp.types import ImageContent, TextContent, ToolAnnotations
 IDEMPOTENCY_META_KEY = "waystation/idempotency_key"
 GATE_POLL_SECONDS = 0.02
 
-server = MCPServer("demo", version="1.0")
+server = MCPServer("demo", version="1.0", log_level="WARNING")
 
 
 def record(ctx: Context, tool: str, event: str, label: str = "") -> None:
