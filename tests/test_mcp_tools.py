@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -52,12 +52,14 @@ def manage(made: list[McpClientManager], **servers: McpServerConfig) -> McpClien
     return manager
 
 
-async def until(predicate: object, what: str) -> None:
-    """Poll a state until it holds (bounded), e.g. a connection seen as gone."""
-    assert callable(predicate)
-    async with asyncio.timeout(30):
-        while not predicate():
-            await asyncio.sleep(0.02)
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll a state until it holds, e.g. a connection seen as gone (bounded: 30 s)."""
+    try:
+        async with asyncio.timeout(30):
+            while not predicate():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
 
 
 # --- names and rules (pure) -------------------------------------------------------------
@@ -390,3 +392,44 @@ async def test_a_models_call_is_checked_against_the_recorded_catalog(
     assert broken.problem is not None and "not valid JSON" in broken.problem
     hidden = check_call(catalog, "c7", "demo__lookup", "{}", ["demo__set_flag"], {})
     assert hidden.problem is not None and "demo__set_flag" in hidden.problem
+
+
+HOLD_A_CALL = """
+import asyncio, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from activities.mcp.manager import McpClientManager
+from testing.mcp import CallLog, demo_stdio
+manager = McpClientManager({"demo": demo_stdio(CallLog(Path(sys.argv[2])))})
+asyncio.run(manager.call_tool("demo__slow", {"gate": sys.argv[3], "label": "held"}, sys.argv[4]))
+"""
+
+
+def hold_a_call(log: CallLog, gate: Path, key: str) -> subprocess.Popen[bytes]:
+    """A process that calls the slow tool through a manager, as a worker's activity does."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    command = [sys.executable, "-c", HOLD_A_CALL, repo, str(log.path), str(gate), key]
+    return subprocess.Popen(command)
+
+
+async def test_when_the_calling_worker_dies_its_server_cancels_and_exits(
+    log: CallLog, tmp_path: Path
+) -> None:
+    holder = hold_a_call(log, tmp_path / "never", "chaos/1/call_1")
+    try:
+        await log.wait_for("start", key="chaos/1/call_1")
+    finally:
+        holder.send_signal(signal.SIGKILL)  # like a crashed worker: no shutdown at all
+        holder.wait()
+    server = log.entries()[-1]["pid"]
+    await log.wait_for("cancelled", key="chaos/1/call_1")  # stdin closed: the call ends
+
+    def gone() -> bool:
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    await until(gone, "the orphaned server exits")
+    assert log.events(key="chaos/1/call_1") == ["start", "cancelled"]
