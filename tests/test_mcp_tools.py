@@ -433,3 +433,20 @@ async def test_when_the_calling_worker_dies_its_server_cancels_and_exits(
 
     await until(gone, "the orphaned server exits")
     assert log.events(key="chaos/1/call_1") == ["start", "cancelled"]
+
+
+def test_ws_tools_lists_mcp_tools_with_their_defaults(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import starter
+
+    servers = {
+        "time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
+        "gone": {"command": "/nonexistent/server"},
+    }
+    monkeypatch.setenv("WAYSTATION_MCP_SERVERS", json.dumps(servers))
+    assert starter.main(["tools"]) == 1  # a server that cannot start is an error
+    out, err = capsys.readouterr()
+    assert "time__convert_time" in out and "approval: never" in out
+    assert "run_shell" in out
+    assert "MCP server gone: MCP server 'gone' could not start" in err
