@@ -154,15 +154,17 @@ class McpConnection:
         """Close the connection (a stdio server's process is stopped)."""
         self._stop.set()
         owner = self._owner
-        if owner is None or owner.done():
-            self._forget_stderr()
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(owner), CLOSE_WITHIN_SECONDS)
-        except TimeoutError:
-            owner.cancel()  # a server that ignores its closed stdin, SIGTERM and SIGKILL
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await owner
+        if owner is not None and not owner.done():
+            if not self._ready.done():
+                owner.cancel()  # still connecting: nothing to wind down gracefully
+            try:
+                await asyncio.wait_for(asyncio.shield(owner), CLOSE_WITHIN_SECONDS)
+            except TimeoutError:
+                owner.cancel()  # a server that ignores its closed stdin, SIGTERM and SIGKILL
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await owner
+        if self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # seen: a failed start was already reported by start()
         self._forget_stderr()
 
     def stderr_tail(self) -> str:
