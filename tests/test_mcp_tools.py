@@ -46,6 +46,19 @@ async def managers() -> AsyncIterator[list[McpClientManager]]:
         await manager.close()
 
 
+@pytest.fixture(scope="module")
+async def shared(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[McpClientManager, CallLog]]:
+    """One manager for the tests that leave its servers as they were (each start costs
+    seconds): the demo server, and the demo server again with settings over its hints."""
+    log = CallLog(tmp_path_factory.mktemp("shared") / "calls.jsonl")
+    trusted = demo_stdio(log, approval={"delete_note": "never"}, retry_safe={"*": True})
+    manager = McpClientManager({"demo": demo_stdio(log), "trusted": trusted})
+    yield manager, log
+    await manager.close()
+
+
 def manage(made: list[McpClientManager], **servers: McpServerConfig) -> McpClientManager:
     manager = McpClientManager(servers, environ={**os.environ, "DEMO_TOKEN": "s3cret"})
     made.append(manager)
@@ -137,13 +150,9 @@ def test_server_settings_are_checked_and_read_from_env_and_file(
 
 
 async def test_listing_maps_each_annotation_and_settings_override_it(
-    log: CallLog, managers: list[McpClientManager]
+    shared: tuple[McpClientManager, CallLog],
 ) -> None:
-    manager = manage(
-        managers,
-        demo=demo_stdio(log),
-        trusted=demo_stdio(log, approval={"delete_note": "never"}, retry_safe={"*": True}),
-    )
+    manager, _ = shared
     catalog = await manager.list_tools()
     rules = {t.name: (t.approval, t.retry_safe) for t in catalog.tools()}
     assert rules["demo__lookup"] == ("never", True)  # readOnlyHint
@@ -156,6 +165,7 @@ async def test_listing_maps_each_annotation_and_settings_override_it(
     lookup = catalog.get("demo__lookup")
     assert lookup is not None and lookup.tool == "lookup"
     assert lookup.hints.read_only_hint is True
+    assert lookup.timeout_seconds == 300  # the server's call timeout, for run_tool's own
     assert lookup.input_schema["required"] == ["key"]
     entry = lookup.openai_tool()
     assert entry["function"]["name"] == "demo__lookup"
@@ -208,14 +218,13 @@ async def test_third_party_servers_time_and_git(
 # --- calls over both transports and both protocol eras -----------------------------------
 
 
-@pytest.mark.parametrize("protocol", ["auto", "legacy"])
 async def test_stdio_call_carries_the_idempotency_key(
-    log: CallLog, managers: list[McpClientManager], protocol: str
+    shared: tuple[McpClientManager, CallLog], log: CallLog, managers: list[McpClientManager]
 ) -> None:
-    manager = manage(managers, demo=demo_stdio(log, protocol))  # type: ignore[arg-type]
-    result = await manager.call_tool("demo__lookup", {"key": "k1"}, "task-1/3/call_7")
-    assert (result.output, result.is_error) == ("value of k1", False)
-    assert log.entries()[-1]["key"] == "task-1/3/call_7"
+    for manager, calls in [shared, (manage(managers, demo=demo_stdio(log, "legacy")), log)]:
+        result = await manager.call_tool("demo__lookup", {"key": "k1"}, "task-1/3/call_7")
+        assert (result.output, result.is_error) == ("value of k1", False)
+        assert calls.entries()[-1]["key"] == "task-1/3/call_7"
 
 
 async def test_http_server_gets_headers_expanded_on_the_worker(
@@ -242,10 +251,8 @@ async def test_http_server_gets_headers_expanded_on_the_worker(
 # --- errors the model reads --------------------------------------------------------------
 
 
-async def test_errors_come_back_as_observations(
-    log: CallLog, managers: list[McpClientManager]
-) -> None:
-    manager = manage(managers, demo=demo_stdio(log))
+async def test_errors_come_back_as_observations(shared: tuple[McpClientManager, CallLog]) -> None:
+    manager, log = shared
     failed = await manager.call_tool("demo__fail", {"reason": "no disk"}, "t/1/a")
     assert failed.is_error and "failed as asked: no disk" in failed.output
     unknown = await manager.call_tool("demo__nope", {}, "t/1/b")
@@ -255,7 +262,7 @@ async def test_errors_come_back_as_observations(
     assert invalid.is_error
     assert "name: 3 is not of type 'string'" in invalid.output
     assert "'value' is a required property" in invalid.output
-    assert log.events("set_flag") == []  # never sent
+    assert log.events(key="t/1/c") == []  # never sent
     nowhere = await manager.call_tool("elsewhere__tool", {}, "t/1/d")
     assert nowhere.is_error and "no MCP server named 'elsewhere'" in nowhere.output
     picture = await manager.call_tool("demo__picture", {}, "t/1/e")
@@ -370,9 +377,9 @@ async def test_close_stops_stdio_servers(log: CallLog) -> None:
 
 
 async def test_a_models_call_is_checked_against_the_recorded_catalog(
-    log: CallLog, managers: list[McpClientManager]
+    shared: tuple[McpClientManager, CallLog],
 ) -> None:
-    catalog = await manage(managers, demo=demo_stdio(log)).list_tools()
+    catalog = await shared[0].list_tools(["demo"])
     read = check_call(catalog, "c1", "demo__lookup", '{"key": "k"}', None, {})
     assert (read.problem, read.needs_approval, read.retry_safe) == (None, False, True)
     delete = check_call(catalog, "c2", "demo__delete_note", '{"name": "n"}', None, {})

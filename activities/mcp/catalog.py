@@ -47,6 +47,11 @@ class McpToolSpec(Contract):
     retry_safe: bool = Field(
         description="A lost attempt may be retried (idempotent or read-only); else at most once."
     )
+    timeout_seconds: float = Field(
+        default=300,
+        description="How long the worker lets a call run (the server's call_timeout_seconds): "
+        "the run_tool activity's start-to-close timeout must be longer.",
+    )
 
     def openai_tool(self) -> dict[str, Any]:
         """The OpenAI `tools` entry for this tool."""

@@ -67,6 +67,7 @@ def tool_spec(server: str, config: McpServerConfig, tool: mcp_types.Tool, name: 
         hints=hints,
         approval=override_approval if override_approval is not None else approval,
         retry_safe=override_retry if override_retry is not None else retry_safe,
+        timeout_seconds=config.call_timeout_seconds,
     )
 
 
