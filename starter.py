@@ -369,6 +369,9 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     shown["api_tokens"] = {
         _masked(token): value.model_dump() for token, value in settings.api_tokens.items()
     }
+    shown["mcp_servers"] = {
+        name: server.shown() for name, server in settings.mcp_server_configs().items()
+    }
     temporal = {k: v for k, v in connect_config(settings).items() if k != "tls"}
     if "api_key" in temporal:
         temporal["api_key"] = _masked(temporal["api_key"])

@@ -175,3 +175,25 @@ async def test_over_http_a_request_without_a_known_token_is_refused(api: str) ->
         async with mcp_client(api, "wrong-token") as client:
             await client.list_tools()
     assert refused.group_contains(MCPError)
+
+
+async def test_over_http_an_approver_rejects_one_task_and_cancels_another(
+    api: str, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    async with mcp_client(api, APPROVER) as client:
+        first = await call(client, "run_task", task="one", model=shell_then_answer(fake_openai))
+        second = await call(client, "run_task", task="two", model=shell_then_answer(fake_openai))
+        await status_when(client, first["task_id"], "waiting_approval")
+        rejected = await call(client, "reject", task_id=first["task_id"], message="not today")
+        assert (rejected["decision"], rejected["message"]) == ("reject", "not today")
+        await status_when(client, first["task_id"], "done")
+        page = await call(client, "task_events", task_id=first["task_id"])
+        [resolved] = [e for e in page["events"] if e["type"] == "approval_resolved"]
+        assert (resolved["decision"], resolved["approver"]) == ("reject", "alice")
+        await status_when(client, second["task_id"], "waiting_approval")
+        cancelling = await call(client, "cancel", task_id=second["task_id"])
+        assert cancelling == {"task_id": second["task_id"], "status": "cancelling"}
+        await status_when(client, second["task_id"], "cancelled")
+        bad_page = await client.call_tool("task_events", {"task_id": first["task_id"], "limit": 0})
+        assert bad_page.is_error and "limit 1..1000" in str(bad_page.content)
+    assert not (settings.workspace_dir / "effects.txt").exists()  # neither command ran

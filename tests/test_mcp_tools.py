@@ -135,6 +135,17 @@ def test_server_settings_are_checked_and_read_from_env_and_file(
     assert servers["time"].transport == "stdio"
     assert servers["docs"].url == "http://127.0.0.1:9/mcp"  # the variable wins over the file
 
+    shown = McpServerConfig(
+        url="https://h/mcp", headers={"Authorization": "Bearer ${T}", "X-Key": "literal-secret"}
+    ).shown()
+    assert shown == {
+        "url": "https://h/mcp",
+        "headers": {"Authorization": "****", "X-Key": "****"},
+    }
+    assert McpServerConfig(url="https://h", headers={"A": "${T}"}).shown()["headers"] == {
+        "A": "${T}"
+    }
+
     with pytest.raises(McpConfigError, match="'a__b'"):
         parse_servers({"a__b": {"command": "x"}}, "test")
     with pytest.raises(McpConfigError, match="either command"):

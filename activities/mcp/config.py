@@ -94,6 +94,19 @@ class McpServerConfig(BaseModel):
             raise ValueError("url must start with http:// or https://")
         return url
 
+    def shown(self) -> dict[str, Any]:
+        """This declaration for display: header and env values masked, unless they only
+        name environment variables (`${NAME}`), which are no secret."""
+
+        def mask(value: str) -> str:
+            return value if not _VARIABLE.sub("", value).strip() else "****"
+
+        shown = self.model_dump(mode="json", exclude_defaults=True)
+        for field in ("headers", "env"):
+            if field in shown:
+                shown[field] = {k: mask(v) for k, v in shown[field].items()}
+        return shown
+
     @property
     def transport(self) -> Literal["stdio", "http"]:
         return "stdio" if self.command is not None else "http"
