@@ -5,6 +5,7 @@ MCP server as notifications/cancelled."""
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -116,7 +117,7 @@ async def test_list_tools_activity_as_the_worker_registers_it(
     configured = settings.model_copy(update={"mcp_servers": {"demo": demo_stdio(log)}})
     queue = f"mcp-list-{uuid.uuid4().hex[:8]}"
     async with (
-        running_worker(dev_env.client, configured),
+        running_worker(dev_env.client, configured) as agent_worker,
         Worker(
             dev_env.client,
             task_queue=queue,
@@ -130,6 +131,12 @@ async def test_list_tools_activity_as_the_worker_registers_it(
             id=f"list-{uuid.uuid4().hex[:8]}",
             task_queue=queue,
         )
+        assert agent_worker.mcp.manager.connected("demo")
+    # The worker's shutdown stopped the server it had started.
+    [started] = [e for e in log.entries() if e["event"] == "started"]
+    assert not agent_worker.mcp.manager.connected("demo")
+    with pytest.raises(ProcessLookupError):
+        os.kill(started["pid"], 0)
     demo, ghost = catalog.servers
     assert demo.error is None and catalog.get("demo__lookup") is not None
     assert ghost.tools == [] and ghost.error is not None

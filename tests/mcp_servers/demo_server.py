@@ -5,9 +5,10 @@
 
 Tools cover what the client must handle: each annotation, a slow tool that waits for a
 gate, a crashing tool, an `isError` result, non-text content, and a tool that adds a tool
-and announces `tools/list_changed`. Every call of the recording tools appends a JSON line
-(`tool`, `event`, `key` = the idempotency key from `_meta`, `label`, `pid`) to the file
-named by DEMO_CALL_LOG, so a test can see what ran, how often and what was cancelled.
+and announces `tools/list_changed`. The server's start and every call of the recording
+tools append a JSON line (`tool`, `event`, `key` = the idempotency key from `_meta`,
+`label`, `pid`) to the file named by DEMO_CALL_LOG, so a test can see what ran, how often
+and what was cancelled.
 
 DEMO_FAIL_ON_START=1 exits at once with a message on stderr; DEMO_HANG_ON_START=1 never
 answers the handshake; DEMO_HANG_ON_LIST=1 never answers tools/list. A request header
@@ -38,11 +39,11 @@ GATE_POLL_SECONDS = 0.02
 server = MCPServer("demo", version="1.0", log_level="WARNING")
 
 
-def record(ctx: Context, tool: str, event: str, label: str = "") -> None:
+def record(ctx: Context | None, tool: str, event: str, label: str = "") -> None:
     log = os.environ.get("DEMO_CALL_LOG")
     if not log:
         return
-    meta = ctx.request_context.meta or {}
+    meta = (ctx.request_context.meta if ctx is not None else None) or {}
     entry: dict[str, Any] = {
         "tool": tool,
         "event": event,
@@ -50,7 +51,7 @@ def record(ctx: Context, tool: str, event: str, label: str = "") -> None:
         "label": label,
         "pid": os.getpid(),
     }
-    request = ctx.request_context.request
+    request = ctx.request_context.request if ctx is not None else None
     headers = getattr(request, "headers", None)
     if headers is not None and "authorization" in headers:
         entry["authorization"] = headers["authorization"]
@@ -184,6 +185,7 @@ def main() -> None:
         time.sleep(3600)
     if os.environ.get("DEMO_HANG_ON_LIST"):
         server.middleware.append(hang_on_list)
+    record(None, "server", "started")
     if args.http is None:
         asyncio.run(server.run_stdio_async())
         return
