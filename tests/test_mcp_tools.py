@@ -468,3 +468,16 @@ def test_ws_tools_lists_mcp_tools_with_their_defaults(
     assert "time__convert_time" in out and "approval: never" in out
     assert "run_shell" in out
     assert "MCP server gone: MCP server 'gone' could not start" in err
+
+
+async def test_concurrent_calls_share_one_server(
+    log: CallLog, managers: list[McpClientManager]
+) -> None:
+    manager = manage(managers, demo=demo_stdio(log))
+    keys = [f"t/1/call_{n}" for n in range(6)]
+    results = await asyncio.gather(
+        *(manager.call_tool("demo__lookup", {"key": key}, key) for key in keys)
+    )
+    assert [r.output for r in results] == [f"value of {key}" for key in keys]
+    assert log.events("server") == ["started"]  # one process, started once
+    assert sorted(e["key"] for e in log.entries() if e["tool"] == "lookup") == keys
