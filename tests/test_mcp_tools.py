@@ -18,6 +18,7 @@ import pytest
 from activities.mcp.activities import check_call
 from activities.mcp.catalog import (
     FUNCTION_NAME,
+    McpServerTools,
     McpToolHints,
     ToolCatalog,
     default_policy,
@@ -373,6 +374,9 @@ async def test_list_changed_marks_the_catalog_stale(
     assert merged.get("demo__fresh") is not None and len(merged.servers) == 1
     ran = await manager.call_tool("demo__fresh", {}, "t/1/fresh")
     assert ran.output == "fresh ran"
+    # A task that could not list the server when it started gets its tools once it can.
+    unlisted = ToolCatalog(servers=[McpServerTools(server="demo", error="did not connect")])
+    assert manager.stale_servers(unlisted) == ["demo"]
 
 
 async def test_close_stops_stdio_servers(log: CallLog) -> None:

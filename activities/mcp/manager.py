@@ -73,13 +73,14 @@ class McpClientManager:
         """Servers of `catalog` whose tools changed since it was listed, as this worker knows.
 
         A server is stale when it notified `tools/list_changed` since this worker last
-        listed it, or when this worker's latest listing differs from the catalog's.
+        listed it, or when this worker's latest listing differs from the catalog's (which
+        includes a server the catalog could not list and this worker since could).
         """
         stale = []
         for entry in catalog.servers:
             mine = self._listings.get(entry.server)
             if entry.server in self._stale or (
-                mine is not None and entry.error is None and mine.fingerprint != entry.fingerprint
+                mine is not None and mine.fingerprint != entry.fingerprint
             ):
                 stale.append(entry.server)
         return stale
@@ -100,25 +101,31 @@ class McpClientManager:
             try:
                 connection = await self._connection(server)
             except (McpServerUnavailable, McpConfigError) as err:
-                return McpServerTools(server=server, error=str(err))
+                return self._unlisted(server, str(err))
             try:
                 async with asyncio.timeout(config.list_timeout_seconds):
                     tools = await _list_all(connection)
             except TimeoutError:
-                message = f"MCP server {server!r} did not list its tools within "
-                message += f"{config.list_timeout_seconds:g} s"
                 await self._discard(server, connection)  # a hung server is restarted
-                return McpServerTools(server=server, error=message)
+                return self._unlisted(
+                    server,
+                    f"MCP server {server!r} did not list its tools within "
+                    f"{config.list_timeout_seconds:g} s",
+                )
             except Exception as err:
                 if connection.lost.is_set() and attempt == 1:
                     continue  # it died between uses: listing is safe to repeat once
                 await self._discard(server, connection)
                 reason = f"MCP server {server!r} could not list its tools: {describe_error(err)}"
-                return McpServerTools(server=server, error=reason)
+                return self._unlisted(server, reason)
             listing = server_tools(server, config, tools)
             self._listings[server] = listing
             return listing
-        return McpServerTools(server=server, error=f"MCP server {server!r} keeps going away")
+        return self._unlisted(server, f"MCP server {server!r} keeps going away")
+
+    def _unlisted(self, server: str, error: str) -> McpServerTools:
+        self._listings.pop(server, None)  # what this worker knew of its tools is void
+        return McpServerTools(server=server, error=error)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], idempotency_key: str
