@@ -180,7 +180,7 @@ class WaystationTools:
             raise ToolError(f"since must be 0 or more and limit 1..{MAX_EVENTS}")
         handle = await _guarded(self._runtime_of().find(task_id))
         events = await _within(QUERY_TIMEOUT_SECONDS, _guarded(handle.events(since)), "a query")
-        page = [json.loads(_dump(e)) for e in events[:limit]]
+        page = [event.model_dump(mode="json") for event in events[:limit]]
         return EventPage(events=page, next_seq=since + len(page))
 
     async def approve(
@@ -257,10 +257,6 @@ def build_mcp_server(runtime_of: Callable[[], AgentRuntime], caller_of: CallerOf
     )
     server.add_tool(tools.cancel, annotations=decide)
     return server
-
-
-def _dump(event: Any) -> str:
-    return str(event.model_dump_json())
 
 
 def _problems(err: ValidationError) -> str:
