@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from activities.mcp.activities import check_call
+from activities.mcp.calls import argument_problem
 from activities.mcp.catalog import (
     FUNCTION_NAME,
     McpServerTools,
     McpToolHints,
+    McpToolSpec,
     ToolCatalog,
     default_policy,
     exposed_name,
@@ -111,6 +113,19 @@ def test_tool_names_fit_openai_and_stay_unambiguous() -> None:
     assert len(longest) == 64 and split_name(longest) == ("s" * 30, longest[32:])
     assert split_name("calculator") is None
     assert split_name("a-b___x") == ("a-b", "_x")
+
+
+def test_arguments_are_checked_against_the_schema_unless_the_schema_is_broken() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    spec = McpToolSpec(
+        name="s__t", server="s", tool="t", input_schema=schema, approval="never", retry_safe=True
+    )
+    assert argument_problem(spec, {"n": 1}) is None
+    assert argument_problem(spec, {"n": "x"}) == (
+        "invalid arguments for s__t: n: 'x' is not of type 'integer'"
+    )
+    broken = spec.model_copy(update={"input_schema": {"type": "no-such-type"}})
+    assert argument_problem(broken, {"anything": 1}) is None  # the server judges
 
 
 def test_server_settings_are_checked_and_read_from_env_and_file(
