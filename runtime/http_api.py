@@ -4,7 +4,8 @@
 
 Bearer tokens come from settings (`WAYSTATION_API_TOKENS`); with none configured the server
 binds to localhost only and lets every local caller in as an approver named "local".
-The routes live in `runtime/api/`, one router per concern.
+The routes live in `runtime/api/`, one router per concern; MCP clients are served at /mcp
+(runtime/mcp_server.py) behind the same tokens.
 """
 
 from __future__ import annotations
