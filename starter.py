@@ -1,10 +1,11 @@
-"""The command line: run, approve/reject, stream, status, events, list, resume, fork, cancel.
+"""The command line: run, approve/reject, stream, status, events, list, resume, fork, cancel,
+tools, and `mcp` (waystation's tools for an MCP client, over stdio).
 
     python starter.py run "What is 12 * 7? Write it to scratch/answer.txt"
     python starter.py approve TASK_ID [REQUEST_ID] [--reject --message "why"]
     python starter.py status TASK_ID
 
-Commands that make a task progress (run, approve, resume, stream) host a worker in this
+Commands that make a task progress (run, approve, resume, stream, mcp) host a worker in this
 process unless --no-worker is given, so a fresh machine needs nothing else running.
 Exit codes: 0 done, 1 failed or error, 2 usage, 3 waiting for approval, 130 cancelled.
 """
@@ -347,6 +348,42 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from runtime.mcp_server import serve_stdio
+
+    # stdout is the MCP channel from here on: everything else this process says goes to stderr.
+    async with session(settings, args.worker) as runtime:
+        await serve_stdio(runtime)
+    return 0
+
+
+async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
+    """The tools a task can be offered: built-ins, then each MCP server's (started here)."""
+    from activities.builtin_tools import builtin_registry
+    from activities.mcp.manager import McpClientManager
+
+    registry = builtin_registry()
+    for name in registry.names():
+        tool = registry.get(name)
+        assert tool is not None
+        retry = "retried" if tool.idempotent else "at most once"
+        print(f"{name:40} approval: {tool.approval:15} {retry}")
+    manager = McpClientManager(settings.mcp_server_configs())
+    try:
+        catalog = await manager.list_tools()
+    finally:
+        await manager.close()
+    for server in catalog.servers:
+        if server.error is not None:
+            _say(f"MCP server {server.server}: {server.error}")
+        for note in server.notes:
+            _say(f"MCP server {server.server}: {note}")
+        for spec in server.tools:
+            retry = "retried" if spec.retry_safe else "at most once"
+            print(f"{spec.name:40} approval: {spec.approval:15} {retry}")
+    return EXIT_FAILED if any(s.error for s in catalog.servers) else 0
+
+
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import worker
 
@@ -418,6 +455,9 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     shown["database_url"] = _masked_url(settings)
     shown["api_tokens"] = {
         _masked(token): value.model_dump() for token, value in settings.api_tokens.items()
+    }
+    shown["mcp_servers"] = {
+        name: server.shown() for name, server in settings.mcp_server_configs().items()
     }
     temporal = {k: v for k, v in connect_config(settings).items() if k != "tls"}
     if "api_key" in temporal:
@@ -554,6 +594,10 @@ def parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a task")
     cancel.add_argument("id")
 
+    mcp = commands.add_parser("mcp", help="serve waystation's tools to an MCP client over stdio")
+    _add_worker_flag(mcp)
+
+    commands.add_parser("tools", help="built-in and MCP tools, with approval and retry defaults")
     commands.add_parser("worker", help="run a worker in the foreground")
     commands.add_parser("config", help="the effective settings, secrets masked")
     commands.add_parser("setup", help="register the search attributes on the namespace")
@@ -595,6 +639,8 @@ COMMANDS = {
     "events": cmd_events,
     "list": cmd_list,
     "cancel": cmd_cancel,
+    "mcp": cmd_mcp,
+    "tools": cmd_tools,
     "worker": cmd_worker,
     "config": cmd_config,
     "setup": cmd_setup,

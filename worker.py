@@ -23,6 +23,8 @@ from activities.chat import ChatBackend
 from activities.conversation_cache import ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.llm import LlmActivities
+from activities.mcp.activities import McpActivities
+from activities.mcp.manager import McpClientManager
 from activities.storage import Storage, StorageError
 from activities.storage.deployment import check_single_machine, check_workspace
 from activities.tools import ToolActivities, ToolRegistry
@@ -52,6 +54,7 @@ class AgentWorker(Worker):
         client: Client,
         *,
         llm: LlmActivities,
+        mcp: McpActivities,
         storage: Storage,
         settings: Settings,
         serves_tools: bool,
@@ -60,6 +63,7 @@ class AgentWorker(Worker):
     ) -> None:
         super().__init__(client, **options)
         self.llm = llm
+        self.mcp = mcp
         self.storage = storage
         self._temporal = client
         self._settings = settings
@@ -112,6 +116,7 @@ class AgentWorker(Worker):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pruning
         await self.llm.close()
+        await self.mcp.manager.close()  # stdio MCP servers stop with the worker
         if self._owns_storage:
             await self.storage.close()
 
@@ -139,6 +144,8 @@ def build_worker(
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
     owns_storage = storage is None
     storage = storage or Storage.from_settings(settings)
+    # Connections start on first use, so a worker with servers it never needs spawns none.
+    mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
     llm = LlmActivities(
         registry,
         ConversationStore(storage.blobs, settings.payload_codec()),
@@ -146,18 +153,26 @@ def build_worker(
         base_url=settings.openai_base_url,
         backends=backends,
         conversations=conversations,
+        mcp=mcp,
     )
-    tools = ToolActivities(registry, settings.workspace_dir, storage.ledger, conversations)
+    tools = ToolActivities(registry, settings.workspace_dir, storage.ledger, conversations, mcp)
     return AgentWorker(
         client,
         llm=llm,
+        mcp=mcp,
         storage=storage,
         settings=settings,
         serves_tools=activities,
         owns_storage=owns_storage,
         task_queue=task_queue or settings.task_queue,
         workflows=[AgentWorkflow],
-        activities=[llm.call_llm, llm.summarize_context, llm.save_conversation, tools.run_tool],
+        activities=[
+            llm.call_llm,
+            llm.summarize_context,
+            llm.save_conversation,
+            tools.run_tool,
+            mcp.list_tools,
+        ],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,

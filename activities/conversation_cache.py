@@ -20,6 +20,7 @@ from workflows.conversation import (
     tool_message,
 )
 from workflows.models import ApprovalRule, ChatMessage
+from workflows.tool_catalog import ToolCatalog, catalog_digest
 
 TASKS_KEPT = 128
 OUTPUTS_KEPT = 2048
@@ -41,6 +42,11 @@ class Conversation:
     digests: list[str]
     tools: list[str] | None
     approval_policy: dict[str, ApprovalRule]
+    catalog: ToolCatalog | None = None
+
+    @property
+    def catalog_digest(self) -> str | None:
+        return catalog_digest(self.catalog) if self.catalog is not None else None
 
     def content(self) -> dict[str, ChatMessage]:
         return dict(zip(self.digests, self.messages, strict=True))
@@ -118,7 +124,7 @@ class ConversationCache:
             return None
         self._calls.move_to_end(workflow_id)
         known = last.conversation
-        return Conversation(messages, digests, known.tools, known.approval_policy)
+        return Conversation(messages, digests, known.tools, known.approval_policy, known.catalog)
 
     def _forget_call(self, workflow_id: str) -> None:
         if (old := self._calls.pop(workflow_id, None)) is not None:

@@ -30,6 +30,7 @@ from activities.chat import ChatBackend, ChatDelta, OpenAIChat
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.heartbeat import Watchdog, watched
+from activities.mcp.activities import McpActivities, check_call
 from activities.offline_model import OfflineModel
 from activities.spans import span
 from activities.text_tool_calls import recover_tool_calls
@@ -40,15 +41,17 @@ from workflows.models import (
     OFFLINE_MODEL,
     ChatMessage,
     ConversationSnapshot,
-    LlmContext,
     LlmRequest,
     LlmResult,
     ModelSettings,
     SummaryRequest,
     SummaryResult,
+    ToolCall,
     Usage,
 )
+from workflows.run import LlmContext
 from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
+from workflows.tool_catalog import is_mcp_tool_name
 
 TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
 # Publishing the last tokens may not hold up the answer for longer than this.
@@ -265,9 +268,11 @@ class LlmActivities:
         base_url: str | None = None,
         backends: Mapping[str, ChatBackend] | None = None,
         conversations: ConversationCache | None = None,
+        mcp: McpActivities | None = None,
     ) -> None:
         self._registry = registry
         self._store = store
+        self._mcp = mcp
         self._conversations = conversations or ConversationCache()
         self.context_reads: Counter[Literal["rebuilt", "queried"]] = Counter()
         """How each call got its conversation: rebuilt from what this worker saw, or by query."""
@@ -300,11 +305,13 @@ class LlmActivities:
 
     # --- the conversation -------------------------------------------------------------------
 
-    async def _conversation(self, message_count: int, digest: str) -> Conversation:
+    async def _conversation(
+        self, message_count: int, digest: str, catalog: str | None = None
+    ) -> Conversation:
         """The conversation of the step: rebuilt here when that provably matches, else read."""
         workflow_id = activity.info().workflow_id or ""
         rebuilt = self._conversations.rebuild(workflow_id, message_count, digest)
-        if rebuilt is not None:
+        if rebuilt is not None and rebuilt.catalog_digest == catalog:
             self.context_reads["rebuilt"] += 1
             return rebuilt
         self.context_reads["queried"] += 1
@@ -315,7 +322,9 @@ class LlmActivities:
                 "the conversation read back does not match the step's; reading it again",
                 type=errors.LLM_UNAVAILABLE,
             )
-        return Conversation(messages, context.digests, context.tools, context.approval_policy)
+        return Conversation(
+            messages, context.digests, context.tools, context.approval_policy, context.catalog
+        )
 
     async def _query_context(self, message_count: int) -> LlmContext:
         from workflows.agent import AgentWorkflow  # the workflow module imports this one
@@ -437,6 +446,16 @@ class LlmActivities:
             raise classify_provider_error(err) from err
         return message
 
+    def _check(
+        self, conversation: Conversation, call_id: str, name: str, arguments: str
+    ) -> ToolCall:
+        """A model's call checked against the tool it names: an MCP tool of the catalog the
+        run listed, or a tool of the registry."""
+        tools, policy = conversation.tools, conversation.approval_policy
+        if conversation.catalog is not None and is_mcp_tool_name(name):
+            return check_call(conversation.catalog, call_id, name, arguments, tools, policy)
+        return self._registry.check_call(call_id, name, arguments, tools, policy)
+
     @activity.defn(name="call_llm")
     async def call_llm(self, request: LlmRequest) -> LlmResult:
         """Stream one assistant message for the step; tool calls come back checked."""
@@ -446,9 +465,11 @@ class LlmActivities:
         with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
             async with watched(watchdog):
                 conversation = await self._conversation(
-                    request.message_count, request.conversation_digest
+                    request.message_count, request.conversation_digest, request.catalog_digest
                 )
                 schemas = self._registry.schemas(conversation.tools)
+                if conversation.catalog is not None:
+                    schemas = schemas + conversation.catalog.openai_tools(conversation.tools)
                 async with TokenPublisher(request.step, attempt) as tokens:
                     message = await self._stream(
                         backend, conversation.messages, schemas, request.model, watchdog, tokens
@@ -469,16 +490,15 @@ class LlmActivities:
         from_text = not written and request.model.recover_text_tool_calls
         if from_text:
             offered = [tool.name for tool in self._registry.allowed(conversation.tools)]
+            if conversation.catalog is not None:
+                offered += [t.name for t in conversation.catalog.tools()]
             recovered = recover_tool_calls(content, offered)
             written = [
                 (f"text_{request.step}_{i}", r.name, r.arguments) for i, r in enumerate(recovered)
             ]
-        calls = [
-            self._registry.check_call(
-                call_id, name, arguments, conversation.tools, conversation.approval_policy
-            )
-            for call_id, name, arguments in written
-        ]
+        calls = [self._check(conversation, *call) for call in written]
+        catalog = conversation.catalog
+        stale = self._mcp.stale_servers(catalog) if self._mcp and catalog else []
         result = LlmResult(
             content=content,
             tool_calls=calls,
@@ -487,6 +507,7 @@ class LlmActivities:
             model=message.model or request.model.name,
             attempt=attempt,
             calls_from_text=bool(calls) and from_text,
+            stale_servers=stale,
         )
         reply = assistant_message(result.content, calls)
         self._conversations.remember_call(

@@ -15,12 +15,15 @@ import posixpath
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
 from activities.conversation_cache import ConversationCache
+
+if TYPE_CHECKING:
+    from activities.mcp.activities import McpActivities
 from activities.heartbeat import keep_heartbeating
 from activities.spans import span
 from activities.storage import Ledger, LedgerAttempt, StorageError
@@ -114,6 +117,8 @@ class ToolRegistry:
     def register(self, tool: Tool) -> None:
         if tool.name in self._tools:
             raise ValueError(f"tool {tool.name!r} is registered twice")
+        if "__" in tool.name:
+            raise ValueError(f"tool {tool.name!r}: names with '__' are MCP tools (server__tool)")
         self._tools[tool.name] = tool
         # Built once: generating a JSON schema on every model call is a measurable cost.
         self._schemas[tool.name] = tool.schema()
@@ -193,11 +198,13 @@ class ToolActivities:
         workspace: Path,
         ledger: Ledger,
         conversations: ConversationCache | None = None,
+        mcp: McpActivities | None = None,
     ) -> None:
         self._registry = registry
         self._workspace = workspace
         self._ledger = ledger
         self._conversations = conversations
+        self._mcp = mcp
         workspace.mkdir(parents=True, exist_ok=True)
 
     @activity.defn(name="run_tool")
@@ -211,6 +218,10 @@ class ToolActivities:
         return result
 
     async def _run(self, request: ToolRequest) -> ToolResult:
+        if self._mcp is not None and self._mcp.handles(request.tool):
+            called = await self._mcp.run(request)
+            output = self._fit(called.output, request.idempotency_key)
+            return ToolResult(output=output, is_error=called.is_error)
         tool = self._registry.get(request.tool)
         if tool is None:
             return ToolResult(output=f"unknown tool {request.tool!r}", is_error=True)

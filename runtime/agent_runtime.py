@@ -331,10 +331,15 @@ class AgentRuntime:
         fields.setdefault("model", ModelSettings(name=self.settings.default_model))
         return AgentTask(task=text, **fields)
 
+    def with_defaults(self, task: AgentTask) -> AgentTask:
+        """The task as it will run: with no MCP servers named, every one the settings declare."""
+        if task.mcp_servers is not None:
+            return task
+        return task.model_copy(update={"mcp_servers": list(self.settings.mcp_server_configs())})
+
     async def run(self, task: AgentTask | str, *, task_id: str | None = None) -> TaskHandle:
         """Start a task (or, with a task_id already used, return that task: idempotent)."""
-        if isinstance(task, str):
-            task = self.new_task(task)
+        task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:
             started = await self.client.start_workflow(

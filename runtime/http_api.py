@@ -4,7 +4,8 @@
 
 Bearer tokens come from settings (`WAYSTATION_API_TOKENS`); with none configured the server
 binds to localhost only and lets every local caller in as an approver named "local".
-The routes live in `runtime/api/`, one router per concern.
+The routes live in `runtime/api/`, one router per concern; MCP clients are served at /mcp
+(runtime/mcp_server.py) behind the same tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from runtime.agent_runtime import AgentRuntime
 from runtime.api import codec, console, tasks
 from runtime.api.errors import ERROR_RESPONSES, install_error_handlers
+from runtime.mcp_server import mount_http
 from runtime.settings import Settings
 from runtime.temporal import connect
 
@@ -40,7 +42,8 @@ def create_app(
             app.state.runtime = AgentRuntime(await connect(settings), settings)
         else:
             app.state.runtime = runtime
-        yield
+        async with mcp_sessions.run():
+            yield
 
     app = FastAPI(
         title="waystation",
@@ -63,6 +66,7 @@ def create_app(
     app.include_router(codec.router)
     app.include_router(tasks.router)
     app.include_router(console.router)
+    mcp_sessions = mount_http(app, settings)  # MCP clients: streamable HTTP at /mcp
     return app
 
 

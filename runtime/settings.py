@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from activities.mcp.config import McpServerConfig, check_server_name, load_servers_file
 from runtime.codec import EncryptionCodec, parse_keys
 from workflows.models import OFFLINE_MODEL
 
@@ -106,6 +107,30 @@ class Settings(BaseSettings):
         description='JSON: {"<token>": {"role": "approver", "name": "alice"}}. None: the API '
         "binds to localhost only and lets every local caller in.",
     )
+
+    mcp_servers: dict[str, McpServerConfig] = Field(
+        default_factory=dict,
+        description='JSON: {"<name>": {"command": "...", "args": [...]} or {"url": "...", '
+        '"headers": {...}}}. Tools appear to the model as <name>__<tool>. Read by workers; '
+        "`${VAR}` in env, args, url and headers is expanded from the worker's environment.",
+    )
+    mcp_servers_file: Path | None = Field(
+        default=None,
+        description="A JSON file of MCP servers, the same shape (or a client config's "
+        '{"mcpServers": {...}}); WAYSTATION_MCP_SERVERS entries win over it.',
+    )
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, servers: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in servers:
+            check_server_name(name)
+        return servers
+
+    def mcp_server_configs(self) -> dict[str, McpServerConfig]:
+        """Every declared MCP server: the file's, then WAYSTATION_MCP_SERVERS over them."""
+        from_file = load_servers_file(self.mcp_servers_file) if self.mcp_servers_file else {}
+        return {**from_file, **self.mcp_servers}
 
     @property
     def endpoint_configured(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowExecution
 
+from activities.mcp.config import McpServerConfig
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from testing.servers import start_dev_env
@@ -203,6 +205,14 @@ async def compacted_context(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def mcp_tools(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    model = fake.script([tools(("time__get_current_time", {"timezone": "UTC"})), text("it is now")])
+    task = AgentTask(task="the time", model=ModelSettings(name=model), mcp_servers=["time"])
+    handle = await runtime.run(task, task_id="mcp-tools")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -213,13 +223,19 @@ SCENARIOS: dict[str, Scenario] = {
     "local_tools_and_quiet_tokens": local_tools_and_quiet_tokens,
     "stuck_then_resumed_with_a_message": stuck_then_resumed_with_a_message,
     "compacted_context": compacted_context,
+    "mcp_tools": mcp_tools,
 }
 
 
 async def record(replace: bool) -> None:
     fake = FakeOpenAI()
     env = await start_dev_env()
-    settings = isolated_settings(Path(tempfile.mkdtemp(prefix="waystation-record-")), fake.url)
+    time_server = McpServerConfig(
+        command=str(Path(sys.executable).parent / "mcp-server-time"),
+        args=["--local-timezone", "UTC"],
+    )
+    scratch = Path(tempfile.mkdtemp(prefix="waystation-record-"))
+    settings = isolated_settings(scratch, fake.url, mcp_servers={"time": time_server})
     HISTORIES.mkdir(exist_ok=True)
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)

@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from activities.llm import LlmActivities
+    from activities.mcp.activities import McpActivities
     from activities.tools import ToolActivities
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
@@ -56,7 +57,6 @@ with workflow.unsafe.imports_passed_through():
         ConversationSnapshot,
         Decision,
         DecisionOutcome,
-        LlmContext,
         LlmRequest,
         RepairNote,
         Resumption,
@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         Compact,
         Fail,
         HandOver,
+        ListTools,
         RequestApprovals,
         RunCalls,
         RunProgress,
@@ -88,11 +89,13 @@ with workflow.unsafe.imports_passed_through():
         AgentRun,
         EventPage,
         EventsRequest,
+        LlmContext,
         RunCarry,
         RunRef,
         event_page,
     )
     from workflows.stream import EVENTS_TOPIC, carried_from
+    from workflows.tool_catalog import ListToolsRequest, ToolCatalog, catalog_digest
 
 
 # A failed task's run stays open this long for a resumption (see _fail and runtime/reset.py).
@@ -162,6 +165,9 @@ class AgentWorkflow:
         self._published: search.Published | None = None
         self._clock = _sample()
         self._first_step = self._state.step
+        # The MCP tools this run saw (listed again by every run: a catalog is not carried).
+        self._catalog: ToolCatalog | None = None
+        self._unlisted: list[str] = list(self._task.mcp_servers or [])
 
     @workflow.run
     async def run(self, run: AgentRun) -> AgentOutcome:
@@ -191,6 +197,7 @@ class AgentWorkflow:
                 limit=min(limit, cap) if cap else limit,
                 progress=self._progress(),
                 message=self._message,
+                unlisted=self._unlisted,
             )
             match move:
                 case Announce(step=step, calls=calls):
@@ -212,6 +219,8 @@ class AgentWorkflow:
                     await self._hand_over()
                 case Compact(step=step, start=start, end=end):
                     await self._compact(step, start, end)
+                case ListTools(servers=servers):
+                    await self._list_tools(servers)
                 case CallModel(step=step):
                     if (outcome := await self._call_model(step)) is not None:
                         return outcome
@@ -290,7 +299,7 @@ class AgentWorkflow:
                     ToolActivities.run_tool, run.request, **options.local_tool_call()
                 )
             else:
-                config = options.tool_call(self._task, run.retry_safe)
+                config = options.tool_call(self._task, run.retry_safe, self._runs_for(run))
                 result = await workflow.execute_activity_method(
                     ToolActivities.run_tool, run.request, **config
                 )
@@ -300,6 +309,20 @@ class AgentWorkflow:
             return lost_call(next(c for c in calls if c.call_id == call_id), _detail(err))
         return result.model_copy(update={"output": result.output + run.note})
 
+    async def _list_tools(self, servers: list[str]) -> None:
+        request = ListToolsRequest(servers=servers)
+        config = options.tool_listing(self._task)
+        listed = await workflow.execute_activity_method(McpActivities.list_tools, request, **config)
+        self._clock = _sample()
+        self._catalog = self._catalog.merged(listed) if self._catalog else listed
+        self._unlisted = []
+        for server in listed.servers:
+            if server.error:
+                message = f"the tools of MCP server {server.server!r} are missing: {server.error}"
+                self._append(
+                    draft(ErrorEvent, self._state.step, kind="mcp_server", message=message)
+                )
+
     async def _call_model(self, step: int) -> AgentOutcome | None:
         """One model call; an answer ends the task, tool calls open a step."""
         request = LlmRequest(
@@ -307,6 +330,7 @@ class AgentWorkflow:
             message_count=len(self._state.conversation),
             model=self._task.model,
             conversation_digest=self._conversation_digest(),
+            catalog_digest=catalog_digest(self._catalog) if self._catalog else None,
         )
         try:
             result = await workflow.execute_activity_method(
@@ -323,7 +347,7 @@ class AgentWorkflow:
             draft(
                 Thought,
                 step,
-                **result.model_dump(exclude={"tool_calls"}),
+                **result.model_dump(exclude={"tool_calls", "stale_servers"}),
                 tool_calls=result.tool_calls,
             )
         )
@@ -441,6 +465,10 @@ class AgentWorkflow:
 
         await self._stream.continue_as_new(next_run)
 
+    def _runs_for(self, run: Run) -> timedelta | None:
+        spec = self._catalog.get(run.request.tool) if self._catalog else None
+        return timedelta(seconds=spec.timeout_seconds) if spec else None
+
     def _progress(self, clock: _Clock | None = None) -> RunProgress:
         clock = clock or self._clock
         return RunProgress(self._first_step, clock.history_bytes, clock.suggested)
@@ -510,6 +538,7 @@ class AgentWorkflow:
             digests=[r.digest for r in refs],
             tools=self._task.tools,
             approval_policy=self._task.approval.policy,
+            catalog=self._catalog,
         )
 
     @workflow.query(name="conversation_content")

@@ -147,6 +147,13 @@ class AgentTask(Contract):
         description="Consecutive steps that repeat an identical tool call before the task "
         "ends failed with kind 'stuck' (resumable with a message).",
     )
+    mcp_servers: list[str] | None = Field(
+        default=None,
+        max_length=50,
+        description="MCP servers (by name, as workers declare them) whose tools the task may "
+        "use. The runtime, CLI and API fill in every server their settings declare when this "
+        "is not given; a task started without it uses none.",
+    )
     heartbeat_timeout_seconds: float | None = Field(
         default=None,
         ge=1,
@@ -234,6 +241,9 @@ class LlmRequest(Contract):
     message_count: int
     model: ModelSettings
     conversation_digest: str
+    catalog_digest: str | None = Field(
+        default=None, description="The MCP tools listed for this run, by digest."
+    )
 
 
 class SummaryRequest(Contract):
@@ -263,16 +273,6 @@ class ConversationSnapshot(Contract):
     source_run_id: str | None = None
 
 
-class LlmContext(Contract):
-    """What the `llm_context` query answers: the conversation's messages this run holds
-    (None where a message is in the conversation store), their digests, and the tools."""
-
-    messages: list[ChatMessage | None]
-    digests: list[str]
-    tools: list[str] | None
-    approval_policy: dict[str, ApprovalRule]
-
-
 class LlmResult(Contract):
     """The assistant's message for one step, assembled from the stream."""
 
@@ -284,6 +284,10 @@ class LlmResult(Contract):
     attempt: int = 1
     calls_from_text: bool = Field(
         default=False, description="The tool calls were recovered from the model's text."
+    )
+    stale_servers: list[str] = Field(
+        default_factory=list,
+        description="MCP servers whose tools changed since they were listed: list again.",
     )
 
 

@@ -63,9 +63,14 @@ def model_call(task: AgentTask, model: ModelSettings | None = None) -> workflow.
     )
 
 
-def tool_call(task: AgentTask, retry_safe: bool) -> workflow.ActivityConfig:
+def tool_call(
+    task: AgentTask, retry_safe: bool, runs_for: timedelta | None = None
+) -> workflow.ActivityConfig:
+    """A tool call; `runs_for` is how long the tool itself may take (an MCP server's call
+    timeout), which the activity's own timeout must exceed."""
+    longest = max(TOOL_START_TO_CLOSE, (runs_for or timedelta(0)) + timedelta(minutes=1))
     return workflow.ActivityConfig(
-        start_to_close_timeout=TOOL_START_TO_CLOSE,
+        start_to_close_timeout=longest,
         heartbeat_timeout=heartbeat_timeout(task),
         retry_policy=RETRY_SAFE_TOOL if retry_safe else ONCE_ONLY_TOOL,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
@@ -75,6 +80,16 @@ def tool_call(task: AgentTask, retry_safe: bool) -> workflow.ActivityConfig:
 def local_tool_call() -> workflow.LocalActivityConfig:
     return workflow.LocalActivityConfig(
         start_to_close_timeout=LOCAL_TOOL_TIMEOUT, retry_policy=RETRY_SAFE_TOOL
+    )
+
+
+def tool_listing(task: AgentTask) -> workflow.ActivityConfig:
+    """Listing MCP tools: a server that cannot start is an entry of the catalog, not a
+    failure, so retries only cover a worker that died."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(minutes=3),
+        heartbeat_timeout=heartbeat_timeout(task),
+        retry_policy=RetryPolicy(maximum_attempts=5),
     )
 
 

@@ -73,6 +73,13 @@ class Compact:
 
 
 @dataclass(frozen=True)
+class ListTools:
+    """List the tools of these MCP servers (recorded in history) before the next call."""
+
+    servers: list[str]
+
+
+@dataclass(frozen=True)
 class CallModel:
     step: int
 
@@ -95,6 +102,7 @@ Move = (
     | RunCalls
     | AddMessage
     | Compact
+    | ListTools
     | CallModel
     | Fail
     | HandOver
@@ -108,9 +116,11 @@ def next_move(
     limit: int,
     progress: RunProgress,
     message: str | None = None,
+    unlisted: list[str] | None = None,
 ) -> Move:
     """The one thing to do next. `message` is a user message waiting to be added (a fork's
-    or a resume's); `limit` the tokens the conversation may take."""
+    or a resume's); `limit` the tokens the conversation may take; `unlisted` the MCP servers
+    this run has yet to list (or list again: their tools changed)."""
     step = state.open_step
     if step is not None:
         if state.repeated_steps > task.max_repeated_calls:
@@ -147,6 +157,8 @@ def next_move(
         )
     if (span := compaction_range(state.conversation, limit)) is not None:
         return Compact(state.step + 1, *span)
+    if unlisted:
+        return ListTools(unlisted)
     return CallModel(state.step + 1)
 
 

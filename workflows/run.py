@@ -10,7 +10,8 @@ from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.approval import RecordedDecision
 from workflows.events import AgentEvent, AgentState
-from workflows.models import AgentTask, Contract
+from workflows.models import AgentTask, ApprovalRule, ChatMessage, Contract
+from workflows.tool_catalog import ToolCatalog
 
 # Names the Temporal CLI and Web UI use (`temporal workflow signal --name approve`).
 WORKFLOW_TYPE = "AgentWorkflow"
@@ -50,6 +51,17 @@ class AgentRun(Contract):
 
     task: AgentTask
     carry: RunCarry | None = None
+
+
+class LlmContext(Contract):
+    """What the `llm_context` query answers: the conversation's messages this run holds
+    (None where a message is in the conversation store), their digests, and the tools."""
+
+    messages: list[ChatMessage | None]
+    digests: list[str]
+    tools: list[str] | None
+    approval_policy: dict[str, ApprovalRule]
+    catalog: ToolCatalog | None = None
 
 
 class EventsRequest(Contract):

@@ -145,14 +145,12 @@ class PostgresBackend:
         return Deployment(deployment_id, workspace_id)
 
     async def register_workspace(self, workspace_id: str) -> str:
-        [(registered,)] = await self._rows(
-            "WITH claimed AS (UPDATE deployment SET workspace_id = %s"
-            " WHERE workspace_id IS NULL RETURNING workspace_id)"
-            " SELECT workspace_id FROM claimed UNION ALL"
-            " SELECT workspace_id FROM deployment WHERE NOT EXISTS (SELECT 1 FROM claimed)",
-            (workspace_id,),
+        # Two statements, not one: a statement's snapshot predates a concurrent claim that
+        # its UPDATE waited for, so a single statement could read the id as still unset.
+        await self._count(
+            "UPDATE deployment SET workspace_id = %s WHERE workspace_id IS NULL", (workspace_id,)
         )
-        return str(registered)
+        return (await self.deployment()).workspace_id or workspace_id
 
     async def forget_workspace(self) -> None:
         await self._count("UPDATE deployment SET workspace_id = NULL")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from fastapi import Depends, Header, Request
@@ -9,7 +10,7 @@ from pydantic import BaseModel
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.api.errors import ApiError
-from runtime.settings import Settings
+from runtime.settings import ApiToken, Settings
 
 
 class Caller(BaseModel):
@@ -26,7 +27,11 @@ def runtime_of(request: Request) -> AgentRuntime:
 
 
 def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    tokens = settings_of(request).api_tokens
+    return identify(settings_of(request).api_tokens, authorization)
+
+
+def identify(tokens: Mapping[str, ApiToken], authorization: str | None) -> Caller:
+    """The caller an Authorization header names (the API's routes and its MCP endpoint)."""
     if not tokens:
         return Caller(name="local", role="approver")
     if not authorization or not authorization.lower().startswith("bearer "):

@@ -116,6 +116,7 @@ async def create_task(
     """Start a task. With an Idempotency-Key, a retried POST returns the same task."""
     if "model" not in body.model_fields_set:
         body = body.model_copy(update={"model": ModelSettings(name=runtime.settings.default_model)})
+    body = runtime.with_defaults(body)
     task_id = task_id_for(idempotency_key) if idempotency_key else None
     if task_id is not None:
         try:

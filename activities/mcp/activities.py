@@ -1,0 +1,88 @@
+"""The Temporal side of MCP tools: the `list_tools` activity, the `run_tool` dispatcher,
+and the check of a model's call against the catalog a task recorded."""
+
+from __future__ import annotations
+
+import json
+
+from temporalio import activity
+
+from activities.heartbeat import keep_heartbeating
+from activities.mcp.calls import argument_problem
+from activities.mcp.manager import McpClientManager
+from activities.spans import span
+from activities.tools import approval_needed
+from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
+from workflows.tool_catalog import ListToolsRequest, ToolCatalog, is_mcp_tool_name
+
+
+class McpActivities:
+    """MCP tools over one worker's `McpClientManager` (built and closed in worker.py)."""
+
+    def __init__(self, manager: McpClientManager) -> None:
+        self.manager = manager
+
+    @activity.defn(name="list_tools")
+    async def list_tools(self, request: ListToolsRequest) -> ToolCatalog:
+        """The tools of the named servers (all configured ones for None), recorded in history.
+
+        A server that cannot be started, reached or listed gets an `error` entry instead
+        of failing the activity: the task goes on with the other servers' tools.
+        """
+        async with keep_heartbeating():
+            return await self.manager.list_tools(request.servers)
+
+    @staticmethod
+    def handles(tool: str) -> bool:
+        """Whether `run_tool` should hand this call to `run` (names `<server>__<tool>`)."""
+        return is_mcp_tool_name(tool)
+
+    async def run(self, request: ToolRequest) -> ToolResult:
+        """One MCP tool call inside `run_tool`: heartbeats while it waits; cancelling the
+        activity cancels the request (MCP's notifications/cancelled reaches the server)."""
+        with span("mcp tool call", tool=request.tool, idempotency_key=request.idempotency_key):
+            async with keep_heartbeating():
+                return await self.manager.call_tool(
+                    request.tool, request.arguments, request.idempotency_key
+                )
+
+    def stale_servers(self, catalog: ToolCatalog) -> list[str]:
+        """Servers of `catalog` to list again before the next step (see the manager)."""
+        return self.manager.stale_servers(catalog)
+
+
+def check_call(
+    catalog: ToolCatalog,
+    call_id: str,
+    name: str,
+    raw_arguments: str,
+    allowed: list[str] | None,
+    policy: dict[str, ApprovalRule],
+) -> ToolCall:
+    """A model's call of an MCP tool, checked like `ToolRegistry.check_call` checks built-ins:
+    known tool, JSON object arguments valid for the tool's schema, approval from the task's
+    policy or else the tool's default, retry safety from its annotations."""
+    call = ToolCall(call_id=call_id, tool=name, raw_arguments=raw_arguments)
+    spec = catalog.get(name)
+    if spec is None or (allowed is not None and name not in allowed):
+        offered = ", ".join(t.name for t in catalog.tools() if allowed is None or t.name in allowed)
+        call.problem = f"unknown tool {name!r}; the MCP tools you can call are: {offered or 'none'}"
+        return call
+    try:
+        parsed = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError as err:
+        call.problem = f"the arguments of {name} are not valid JSON ({err.msg} at {err.pos})"
+        return call
+    if not isinstance(parsed, dict):
+        call.problem = f"the arguments of {name} must be a JSON object"
+        return call
+    problem = argument_problem(spec, parsed)
+    if problem is not None:
+        call.problem = problem
+        return call
+    call.arguments = parsed
+    call.retry_safe = spec.retry_safe
+    reason = approval_needed(policy.get(name, spec.approval), parsed)
+    call.needs_approval = reason is not None
+    call.approval_reason = reason
+    return call

@@ -1,0 +1,107 @@
+"""MCP servers for tests and the chaos suite: the demo server (tests/mcp_servers/), stdio
+or streamable HTTP, and the log of the calls it served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from activities.mcp.config import McpServerConfig
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_SERVER = REPO / "tests" / "mcp_servers" / "demo_server.py"
+STARTS_WITHIN_SECONDS = 60.0
+WAIT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class CallLog:
+    """The JSON lines the demo server appends per call: tool, event, key, label, pid."""
+
+    path: Path
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def events(self, tool: str | None = None, key: str | None = None) -> list[str]:
+        return [
+            e["event"]
+            for e in self.entries()
+            if (tool is None or e["tool"] == tool) and (key is None or e["key"] == key)
+        ]
+
+    async def wait_for(self, event: str, *, key: str | None = None) -> None:
+        """Until an entry with `event` (for `key`) is logged (bounded: 30 s)."""
+        async with asyncio.timeout(WAIT_SECONDS):
+            # Another process appends to the file: there is nothing to await but the file.
+            while event not in self.events(key=key):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+
+
+def demo_stdio(
+    log: CallLog, protocol: Literal["auto", "legacy"] = "auto", **fields: Any
+) -> McpServerConfig:
+    """The demo server as a stdio server (`env` entries in fields are added)."""
+    env = {"DEMO_CALL_LOG": str(log.path), **fields.pop("env", {})}
+    return McpServerConfig(
+        command=sys.executable,
+        args=[str(DEMO_SERVER)],
+        env=env,
+        protocol=protocol,
+        **fields,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def demo_http_server(log: CallLog, env: dict[str, str] | None = None) -> AsyncIterator[str]:
+    """The demo server over streamable HTTP as a subprocess; yields its URL."""
+    port = free_port()
+    process = _spawn_http(port, {"DEMO_CALL_LOG": str(log.path), **(env or {})})
+    try:
+        await _accepting(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _spawn_http(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(DEMO_SERVER), "--http", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def _accepting(port: int, process: subprocess.Popen[bytes]) -> None:
+    async with asyncio.timeout(STARTS_WITHIN_SECONDS):
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the demo MCP server exited with {process.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return

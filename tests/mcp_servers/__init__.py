@@ -1,0 +1,1 @@
+"""MCP servers the tests connect to (real servers, written with the mcp SDK)."""

@@ -1,0 +1,156 @@
+"""Tasks that use MCP tools end to end: a third-party server, approval and retries as the
+tools' annotations say, and a worker SIGKILLed in the middle of an MCP call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from activities.mcp.config import McpServerConfig
+from runtime.agent_runtime import AgentRuntime
+from runtime.settings import Settings
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.mcp import CallLog, demo_stdio
+from testing.proc import parent_of
+from testing.workers import WorkerProcess, running_worker
+from tests.chaos.workload import replay_all
+from tests.helpers import agent_task, of_type, wait_for_state
+
+BIN = Path(sys.executable).parent
+
+
+def with_servers(settings: Settings, servers: dict[str, Any]) -> Settings:
+    return settings.model_copy(update={"mcp_servers": servers})
+
+
+def answer_after_tools(*calls: tuple[str, dict[str, Any]]) -> Any:
+    """A model that makes these calls in one step, then answers with what came back."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if results:
+            return text(" | ".join(results))
+        return tools(*calls)
+
+    return reply
+
+
+async def test_a_task_uses_a_tool_of_a_third_party_mcp_server(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    time_server = McpServerConfig(
+        command=str(BIN / "mcp-server-time"), args=["--local-timezone", "UTC"]
+    )
+    settings = with_servers(settings, {"time": time_server})
+    model = fake_openai.script(
+        answer_after_tools(("time__get_current_time", {"timezone": "Europe/Paris"}))
+    )
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(dev_env.client, settings)
+        handle = await runtime.run(agent_task(model))  # every configured server by default
+        outcome = await handle.result()
+        events = await handle.events()
+    assert "Europe/Paris" in outcome.result and "datetime" in outcome.result
+    offered = {t["function"]["name"] for t in fake_openai.requests[model][0]["tools"]}
+    assert {"time__get_current_time", "time__convert_time", "calculator"} <= offered
+    assert of_type(events, "approval_requested") == []  # a read-only tool asks nobody
+    # The tool set the task saw is in its history: one listing, before the first model call.
+    history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert scheduled[:2] == ["list_tools", "call_llm"] and scheduled.count("list_tools") == 1
+
+
+async def test_approval_and_retries_follow_the_tools_annotations(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    log = CallLog(tmp_path / "calls.jsonl")
+    settings = with_servers(settings, {"demo": demo_stdio(log)})
+    model = fake_openai.script(
+        answer_after_tools(
+            ("demo__lookup", {"key": "k"}),
+            ("demo__delete_note", {"name": "n"}),
+            ("demo__set_flag", {"name": "f", "value": True}),
+        )
+    )
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(dev_env.client, settings)
+        handle = await runtime.run(agent_task(model, mcp_servers=["demo"]))
+        state = await wait_for_state(handle, lambda s: len(s.pending_approvals) == 2, 60)
+        asked = sorted(p.tool for p in state.pending_approvals.values())
+        assert asked == ["demo__delete_note", "demo__set_flag"]  # read-only: never asks
+        for request in state.pending_approvals:
+            await handle.approve(request, approver="ann")
+        await handle.result()
+        [thought] = of_type(await handle.events(), "thought")[:1]
+    retry_safe = {c.tool: c.retry_safe for c in thought.tool_calls}
+    assert retry_safe == {"demo__lookup": True, "demo__delete_note": False, "demo__set_flag": True}
+    keys = {e["tool"]: e["key"] for e in log.entries() if e["event"] == "done"}
+    assert keys == {
+        tool: f"{handle.id}/1/call_1_{i}"
+        for i, tool in enumerate(["lookup", "delete_note", "set_flag"])
+    }
+
+
+async def test_a_worker_killed_inside_mcp_calls_retries_only_what_may_be_retried(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The worker (the MCP server's parent) is SIGKILLed while each call provably runs: the
+    idempotent call runs again on another worker; the other is reported, never repeated."""
+    log = CallLog(tmp_path / "calls.jsonl")
+    gates = {name: tmp_path / f"gate-{name}" for name in ("a", "b")}
+    servers = {"demo": demo_stdio(log).model_dump(mode="json")}
+    env = {"WAYSTATION_MCP_SERVERS": json.dumps(servers)}
+    address = dev_env.client.service_client.config.target_host
+    model = fake_openai.script(
+        [
+            tools(("demo__slow_idempotent", {"gate": str(gates["a"]), "label": "a"})),
+            tools(("demo__slow", {"gate": str(gates["b"]), "label": "b"})),
+            text("both settled"),
+        ]
+    )
+    task = agent_task(model, mcp_servers=["demo"])
+    task.approval.policy.update({"demo__slow_idempotent": "never", "demo__slow": "never"})
+    workers = [await WorkerProcess(address, settings, extra_env=env).ready()]
+    handle = await AgentRuntime(dev_env.client, settings).run(task)
+
+    async def kill_the_worker_running(tool: str) -> None:
+        async with asyncio.timeout(60):
+            while not (
+                runs := [e for e in log.entries() if (e["tool"], e["event"]) == (tool, "start")]
+            ):
+                await asyncio.sleep(0.05)  # another process writes the log: nothing to await
+        victim = next(w for w in workers if w.pid == parent_of(runs[-1]["pid"]))
+        workers.remove(victim)
+        victim.kill()
+        workers.append(await WorkerProcess(address, settings, extra_env=env).ready())
+
+    try:
+        await kill_the_worker_running("slow_idempotent")
+        async with asyncio.timeout(60):  # the retry starts the call again on a new server
+            while log.events("slow_idempotent").count("start") < 2:
+                await asyncio.sleep(0.05)
+        gates["a"].touch()
+        await kill_the_worker_running("slow")
+        outcome = await handle.result()
+        observations = [o.output for o in of_type(await handle.events(), "observation")]
+        await replay_all(dev_env.client, [handle])
+    finally:
+        for gate in gates.values():
+            gate.touch()
+        for worker in workers:
+            worker.kill()
+    assert outcome.result == "both settled"
+    assert log.events("slow_idempotent").count("start") == 2  # retried: idempotent
+    assert log.events("slow").count("start") == 1  # at most once
+    assert observations[0] == "a: released"
+    assert "may or may not have taken effect" in observations[1]
