@@ -16,24 +16,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.llm import LlmActivities
-    from activities.mcp.activities import McpActivities
-    from activities.tools import ToolActivities
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
-    from workflows import approval, errors, options, search
-    from workflows.calls import Run, lost_call, verdict
+    from workflows import activity_calls, approval, errors, search
+    from workflows.calls import verdicts
     from workflows.conversation import (
         ConversationDigest,
-        context_limit,
-        message_digest,
+        RunMessages,
         task_messages,
     )
     from workflows.events import (
-        Action,
         AgentEvent,
         AgentState,
         Cancelled,
@@ -43,13 +38,13 @@ with workflow.unsafe.imports_passed_through():
         Failed,
         Observation,
         Repaired,
-        Resumed,
         TaskStarted,
-        Thought,
         UserMessage,
+        action_of,
         apply,
         draft,
         messages_of,
+        thought_of,
     )
     from workflows.models import (
         AgentOutcome,
@@ -62,7 +57,6 @@ with workflow.unsafe.imports_passed_through():
         Resumption,
         SummaryRequest,
         ToolCall,
-        ToolResult,
     )
     from workflows.plan import (
         AddMessage,
@@ -76,9 +70,11 @@ with workflow.unsafe.imports_passed_through():
         RequestApprovals,
         RunCalls,
         RunProgress,
+        context_budget,
         due_for_hand_over,
         next_move,
     )
+    from workflows.recovery import after_context_overflow, resumed
     from workflows.run import (
         APPROVE_SIGNAL,
         DECIDE_UPDATE,
@@ -95,7 +91,7 @@ with workflow.unsafe.imports_passed_through():
         event_page,
     )
     from workflows.stream import EVENTS_TOPIC, carried_from
-    from workflows.tool_catalog import ListToolsRequest, ToolCatalog, catalog_digest
+    from workflows.tool_catalog import ToolCatalog, catalog_digest
 
 
 # A failed task's run stays open this long for a resumption (see _fail and runtime/reset.py).
@@ -124,20 +120,6 @@ def _sample() -> _Clock:
     )
 
 
-def _cancelled(err: BaseException) -> bool:
-    """A cancelled activity, or any activity failure once the task's cancel was asked:
-    cancel wins over a call that fails meanwhile."""
-    if isinstance(err, ActivityError) and isinstance(err.cause, CancelledError):
-        return True
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _detail(err: ActivityError) -> str:
-    cause = err.cause
-    return cause.message if isinstance(cause, ApplicationError) else str(cause or err)
-
-
 @workflow.defn(name=WORKFLOW_TYPE)
 class AgentWorkflow:
     """One agent task. The workflow id is the task id."""
@@ -157,12 +139,9 @@ class AgentWorkflow:
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
         self._message = carry.message
-        # Message content this run answers for: the task's, and every message it adds.
-        task_text = task_messages(self._task.system_prompt, self._task.task)
-        self._task_digests = {message_digest(m) for m in task_text}
-        self._content: dict[str, ChatMessage] = {message_digest(m): m for m in task_text}
+        self._messages = RunMessages(task_messages(self._task.system_prompt, self._task.task))
         self._digest = ConversationDigest()
-        self._published: search.Published | None = None
+        self._visibility = search.Visibility()
         self._clock = _sample()
         self._first_step = self._state.step
         # The MCP tools this run saw (listed again by every run: a catalog is not carried).
@@ -180,7 +159,7 @@ class AgentWorkflow:
                 await self._save_conversation(source=self._earlier)
             return await self._loop()
         except (asyncio.CancelledError, ActivityError) as err:
-            if isinstance(err, ActivityError) and not _cancelled(err):
+            if isinstance(err, ActivityError) and not activity_calls.cancelled(err):
                 raise
             self._append(draft(Cancelled, self._state.step))
             await self._close_stream()
@@ -189,12 +168,10 @@ class AgentWorkflow:
     async def _loop(self) -> AgentOutcome:
         while True:
             self._absorb()
-            limit = context_limit(self._task.context_limit_tokens, self._task.model)
-            cap = self._state.context_limit_cap
             move = next_move(
                 self._state,
                 self._task,
-                limit=min(limit, cap) if cap else limit,
+                limit=context_budget(self._state, self._task),
                 progress=self._progress(),
                 message=self._message,
                 unlisted=self._unlisted,
@@ -202,7 +179,7 @@ class AgentWorkflow:
             match move:
                 case Announce(step=step, calls=calls):
                     for call in calls:
-                        self._append(self._action(step, call))
+                        self._append(action_of(step, call))
                 case RequestApprovals(step=step, calls=calls):
                     for event in approval.request_events(step, calls, self._state):
                         self._append(event)
@@ -240,17 +217,6 @@ class AgentWorkflow:
             elif not isinstance(event, str):
                 self._append(event)
 
-    def _action(self, step: int, call: ToolCall) -> Action:
-        return draft(
-            Action,
-            step,
-            call_id=call.call_id,
-            tool=call.tool,
-            arguments=call.arguments,
-            raw_arguments=call.raw_arguments,
-            needs_approval=call.needs_approval and call.runnable,
-        )
-
     def _recorded(self) -> bool:
         return bool(self._inbox or self._repairs)
 
@@ -278,12 +244,12 @@ class AgentWorkflow:
     async def _run_calls(self, step: int, calls: list[ToolCall]) -> None:
         """Run the step's calls (pure local ones first), then log every observation."""
         task_id = workflow.info().workflow_id
-        verdicts = {c.call_id: verdict(task_id, step, c, self._state) for c in calls}
-        results = {k: v for k, v in verdicts.items() if isinstance(v, ToolResult)}
-        runs = {k: v for k, v in verdicts.items() if isinstance(v, Run)}
+        results, runs = verdicts(task_id, step, calls, self._state)
         for local in (True, False):
             batch = [(k, r) for k, r in runs.items() if r.local == local]
-            outputs = await asyncio.gather(*(self._run_tool(r, calls, k) for k, r in batch))
+            outputs = await asyncio.gather(
+                *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in batch)
+            )
             results.update({k: out for (k, _), out in zip(batch, outputs, strict=True)})
         if any(not r.local for r in runs.values()):
             self._clock = _sample()
@@ -292,36 +258,13 @@ class AgentWorkflow:
             observed = {"output": result.output, "is_error": result.is_error}
             self._append(draft(Observation, step, call_id=call.call_id, tool=call.tool, **observed))
 
-    async def _run_tool(self, run: Run, calls: list[ToolCall], call_id: str) -> ToolResult:
-        try:
-            if run.local:
-                result = await workflow.execute_local_activity_method(
-                    ToolActivities.run_tool, run.request, **options.local_tool_call()
-                )
-            else:
-                config = options.tool_call(self._task, run.retry_safe, self._runs_for(run))
-                result = await workflow.execute_activity_method(
-                    ToolActivities.run_tool, run.request, **config
-                )
-        except ActivityError as err:
-            if _cancelled(err):
-                raise asyncio.CancelledError() from None
-            return lost_call(next(c for c in calls if c.call_id == call_id), _detail(err))
-        return result.model_copy(update={"output": result.output + run.note})
-
     async def _list_tools(self, servers: list[str]) -> None:
-        request = ListToolsRequest(servers=servers)
-        config = options.tool_listing(self._task)
-        listed = await workflow.execute_activity_method(McpActivities.list_tools, request, **config)
+        listed = await activity_calls.list_tools(self._task, servers)
         self._clock = _sample()
         self._catalog = self._catalog.merged(listed) if self._catalog else listed
         self._unlisted = []
-        for server in listed.servers:
-            if server.error:
-                message = f"the tools of MCP server {server.server!r} are missing: {server.error}"
-                self._append(
-                    draft(ErrorEvent, self._state.step, kind="mcp_server", message=message)
-                )
+        for problem in listed.problems():
+            self._append(draft(ErrorEvent, self._state.step, kind="mcp_server", message=problem))
 
     async def _call_model(self, step: int) -> AgentOutcome | None:
         """One model call; an answer ends the task, tool calls open a step."""
@@ -333,24 +276,13 @@ class AgentWorkflow:
             catalog_digest=catalog_digest(self._catalog) if self._catalog else None,
         )
         try:
-            result = await workflow.execute_activity_method(
-                LlmActivities.call_llm, request, **options.model_call(self._task)
-            )
+            result = await activity_calls.call_model(self._task, request)
         except ActivityError as err:
-            if _cancelled(err):
-                raise asyncio.CancelledError() from None
             self._clock = _sample()
             await self._model_failed(step, err)
             return None
         self._clock = _sample()
-        self._append(
-            draft(
-                Thought,
-                step,
-                **result.model_dump(exclude={"tool_calls", "stale_servers"}),
-                tool_calls=result.tool_calls,
-            )
-        )
+        self._append(thought_of(step, result))
         if result.tool_calls:
             return None
         self._append(draft(Done, step, result=result.content))
@@ -361,29 +293,14 @@ class AgentWorkflow:
     async def _model_failed(self, step: int, err: ActivityError) -> None:
         cause = err.cause
         if not (isinstance(cause, ApplicationError) and cause.type == errors.LLM_CONTEXT_TOO_LONG):
-            await self._fail("llm_error", f"the LLM call of step {step} failed: {_detail(err)}")
+            detail = activity_calls.detail(err)
+            await self._fail("llm_error", f"the LLM call of step {step} failed: {detail}")
             return
-        # Compact to what the endpoint takes and try the step again, while that shrinks.
-        fits = int(sum(r.tokens for r in self._state.conversation) * 0.7)
-        cap = self._state.context_limit_cap
-        if cap is not None and fits >= cap:
-            reason = (
-                f"the conversation does not fit the model's context even after compacting it "
-                f"({cause.message}); use a model with a larger context, or fork with a shorter "
-                "task"
-            )
-            await self._fail("context_too_long", reason)
-            return
-        message = f"{cause.message}; compacting to {fits} tokens and retrying"
-        self._append(
-            draft(
-                ErrorEvent,
-                step,
-                kind="context_length_exceeded",
-                message=message,
-                context_limit=fits,
-            )
-        )
+        match after_context_overflow(self._state, step, cause.message):
+            case Fail(kind=kind, reason=reason):
+                await self._fail(kind, reason)
+            case ErrorEvent() as event:
+                self._append(event)
 
     async def _compact(self, step: int, start: int, end: int) -> None:
         request = SummaryRequest(
@@ -395,13 +312,10 @@ class AgentWorkflow:
             conversation_digest=self._conversation_digest(),
         )
         try:
-            result = await workflow.execute_activity_method(
-                LlmActivities.summarize_context, request, **options.model_call(self._task)
-            )
+            result = await activity_calls.summarize(self._task, request)
         except ActivityError as err:
-            if _cancelled(err):
-                raise asyncio.CancelledError() from None
-            await self._fail("llm_error", f"summarizing the conversation failed: {_detail(err)}")
+            detail = activity_calls.detail(err)
+            await self._fail("llm_error", f"summarizing the conversation failed: {detail}")
             return
         self._clock = _sample()
         compacted = {"summary": result.summary, "usage": result.usage, "start": start, "end": end}
@@ -420,12 +334,9 @@ class AgentWorkflow:
             ) from None
         self._clock = _sample()
         resumption = self._resumptions.pop(0)
-        limits = {"max_steps": resumption.max_steps, "token_budget": resumption.token_budget}
-        self._task = self._task.model_copy(update={k: v for k, v in limits.items() if v})
-        self._message = resumption.message or self._message
-        resumed = {"failure": resumption.failure, "failure_kind": resumption.failure_kind}
-        limits_now = {"max_steps": self._task.max_steps, "token_budget": self._task.token_budget}
-        self._append(draft(Resumed, self._state.step, **resumed, **limits_now))
+        step = self._state.step
+        self._task, self._message, event = resumed(self._task, self._message, resumption, step)
+        self._append(event)
 
     async def _save_conversation(self, source: RunRef | None = None) -> None:
         """Put the conversation's messages this run (or a fork's origin) holds in the store."""
@@ -436,15 +347,13 @@ class AgentWorkflow:
             source_workflow_id=source.workflow_id if source else None,
             source_run_id=source.run_id if source else None,
         )
-        config = options.conversation_save(self._task)
-        await workflow.execute_activity_method(LlmActivities.save_conversation, snapshot, **config)
+        await activity_calls.save_conversation(self._task, snapshot)
         self._clock = _sample()
 
     async def _hand_over(self) -> None:
         """Continue as new with a bounded carry: the conversation by reference, the stream's
         latest items, and decisions not yet in the log."""
-        referenced = {r.digest for r in self._state.conversation}
-        if referenced & (set(self._content) - self._task_digests):
+        if self._messages.added_to(self._state.conversation):
             await self._save_conversation()
         self._stream.truncate(carried_from(self._stream.get_state()))
         info = workflow.info()
@@ -465,10 +374,6 @@ class AgentWorkflow:
 
         await self._stream.continue_as_new(next_run)
 
-    def _runs_for(self, run: Run) -> timedelta | None:
-        spec = self._catalog.get(run.request.tool) if self._catalog else None
-        return timedelta(seconds=spec.timeout_seconds) if spec else None
-
     def _progress(self, clock: _Clock | None = None) -> RunProgress:
         clock = clock or self._clock
         return RunProgress(self._first_step, clock.history_bytes, clock.suggested)
@@ -485,9 +390,7 @@ class AgentWorkflow:
         if existing is not None:
             return existing.model_copy(update={"duplicate": True})
         self._inbox.append(approval.RecordedDecision(decision=decision, via="update"))
-        return DecisionOutcome(
-            **decision.model_dump(exclude={"decision"}), decision=decision.decision
-        )
+        return approval.accepted(decision)
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
@@ -498,14 +401,12 @@ class AgentWorkflow:
     @workflow.signal(name=APPROVE_SIGNAL)
     def approve(self, decision: Decision) -> None:
         """Approve a request (for `temporal workflow signal --name approve`)."""
-        approved = decision.model_copy(update={"decision": "approve"})
-        self._inbox.append(approval.RecordedDecision(decision=approved, via="signal"))
+        self._inbox.append(approval.signalled(decision, "approve"))
 
     @workflow.signal(name=REJECT_SIGNAL)
     def reject(self, decision: Decision) -> None:
         """Reject a request (for `temporal workflow signal --name reject`)."""
-        rejected = decision.model_copy(update={"decision": "reject"})
-        self._inbox.append(approval.RecordedDecision(decision=rejected, via="signal"))
+        self._inbox.append(approval.signalled(decision, "reject"))
 
     @workflow.signal(name=RESUME_SIGNAL)
     def resume_after_failure(self, resumption: Resumption) -> None:
@@ -534,7 +435,7 @@ class AgentWorkflow:
         """The conversation of an LLM step: the content this run holds, the rest by digest."""
         refs = self._state.conversation[:message_count]
         return LlmContext(
-            messages=[self._content.get(r.digest) for r in refs],
+            messages=[self._messages.get(r.digest) for r in refs],
             digests=[r.digest for r in refs],
             tools=self._task.tools,
             approval_policy=self._task.approval.policy,
@@ -544,7 +445,7 @@ class AgentWorkflow:
     @workflow.query(name="conversation_content")
     def conversation_content(self, digests: list[str]) -> dict[str, ChatMessage]:
         """The messages with these digests that this run holds."""
-        return {d: self._content[d] for d in digests if d in self._content}
+        return self._messages.of(digests)
 
     # --- the log ----------------------------------------------------------------------------
 
@@ -559,17 +460,9 @@ class AgentWorkflow:
         event = event.model_copy(update=stamp)
         self._state = apply(self._state, event)
         self._log.append(event)
-        for message in messages_of(event):
-            self._content[message_digest(message)] = message
+        self._messages.add(messages_of(event))
         self._events_topic.publish(event)
-        model = self._task.model.name
-        self._published, updates, memo = search.visibility_updates(
-            self._state, model, self._published
-        )
-        if updates:
-            workflow.upsert_search_attributes(updates)
-        if memo is not None:
-            workflow.upsert_memo(memo)
+        self._visibility.publish(self._state, self._task.model.name)
 
     async def _close_stream(self) -> None:
         # Release long-poll subscribers and let every handler finish before the run ends.

@@ -39,6 +39,12 @@ class RecordedDecision(Contract):
     via: Via
 
 
+def signalled(decision: Decision, verdict: Literal["approve", "reject"]) -> RecordedDecision:
+    """A decision sent by the `approve` or `reject` Signal, whose name is the verdict."""
+    named = decision.model_copy(update={"decision": verdict})
+    return RecordedDecision(decision=named, via="signal")
+
+
 @dataclass(frozen=True)
 class Problem:
     """Why a decision cannot take effect: an error type of workflows/errors.py and a sentence."""
@@ -59,6 +65,12 @@ def needs_decision(call: ToolCall, state: AgentState) -> bool:
 
 def repeats_recent_call(call: ToolCall, state: AgentState) -> bool:
     return call_signature(call) in state.recent_calls
+
+
+def accepted(decision: Decision) -> DecisionOutcome:
+    """What the `decide` Update answers for a decision it just recorded."""
+    fields = decision.model_dump(exclude={"decision"})
+    return DecisionOutcome(**fields, decision=decision.decision)
 
 
 def outcome_of(

@@ -51,10 +51,25 @@ def verdict(task_id: str, step: int, call: ToolCall, state: AgentState) -> Run |
     return Run(request, note, local=call.local and call.retry_safe, retry_safe=call.retry_safe)
 
 
-def lost_call(call: ToolCall, detail: str) -> ToolResult:
+def verdicts(
+    task_id: str, step: int, calls: list[ToolCall], state: AgentState
+) -> tuple[dict[str, ToolResult], dict[str, Run]]:
+    """(observations of the calls not run, the calls to run), by call id."""
+    results: dict[str, ToolResult] = {}
+    runs: dict[str, Run] = {}
+    for call in calls:
+        match verdict(task_id, step, call, state):
+            case ToolResult() as result:
+                results[call.call_id] = result
+            case Run() as run:
+                runs[call.call_id] = run
+    return results, runs
+
+
+def lost_call(tool: str, detail: str) -> ToolResult:
     """A call whose activity failed for good: the model is told it may or may not have run."""
     return ToolResult(
-        output=f"{call.tool} did not complete ({detail}): it may or may not have taken effect; "
+        output=f"{tool} did not complete ({detail}): it may or may not have taken effect; "
         "it was not run again",
         is_error=True,
     )

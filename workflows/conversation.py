@@ -150,6 +150,33 @@ def compaction_range(refs: list[MessageRef], limit: int) -> tuple[int, int] | No
     return KEPT_AT_START, end
 
 
+class RunMessages:
+    """The message content one run answers for: the task's, and every message the run adds.
+
+    The rest of a conversation (older runs' messages) workers read from earlier runs or the
+    conversation store; this run's additions must be saved before it hands over.
+    """
+
+    def __init__(self, task_text: list[ChatMessage]) -> None:
+        self._task_digests = {message_digest(m) for m in task_text}
+        self._content = {message_digest(m): m for m in task_text}
+
+    def add(self, messages: list[ChatMessage]) -> None:
+        for message in messages:
+            self._content[message_digest(message)] = message
+
+    def get(self, digest: str) -> ChatMessage | None:
+        return self._content.get(digest)
+
+    def of(self, digests: list[str]) -> dict[str, ChatMessage]:
+        return {d: self._content[d] for d in digests if d in self._content}
+
+    def added_to(self, refs: list[MessageRef]) -> bool:
+        """Whether `refs` reference any message this run added (content only it holds)."""
+        added = set(self._content) - self._task_digests
+        return any(r.digest in added for r in refs)
+
+
 class ConversationDigest:
     """A fingerprint of exactly these messages, in order: what an LLM call will send.
 

@@ -30,6 +30,7 @@ from workflows.models import (
     ChatMessage,
     Contract,
     DecisionOutcome,
+    LlmResult,
     ToolCall,
     Usage,
 )
@@ -204,6 +205,25 @@ _UNSTAMPED = datetime(1970, 1, 1, tzinfo=UTC)
 def draft(event_type: type[E], step: int, /, **fields: Any) -> E:
     """An event as pure code decides it; the log stamps its seq and time when it is appended."""
     return event_type(seq=0, step=step, at=_UNSTAMPED, **fields)
+
+
+def thought_of(step: int, result: LlmResult) -> Thought:
+    """The event of a model's answer; its tool calls are kept as the model objects."""
+    fields = result.model_dump(exclude={"tool_calls", "stale_servers"})
+    return draft(Thought, step, **fields, tool_calls=result.tool_calls)
+
+
+def action_of(step: int, call: ToolCall) -> Action:
+    """The event announcing a call; approval is asked only for a call that can run."""
+    return draft(
+        Action,
+        step,
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments=call.arguments,
+        raw_arguments=call.raw_arguments,
+        needs_approval=call.needs_approval and call.runnable,
+    )
 
 
 def messages_of(event: AgentEvent) -> list[ChatMessage]:

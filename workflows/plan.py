@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from workflows.approval import deadline, to_request, undecided
-from workflows.conversation import compaction_range
+from workflows.conversation import compaction_range, context_limit
 from workflows.events import AgentState
 from workflows.models import AgentTask, ToolCall
 
@@ -107,6 +107,14 @@ Move = (
     | Fail
     | HandOver
 )
+
+
+def context_budget(state: AgentState, task: AgentTask) -> int:
+    """The tokens the conversation may take: the task's limit (or the model's window less
+    room for the answer), lowered to what the endpoint took after a context-length error."""
+    limit = context_limit(task.context_limit_tokens, task.model)
+    cap = state.context_limit_cap
+    return min(limit, cap) if cap else limit
 
 
 def next_move(

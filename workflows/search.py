@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 
 from workflows.models import Contract
@@ -91,3 +92,18 @@ def visibility_updates(
     if published is None or (published.status, published.pending) != (now.status, now.pending):
         memo = {MEMO_STATUS: state.status, MEMO_PENDING: [pending_memo(p) for p in pending] or None}
     return now, updates, memo
+
+
+class Visibility:
+    """Keeps a run's search attributes and memo in step with the task's state, writing only
+    what changed."""
+
+    def __init__(self) -> None:
+        self._published: Published | None = None
+
+    def publish(self, state: AgentState, model: str) -> None:
+        self._published, updates, memo = visibility_updates(state, model, self._published)
+        if updates:
+            workflow.upsert_search_attributes(updates)
+        if memo is not None:
+            workflow.upsert_memo(memo)

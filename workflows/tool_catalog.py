@@ -94,6 +94,14 @@ class ToolCatalog(Contract):
         """The `tools` entries to offer the model (all, or those named in `allowed`)."""
         return [t.openai_tool() for t in self.tools() if allowed is None or t.name in allowed]
 
+    def problems(self) -> list[str]:
+        """A sentence for each server whose tools could not be listed."""
+        return [
+            f"the tools of MCP server {s.server!r} are missing: {s.error}"
+            for s in self.servers
+            if s.error
+        ]
+
     def merged(self, newer: ToolCatalog) -> ToolCatalog:
         """This catalog with the servers listed again in `newer` replaced."""
         relisted = {server.server: server for server in newer.servers}

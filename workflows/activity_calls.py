@@ -1,0 +1,105 @@
+"""The agent workflow's activity calls, each with the options it takes.
+
+Cancel wins: an activity that fails once the task's cancellation was asked (or because of
+it) raises CancelledError, so a call failing meanwhile never turns a cancel into a failure.
+Other failures come back as ActivityError for the workflow to log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from activities.llm import LlmActivities
+from activities.mcp.activities import McpActivities
+from activities.tools import ToolActivities
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+from workflows import options
+from workflows.calls import Run, lost_call
+from workflows.models import (
+    AgentTask,
+    ConversationSnapshot,
+    LlmRequest,
+    LlmResult,
+    SummaryRequest,
+    SummaryResult,
+    ToolResult,
+)
+from workflows.tool_catalog import ListToolsRequest, ToolCatalog
+
+
+def cancelled(err: BaseException) -> bool:
+    """A cancelled activity, or any activity failure once the task's cancel was asked."""
+    if isinstance(err, ActivityError) and isinstance(err.cause, CancelledError):
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def detail(err: ActivityError) -> str:
+    """The sentence an activity failed with."""
+    cause = err.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+
+
+@contextmanager
+def cancel_wins() -> Iterator[None]:
+    try:
+        yield
+    except ActivityError as err:
+        if cancelled(err):
+            raise asyncio.CancelledError() from None
+        raise
+
+
+async def call_model(task: AgentTask, request: LlmRequest) -> LlmResult:
+    with cancel_wins():
+        return await workflow.execute_activity_method(
+            LlmActivities.call_llm, request, **options.model_call(task)
+        )
+
+
+async def summarize(task: AgentTask, request: SummaryRequest) -> SummaryResult:
+    with cancel_wins():
+        return await workflow.execute_activity_method(
+            LlmActivities.summarize_context, request, **options.model_call(task)
+        )
+
+
+async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> ToolResult:
+    """A tool call: pure local tools as local activities, the rest as activities (an MCP
+    tool's for as long as its server's call timeout). A call that failed for good is an
+    observation saying it may or may not have taken effect."""
+    spec = catalog.get(run.request.tool) if catalog else None
+    runs_for = timedelta(seconds=spec.timeout_seconds) if spec else None
+    request = run.request
+    try:
+        with cancel_wins():
+            if run.local:
+                config = options.local_tool_call()
+                result = await workflow.execute_local_activity_method(
+                    ToolActivities.run_tool, request, **config
+                )
+            else:
+                retried = options.tool_call(task, run.retry_safe, runs_for)
+                result = await workflow.execute_activity_method(
+                    ToolActivities.run_tool, request, **retried
+                )
+    except ActivityError as err:
+        return lost_call(request.tool, detail(err))
+    return result.model_copy(update={"output": result.output + run.note})
+
+
+async def list_tools(task: AgentTask, servers: list[str]) -> ToolCatalog:
+    request = ListToolsRequest(servers=servers)
+    config = options.tool_listing(task)
+    return await workflow.execute_activity_method(McpActivities.list_tools, request, **config)
+
+
+async def save_conversation(task: AgentTask, snapshot: ConversationSnapshot) -> None:
+    config = options.conversation_save(task)
+    await workflow.execute_activity_method(LlmActivities.save_conversation, snapshot, **config)
