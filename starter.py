@@ -366,7 +366,7 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
     for name in registry.names():
         tool = registry.get(name)
         assert tool is not None
-        retry = "retried" if tool.idempotent else "at most once"
+        retry = "retried" if tool.retry_safe else "at most once"
         print(f"{name:40} approval: {tool.approval:15} {retry}")
     manager = McpClientManager(settings.mcp_server_configs())
     try:

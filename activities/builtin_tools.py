@@ -375,7 +375,7 @@ def builtin_registry() -> ToolRegistry:
                 arguments=WriteFileArgs,
                 function=write_file,
                 approval="outside_scratch",
-                idempotent=True,  # through the ledger: a retry never appends twice
+                retry_safe=True,  # through the ledger: a retry never appends twice
             ),
             Tool(
                 name="run_shell",
@@ -383,7 +383,7 @@ def builtin_registry() -> ToolRegistry:
                 arguments=RunShellArgs,
                 function=run_shell,
                 approval="always",
-                idempotent=True,  # through the ledger and the command's own record
+                retry_safe=True,  # through the ledger and the command's own record
                 timeout_seconds=620,
             ),
         ]

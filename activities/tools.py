@@ -60,13 +60,13 @@ class Tool:
     arguments: type[BaseModel]
     function: ToolFunction
     approval: ApprovalRule = "never"
-    idempotent: bool = True
+    retry_safe: bool = True
     """A retry of the same call (same idempotency key) cannot do its effect twice, by nature
     or through the ledger. False: a lost attempt is reported to the model, never retried."""
     timeout_seconds: float = 60.0
     local: bool = False
     """Fast (milliseconds) and pure: run as a local activity, in the worker that runs the
-    workflow task, instead of a round trip through the server. Only for idempotent tools
+    workflow task, instead of a round trip through the server. Only for retry-safe tools
     that finish well within the workflow's LOCAL_TOOL_TIMEOUT (10 s)."""
 
     async def call(self, arguments: BaseModel, context: ToolContext) -> str:
@@ -167,8 +167,8 @@ class ToolRegistry:
             call.problem = f"invalid arguments for {name}: {_describe(err)}"
             return call
         call.arguments = validated.model_dump(mode="json")
-        call.retry_safe = tool.idempotent
-        call.local = tool.local and tool.idempotent
+        call.retry_safe = tool.retry_safe
+        call.local = tool.local and tool.retry_safe
         reason = approval_needed(policy.get(name, tool.approval), call.arguments)
         call.needs_approval = reason is not None
         call.approval_reason = reason

@@ -182,7 +182,7 @@ def once_only_registry(ledger_file: Path) -> Any:
             description="Charge a card (not idempotent, no ledger).",
             arguments=ChargeArgs,
             function=charge,
-            idempotent=False,
+            retry_safe=False,
         )
     )
     return registry
