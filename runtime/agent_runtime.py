@@ -332,10 +332,15 @@ class AgentRuntime:
         return AgentTask(task=text, **fields)
 
     def with_defaults(self, task: AgentTask) -> AgentTask:
-        """The task as it will run: with no MCP servers named, every one the settings declare."""
-        if task.mcp_servers is not None:
-            return task
-        return task.model_copy(update={"mcp_servers": list(self.settings.mcp_server_configs())})
+        """The task as it will run: what it leaves unset, the settings fill in (with no MCP
+        servers named, every one they declare; the heartbeat timeout)."""
+        defaults: dict[str, Any] = {}
+        if task.mcp_servers is None:
+            defaults["mcp_servers"] = list(self.settings.mcp_server_configs())
+        heartbeat = self.settings.heartbeat_timeout_seconds
+        if task.heartbeat_timeout_seconds is None and heartbeat is not None:
+            defaults["heartbeat_timeout_seconds"] = heartbeat
+        return task.model_copy(update=defaults) if defaults else task
 
     async def run(self, task: AgentTask | str, *, task_id: str | None = None) -> TaskHandle:
         """Start a task (or, with a task_id already used, return that task: idempotent)."""

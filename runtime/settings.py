@@ -86,6 +86,17 @@ class Settings(BaseSettings):
         "past it is replayed from history when it next moves; 500 tasks waiting for approval "
         "fit in about 100 MB at 200.",
     )
+    heartbeat_timeout_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        le=600,
+        validation_alias=AliasChoices(
+            "WAYSTATION_HEARTBEAT_TIMEOUT", "WAYSTATION_HEARTBEAT_TIMEOUT_SECONDS"
+        ),
+        description="Heartbeat timeout of model and tool calls for tasks that set none: how "
+        "soon a dead worker's call is retried elsewhere, and how long a starved worker may go "
+        "silent before its call is abandoned (default 5 s).",
+    )
     dev_server_port: int = 7233
     dev_server_ui_port: int = 8233
     api_host: str = "127.0.0.1"

@@ -7,10 +7,14 @@ from typing import Any
 
 import openai
 import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
 
 from activities.chat import ChatDelta, OpenAIChat, StreamTimeoutError
 from runtime.agent_runtime import AgentRuntime
+from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, hang, stall, text, tools
+from testing.workers import running_worker
 from workflows.models import AgentTask, ChatMessage, ModelSettings
 
 PROMPT = [ChatMessage(role="user", content="hello")]
@@ -132,3 +136,35 @@ def test_defaults_fit_a_model_served_on_cpu() -> None:
     assert model.first_chunk_timeout_seconds == 300
     assert model.request_timeout_seconds == 120
     assert model.tool_choice is None
+
+
+async def test_the_heartbeat_timeout_comes_from_the_task_or_the_settings(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    """WAYSTATION_HEARTBEAT_TIMEOUT fills tasks that set none; a task's own value wins; both
+    reach the model and tool calls Temporal schedules."""
+    configured = settings.model_copy(update={"heartbeat_timeout_seconds": 7.0})
+    assert Settings(WAYSTATION_HEARTBEAT_TIMEOUT="9").heartbeat_timeout_seconds == 9.0  # type: ignore[call-arg]
+    async with running_worker(dev_env.client, configured):
+        runtime = AgentRuntime(dev_env.client, configured)
+        timeouts = []
+        for own in (None, 11.0):
+            script = fake_openai.script(
+                [tools(("write_file", {"path": "scratch/a.txt", "content": "a"})), text("ok")]
+            )
+            task = AgentTask(
+                task="write it", model=ModelSettings(name=script), heartbeat_timeout_seconds=own
+            )
+            handle = await runtime.run(task)
+            await handle.result()
+            history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
+            timeouts.append(
+                {
+                    e.activity_task_scheduled_event_attributes.activity_type.name: (
+                        e.activity_task_scheduled_event_attributes.heartbeat_timeout.seconds
+                    )
+                    for e in history.events
+                    if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                }
+            )
+    assert timeouts == [{"call_llm": 7, "run_tool": 7}, {"call_llm": 11, "run_tool": 11}]
