@@ -501,6 +501,21 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="starter.py", description=__doc__.split("\n\n")[0])
     commands = root.add_subparsers(dest="command", required=True)
 
+    _task_commands(commands)
+    _reading_commands(commands)
+    _admin_commands(commands)
+    for command in commands.choices.values():
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="the hosted worker's full log (tracebacks of failed attempts) on stderr",
+        )
+    return root
+
+
+def _task_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that start, decide or move a task."""
     run = commands.add_parser("run", help="start a task and follow it live")
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--id", help="task id (default: generated); reusing one returns that task")
@@ -567,6 +582,9 @@ def parser() -> argparse.ArgumentParser:
     fork.add_argument("--no-follow", dest="follow", action="store_false")
     _add_worker_flag(fork)
 
+
+def _reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that read tasks (and cancel one)."""
     stream = commands.add_parser("stream", help="follow a task's events and tokens")
     stream.add_argument("id")
     stream.add_argument("--since", type=int, default=0, help="stream offset to start from")
@@ -594,6 +612,9 @@ def parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a task")
     cancel.add_argument("id")
 
+
+def _admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands for the deployment: tools, workers, settings, storage, the dev server."""
     mcp = commands.add_parser("mcp", help="serve waystation's tools to an MCP client over stdio")
     _add_worker_flag(mcp)
 
@@ -618,14 +639,6 @@ def parser() -> argparse.ArgumentParser:
 
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
-    for command in commands.choices.values():
-        command.add_argument(
-            "-v",
-            "--verbose",
-            action="store_true",
-            help="the hosted worker's full log (tracebacks of failed attempts) on stderr",
-        )
-    return root
 
 
 COMMANDS = {
