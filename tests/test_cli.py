@@ -307,6 +307,7 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
         )
         assert code != 0
         assert "unknown approval request 1-call_1_9; pending: 1-call_1_0" in out
+        assert "retryable: false" in out  # a refusal: sending it again cannot help
         code, out = await temporal(
             "workflow",
             "update",

@@ -396,7 +396,7 @@ class AgentWorkflow:
     def _validate_decide(self, decision: Decision) -> None:
         problem = approval.decision_problem(self._state, decision, self._inbox)
         if problem is not None:
-            raise ApplicationError(problem.message, type=problem.kind)
+            raise ApplicationError(problem.message, type=problem.kind, non_retryable=True)
 
     @workflow.signal(name=APPROVE_SIGNAL)
     def approve(self, decision: Decision) -> None:
