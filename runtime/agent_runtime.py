@@ -21,6 +21,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
@@ -38,6 +39,7 @@ from runtime.task_errors import (
     TaskFailedError,
     TaskNotFoundError,
     UnreadableTaskError,
+    unreadable,
 )
 from runtime.task_log import TaskLog
 from workflows import errors, search
@@ -146,6 +148,10 @@ class TaskHandle:
             return await overview(self._runtime.client, self.id)
         except RPCError as err:
             raise _not_found(self.id, err) from err
+        except ValueError as err:  # its memo, encrypted with a key this side lacks
+            if (problem := unreadable(self.id, err)) is not None:
+                raise problem from err
+            raise
 
     async def conversation(self) -> list[ChatMessage]:
         """The messages the model is sent next, read from the task's events."""
@@ -317,13 +323,10 @@ class AgentRuntime:
                 f"queue {self.settings.task_queue!r}: they may be busy or the task stuck "
                 f"(python starter.py status {task_id})",
             ) from None
-        except UnicodeDecodeError as err:
-            raise UnreadableTaskError(
-                task_id, f"cannot decode what task {task_id} stored: {err}"
-            ) from err
-        except ValueError as err:
-            if "encrypted with unknown key" in str(err) or "decrypt" in str(err):
-                raise UnreadableTaskError(task_id, f"cannot read task {task_id}: {err}") from err
+        except (ValueError, WorkflowQueryFailedError) as err:
+            # A payload this side cannot decrypt: here, or in the worker that answers.
+            if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
             raise
 
     def new_task(self, text: str, **fields: Any) -> AgentTask:
