@@ -27,6 +27,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.busy import sending
 from runtime.health import Stuck, TaskOverview, overview, stuck, worker_hint
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
@@ -153,10 +154,11 @@ class TaskHandle:
                 raise problem from err
             raise
 
-    async def conversation(self) -> list[ChatMessage]:
-        """The messages the model is sent next, read from the task's events."""
-        events = await self.events()
-        return conversation_of(events, await self.state())
+    async def conversation(self, within: timedelta = QUERY_TIMEOUT) -> list[ChatMessage]:
+        """The messages the model is sent next, read from the task's events (NoWorkerError
+        if no worker answers a query `within`)."""
+        events = await self.events(within=within)
+        return conversation_of(events, await self.state(within))
 
     async def pending_requests(self) -> dict[str, dict[str, Any]]:
         """Requests waiting for a person, as committed to history (no worker needed)."""
@@ -216,7 +218,7 @@ class TaskHandle:
             return existing.model_copy(update={"duplicate": True})
         signal = AgentWorkflow.reject if decision.decision == "reject" else AgentWorkflow.approve
         try:
-            await self._handle.signal(signal, decision)
+            await sending(lambda: self._handle.signal(signal, decision))
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND and "completed" in err.message:
                 return await self._decision_after_close(decision)
@@ -410,7 +412,7 @@ class AgentRuntime:
             update={"failure": state.failure, "failure_kind": state.failure_kind}
         )
         try:
-            await handle._handle.signal(AgentWorkflow.resume_after_failure, note)
+            await sending(lambda: handle._handle.signal(AgentWorkflow.resume_after_failure, note))
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return False  # it closed meanwhile: reset it instead
@@ -553,9 +555,10 @@ class AgentRuntime:
             task_id, since=since, topics=topics, wait_for_start=wait_for_start
         )
 
-    async def stream_head(self, task_id: str) -> int:
-        """The offset the next stream item will get."""
+    async def stream_head(self, task_id: str, within: timedelta = QUERY_TIMEOUT) -> int:
+        """The offset the next stream item will get (a query: NoWorkerError if no worker
+        answers it `within`)."""
         try:
-            return await self._streams.head(task_id)
+            return await self.bounded(task_id, self._streams.head(task_id), within, "a query")
         except RPCError as err:
             raise _not_found(task_id, err) from err
