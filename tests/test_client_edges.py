@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput
@@ -59,7 +61,7 @@ async def test_queries_no_worker_answers_end_with_a_clear_error(
 # --- a repeated approval, and the memo after the wait ---------------------------------------
 
 
-async def memo_of(handle: TaskHandle) -> dict[str, object]:
+async def memo_of(handle: TaskHandle) -> Mapping[str, Any]:
     return await (await handle.describe()).memo()
 
 
@@ -76,7 +78,7 @@ async def test_a_repeated_approval_without_request_id_gets_the_same_answer(
         async with asyncio.timeout(20):  # the memo is written by the task that made the request
             while not (await memo_of(handle)).get(search.MEMO_PENDING):
                 await asyncio.sleep(0.05)
-        [waiting] = (await memo_of(handle))[search.MEMO_PENDING]  # type: ignore[misc]
+        [waiting] = (await memo_of(handle))[search.MEMO_PENDING]
         assert waiting["request_id"] == request
 
         first = await api.post(f"/tasks/{task_id}/approve")

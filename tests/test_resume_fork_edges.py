@@ -4,6 +4,7 @@ subprocess), the HTTP API and the Python API, with payload encryption on and off
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,11 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
-from runtime.codec import ENCODING, data_converter, new_key
+from runtime.codec import ENCODING, EncryptionCodec, data_converter, new_key
 from runtime.http_api import create_app
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -151,20 +153,29 @@ async def test_a_task_under_a_retired_key_is_one_clear_error_in_api_and_cli(
     runtime = AgentRuntime(await client_for(dev_env, new), new)
     sentence = "payload encrypted with unknown key 'k1'"
     async with running_worker(runtime.client, new), api_over(runtime) as api:
-        for path in (f"/tasks/{handle.id}", f"/tasks/{handle.id}/log"):
+        paths = (f"/tasks/{handle.id}", f"/tasks/{handle.id}/log", f"/tasks/{handle.id}/events")
+        for path in paths:
             answer = await api.get(path)
             assert answer.status_code == 500, (path, answer.text)
             assert answer.headers["content-type"] == "application/json", answer.text
             assert answer.json()["error"] == "unreadable_task"
             assert sentence in answer.json()["detail"], answer.text
 
-    for command in ("events", "status"):
+    for command in ("events", "status", "stream"):
         code, out, err = await starter(
             dev_env, settings, command, handle.id, extra_env=keys_env({"k2": KEY_2}, "k2")
         )
         assert code == 1 and out == "", (command, out, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert err.startswith("error: ") and sentence in err, err
+
+
+async def test_a_key_that_changed_under_its_id_says_so() -> None:
+    written = EncryptionCodec({"k1": base64.b64decode(KEY_1)}, "k1")
+    [sealed] = await written.encode([Payload(metadata={"encoding": b"json/plain"}, data=b"1")])
+    changed = EncryptionCodec({"k1": base64.b64decode(KEY_2)}, "k1")
+    with pytest.raises(ValueError, match="payload does not decrypt with key 'k1'"):
+        await changed.decode([sealed])
 
 
 # --- 3. fork with a message at a thought that asked for two calls ---------------------------
