@@ -168,7 +168,9 @@ class StreamHub:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise
             except ValueError as err:  # its memo, encrypted with a key this side lacks
-                raise unreadable(task_id, err) or err from err
+                if (problem := unreadable(task_id, err)) is not None:
+                    raise problem from err
+                raise
             if loop.time() >= deadline:
                 waited = f" within {wait_for_start.total_seconds():g} s" if wait_for_start else ""
                 raise TaskNotFoundError(task_id, f"no task with id {task_id!r}{waited}")
@@ -243,7 +245,9 @@ class StreamHub:
         try:
             result: PollResult = await stream_wire.poll(self._client, task_id, offset)
         except (ValueError, WorkflowQueryFailedError) as err:
-            raise unreadable(task_id, err) or err from err
+            if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
+            raise
         decode = self._converter.payload_converter.from_payload
         items = (
             StreamItem(
