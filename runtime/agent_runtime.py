@@ -21,11 +21,13 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.busy import sending
 from runtime.health import Stuck, TaskOverview, overview, stuck, worker_hint
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
@@ -38,6 +40,7 @@ from runtime.task_errors import (
     TaskFailedError,
     TaskNotFoundError,
     UnreadableTaskError,
+    unreadable,
 )
 from runtime.task_log import TaskLog
 from workflows import errors, search
@@ -146,11 +149,16 @@ class TaskHandle:
             return await overview(self._runtime.client, self.id)
         except RPCError as err:
             raise _not_found(self.id, err) from err
+        except ValueError as err:  # its memo, encrypted with a key this side lacks
+            if (problem := unreadable(self.id, err)) is not None:
+                raise problem from err
+            raise
 
-    async def conversation(self) -> list[ChatMessage]:
-        """The messages the model is sent next, read from the task's events."""
-        events = await self.events()
-        return conversation_of(events, await self.state())
+    async def conversation(self, within: timedelta = QUERY_TIMEOUT) -> list[ChatMessage]:
+        """The messages the model is sent next, read from the task's events (NoWorkerError
+        if no worker answers a query `within`)."""
+        events = await self.events(within=within)
+        return conversation_of(events, await self.state(within))
 
     async def pending_requests(self) -> dict[str, dict[str, Any]]:
         """Requests waiting for a person, as committed to history (no worker needed)."""
@@ -210,7 +218,7 @@ class TaskHandle:
             return existing.model_copy(update={"duplicate": True})
         signal = AgentWorkflow.reject if decision.decision == "reject" else AgentWorkflow.approve
         try:
-            await self._handle.signal(signal, decision)
+            await sending(lambda: self._handle.signal(signal, decision))
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND and "completed" in err.message:
                 return await self._decision_after_close(decision)
@@ -317,13 +325,10 @@ class AgentRuntime:
                 f"queue {self.settings.task_queue!r}: they may be busy or the task stuck "
                 f"(python starter.py status {task_id})",
             ) from None
-        except UnicodeDecodeError as err:
-            raise UnreadableTaskError(
-                task_id, f"cannot decode what task {task_id} stored: {err}"
-            ) from err
-        except ValueError as err:
-            if "encrypted with unknown key" in str(err) or "decrypt" in str(err):
-                raise UnreadableTaskError(task_id, f"cannot read task {task_id}: {err}") from err
+        except (ValueError, WorkflowQueryFailedError) as err:
+            # A payload this side cannot decrypt: here, or in the worker that answers.
+            if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
             raise
 
     def new_task(self, text: str, **fields: Any) -> AgentTask:
@@ -412,7 +417,7 @@ class AgentRuntime:
             update={"failure": state.failure, "failure_kind": state.failure_kind}
         )
         try:
-            await handle._handle.signal(AgentWorkflow.resume_after_failure, note)
+            await sending(lambda: handle._handle.signal(AgentWorkflow.resume_after_failure, note))
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return False  # it closed meanwhile: reset it instead
@@ -555,9 +560,10 @@ class AgentRuntime:
             task_id, since=since, topics=topics, wait_for_start=wait_for_start
         )
 
-    async def stream_head(self, task_id: str) -> int:
-        """The offset the next stream item will get."""
+    async def stream_head(self, task_id: str, within: timedelta = QUERY_TIMEOUT) -> int:
+        """The offset the next stream item will get (a query: NoWorkerError if no worker
+        answers it `within`)."""
         try:
-            return await self._streams.head(task_id)
+            return await self.bounded(task_id, self._streams.head(task_id), within, "a query")
         except RPCError as err:
             raise _not_found(task_id, err) from err

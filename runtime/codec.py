@@ -14,6 +14,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -22,6 +23,10 @@ from temporalio.converter import DataConverter, PayloadCodec
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
 _NONCE_BYTES = 12
+# How a payload this side cannot decrypt is told; only the sentence crosses from a worker
+# (a failed query) to a client, so clients recognise it by these words.
+UNKNOWN_KEY = "payload encrypted with unknown key"
+WRONG_KEY = "payload does not decrypt with key"
 
 
 class EncryptionCodec(PayloadCodec):
@@ -59,9 +64,15 @@ class EncryptionCodec(PayloadCodec):
             key_id = payload.metadata.get(KEY_ID, b"").decode()
             cipher = self._ciphers.get(key_id)
             if cipher is None:
-                raise ValueError(f"payload encrypted with unknown key {key_id!r}")
+                raise ValueError(f"{UNKNOWN_KEY} {key_id!r}")
             nonce, sealed = payload.data[:_NONCE_BYTES], payload.data[_NONCE_BYTES:]
-            decoded.append(Payload.FromString(cipher.decrypt(nonce, sealed, None)))
+            try:
+                opened = cipher.decrypt(nonce, sealed, None)
+            except InvalidTag:
+                raise ValueError(
+                    f"{WRONG_KEY} {key_id!r}: the key with that id changed, or the payload did"
+                ) from None
+            decoded.append(Payload.FromString(opened))
         return decoded
 
 

@@ -21,6 +21,7 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from runtime.busy import sending
 from workflows.agent import AgentWorkflow
 from workflows.models import RepairNote, Resumption
 
@@ -90,7 +91,7 @@ async def reset_failed_task(
     reason = f"resume after failure: {failure}"
     new_run = await _reset(client, task_id, run_id, resume_point(events), reason, reapply=False)
     workflow = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=new_run)
-    await workflow.signal(AgentWorkflow.resume_after_failure, note)
+    await sending(lambda: workflow.signal(AgentWorkflow.resume_after_failure, note))
     return new_run
 
 
@@ -101,7 +102,7 @@ async def reset_stuck_task(client: Client, task_id: str, run_id: str, note: Repa
     new_run = await _reset(client, task_id, run_id, note.reset_to_event, reason, reapply=True)
     workflow = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=new_run)
     try:
-        await workflow.signal(AgentWorkflow.repaired, note)
+        await sending(lambda: workflow.signal(AgentWorkflow.repaired, note))
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:  # it finished before the note: fine
             raise

@@ -18,14 +18,14 @@ from datetime import timedelta
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.contrib.workflow_streams import PollResult
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import stream_wire
 from runtime.health import overview
-from runtime.task_errors import TaskNotFoundError
+from runtime.task_errors import TaskNotFoundError, unreadable
 from workflows.events import TERMINAL_EVENT_TYPES, AgentEvent
 from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
 
@@ -167,6 +167,10 @@ class StreamHub:
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise
+            except ValueError as err:  # its memo, encrypted with a key this side lacks
+                if (problem := unreadable(task_id, err)) is not None:
+                    raise problem from err
+                raise
             if loop.time() >= deadline:
                 waited = f" within {wait_for_start.total_seconds():g} s" if wait_for_start else ""
                 raise TaskNotFoundError(task_id, f"no task with id {task_id!r}{waited}")
@@ -238,7 +242,12 @@ class StreamHub:
     async def _read(self, task_id: str, offset: int) -> tuple[list[StreamItem], int, bool]:
         """One Query's worth of items from `offset`, in sequence (gaps explicit); the next
         offset; whether more are ready at once."""
-        result: PollResult = await stream_wire.poll(self._client, task_id, offset)
+        try:
+            result: PollResult = await stream_wire.poll(self._client, task_id, offset)
+        except (ValueError, WorkflowQueryFailedError) as err:
+            if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
+            raise
         decode = self._converter.payload_converter.from_payload
         items = (
             StreamItem(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from runtime.codec import UNKNOWN_KEY, WRONG_KEY
+
 
 class TaskError(Exception):
     """Base of the errors a task operation raises."""
@@ -39,3 +41,18 @@ class NoWorkerError(TaskError):
 
 class UnreadableTaskError(TaskError):
     """Something the task stored cannot be decoded here (e.g. encrypted with an unknown key)."""
+
+
+def unreadable(task_id: str, err: BaseException) -> UnreadableTaskError | None:
+    """The error to raise when `err` (a codec's, or a worker's failed query that carries its
+    sentence) says a payload of the task cannot be decrypted here; None for anything else."""
+    if isinstance(err, UnicodeDecodeError):
+        return UnreadableTaskError(task_id, f"cannot decode what task {task_id} stored: {err}")
+    said = str(err)
+    if UNKNOWN_KEY not in said and WRONG_KEY not in said:
+        return None
+    return UnreadableTaskError(
+        task_id,
+        f"cannot read task {task_id}: {said}; keep the key it was written with in "
+        "WAYSTATION_ENCRYPTION_KEYS",
+    )

@@ -18,6 +18,15 @@ from typing import TextIO
 
 import temporalio.activity
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
+
+from runtime.codec import UNKNOWN_KEY, WRONG_KEY
 
 _ACTIVITY_FAILED = "Completing activity as failed"
 VERBOSE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -89,6 +98,8 @@ class OneLineWorkerLog(logging.Handler):
         self.listener: AttemptListener | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
+        if _said_elsewhere(record):
+            return
         try:
             failure = attempt_failure(record)
             if failure is not None and self.listener is not None and self.listener(failure):
@@ -104,12 +115,31 @@ class OneLineWorkerLog(logging.Handler):
             self.handleError(record)
 
 
+# The SDK's note on the activation after a failed one (the run was evicted): a consequence.
+_AFTER_EVICTION = "Missing initialize workflow"
+
+
+def _said_elsewhere(record: logging.LogRecord) -> bool:
+    """A payload this worker cannot decrypt: the command that needed it says so itself, in
+    one line (a failed query, or `status` showing the task stuck)."""
+    err = record.exc_info[1] if record.exc_info else None
+    said = str(err) if err is not None else record.getMessage()
+    return UNKNOWN_KEY in said or WRONG_KEY in said or _AFTER_EVICTION in said
+
+
 _handler: OneLineWorkerLog | None = None
 
 
 def configure(verbose: bool) -> None:
     """Set up logging for a command-line process; call once, before a worker starts."""
     global _handler
+    # The SDK's core writes its own warnings to stdout, in the middle of a command's output
+    # (`events` prints JSON lines there): hand them to Python's logging instead, and below
+    # ERROR only with --verbose.
+    core = TelemetryFilter(core_level="WARN" if verbose else "ERROR", other_level="ERROR")
+    forwarded = LogForwardingConfig(logger=logging.getLogger("temporalio.core"))
+    telemetry = TelemetryConfig(logging=LoggingConfig(filter=core, forwarding=forwarded))
+    Runtime.set_default(Runtime(telemetry=telemetry), error_if_already_set=False)
     root = logging.getLogger()
     if verbose:
         logging.basicConfig(level=logging.WARNING, format=VERBOSE_FORMAT, stream=sys.stderr)

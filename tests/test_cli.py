@@ -22,9 +22,11 @@ async def starter(
     settings: Settings,
     *args: str,
     endpoint: FakeOpenAI | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     """`python starter.py ARGS` on the test's task queue: the offline model, or the fake
-    OpenAI server as the model endpoint when `endpoint` is given."""
+    OpenAI server as the model endpoint when `endpoint` is given; `extra_env` on top (e.g.
+    encryption keys)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "WAYSTATION_"))}
     env.update(
         TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
@@ -35,6 +37,7 @@ async def starter(
     )
     if endpoint is not None:
         env.update(OPENAI_BASE_URL=endpoint.url, OPENAI_API_KEY="sk-test")
+    env.update(extra_env or {})
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(REPO / "starter.py"),

@@ -314,7 +314,8 @@ async def events(
     stream ends after the task's terminal event; comments keep proxies from timing out.
     """
     start = _stream_start(since, last_event_id)
-    await runtime.find(task_id)
+    # Unknown or unreadable (encrypted with a key this side lacks): an error, not a stream.
+    await runtime.get(task_id).overview()
     wanted = topics.split(",") if topics else None
 
     async def items() -> AsyncIterator[ServerSentEvent]:
