@@ -39,3 +39,11 @@ class NoWorkerError(TaskError):
 
 class UnreadableTaskError(TaskError):
     """Something the task stored cannot be decoded here (e.g. encrypted with an unknown key)."""
+
+
+class UnknownToolsError(ValueError):
+    """A task names tools that no worker offers; nothing was started."""
+
+    def __init__(self, names: list[str], message: str) -> None:
+        super().__init__(message)
+        self.names = names
