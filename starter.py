@@ -228,7 +228,8 @@ async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
         handle = await runtime.find(args.id)
         arguments = json.loads(args.arguments) if args.arguments else None
-        head = await runtime.stream_head(args.id)
+        # Where to follow from; without --follow, one query less that needs a worker.
+        head = await runtime.stream_head(args.id) if args.follow else 0
         outcome = await handle.approve(
             args.request,
             reject=args.reject,
