@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, UnknownToolsError
 from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, error, text, tools
+from testing.fake_openai import FakeOpenAI, hang, text, tools
 from tests.helpers import agent_task, of_type, pending_requests
 from workflows.models import AgentTask
 
@@ -60,8 +60,10 @@ async def test_a_fresh_workspace_has_scratch_for_the_shell(
 async def test_a_cancel_wins_over_a_model_call_that_keeps_failing(
     dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
 ) -> None:
-    model = fake_openai.script(lambda body: error(500, "the endpoint is down"))
-    task = agent_task(model)
+    # Each attempt hangs, then the connection drops: a failed attempt, retried. Heartbeats
+    # are rare, so the attempt in flight fails before it hears of the cancel.
+    model = fake_openai.script(lambda body: hang(2))
+    task = agent_task(model, timeout=30, heartbeat_timeout_seconds=60)
     handle = await dev_runtime.run(task)
     async with asyncio.timeout(60):
         while fake_openai.calls(model) < 2:  # failed once, and retrying
