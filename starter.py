@@ -34,6 +34,7 @@ from runtime.agent_runtime import (
     DecisionError,
     TaskError,
     TaskHandle,
+    UnknownToolsError,
 )
 from runtime.pollers import no_worker_note
 from runtime.render import LiveView, render_state
@@ -197,6 +198,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     task = _task_from_args(args, settings)
     client = await connect(settings)
     runtime = AgentRuntime(client, settings)
+    runtime.check_tools(runtime.with_defaults(task))  # before a hosted worker starts for it
     # A worker hosted by a command that returns at once would only abandon what it took.
     async with hosted_worker(client, settings, args.worker and not args.no_wait):
         handle = await runtime.run(task, task_id=args.id)
@@ -226,7 +228,8 @@ async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
         handle = await runtime.find(args.id)
         arguments = json.loads(args.arguments) if args.arguments else None
-        head = await runtime.stream_head(args.id)
+        # Where to follow from; without --follow, one query less that needs a worker.
+        head = await runtime.stream_head(args.id) if args.follow else 0
         outcome = await handle.approve(
             args.request,
             reject=args.reject,
@@ -687,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     except ValidationError as err:
         _say(f"error: {_validation_sentence(err)}")
+        return 2
+    except UnknownToolsError as err:
+        _say(f"error: {err}")
         return 2
     except KeyboardInterrupt:
         _say("interrupted; the task goes on in Temporal")

@@ -205,7 +205,8 @@ class ToolActivities:
         self._ledger = ledger
         self._conversations = conversations
         self._mcp = mcp
-        workspace.mkdir(parents=True, exist_ok=True)
+        # Tasks and their approval policy expect scratch/ ("echo hi > scratch/x.txt").
+        (workspace / SCRATCH_DIR).mkdir(parents=True, exist_ok=True)
 
     @activity.defn(name="run_tool")
     async def run_tool(self, request: ToolRequest) -> ToolResult:

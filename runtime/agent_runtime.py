@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from runtime.task_errors import (
     TaskError,
     TaskFailedError,
     TaskNotFoundError,
+    UnknownToolsError,
     UnreadableTaskError,
     unreadable,
 )
@@ -58,6 +59,7 @@ from workflows.models import (
     Resumption,
 )
 from workflows.run import WORKFLOW_TYPE, AgentRun, RunCarry, RunRef
+from workflows.tool_catalog import split_name
 
 __all__ = [
     "AgentRuntime",
@@ -68,6 +70,7 @@ __all__ = [
     "TaskFailedError",
     "TaskHandle",
     "TaskNotFoundError",
+    "UnknownToolsError",
     "UnreadableTaskError",
 ]
 
@@ -304,9 +307,21 @@ def _not_found(task_id: str, err: RPCError) -> Exception:
 class AgentRuntime:
     """The client side of waystation over one Temporal client and task queue."""
 
-    def __init__(self, client: Client, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings | None = None,
+        tool_names: Iterable[str] | None = None,
+    ) -> None:
+        """`tool_names`: the tools the workers register (default: the built-in ones), which
+        a task's `tools` may name besides its MCP servers' `server__tool`s."""
         self.client = client
         self.settings = settings or Settings()
+        if tool_names is None:
+            from activities.builtin_tools import builtin_registry
+
+            tool_names = builtin_registry().names()
+        self.tool_names = frozenset(tool_names)
         self.log = TaskLog(client)
         self._streams = StreamHub(client)
 
@@ -347,9 +362,32 @@ class AgentRuntime:
             defaults["heartbeat_timeout_seconds"] = heartbeat
         return task.model_copy(update=defaults) if defaults else task
 
+    def check_tools(self, task: AgentTask) -> None:
+        """Refuse a task whose `tools` name a tool nobody offers (rather than drop it)."""
+        servers = set(task.mcp_servers or [])
+        unknown = [
+            name
+            for name in task.tools or []
+            if name not in self.tool_names
+            and ((split := split_name(name)) is None or split[0] not in servers)
+        ]
+        if not unknown:
+            return
+        named = ", ".join(repr(n) for n in unknown)
+        offered = ", ".join(sorted(self.tool_names))
+        mcp = (
+            f"; MCP tools are server__tool for the servers {', '.join(sorted(servers))}"
+            if servers
+            else ""
+        )
+        raise UnknownToolsError(
+            unknown, f"unknown tool(s) in the task's tools: {named} (the tools are {offered}{mcp})"
+        )
+
     async def run(self, task: AgentTask | str, *, task_id: str | None = None) -> TaskHandle:
         """Start a task (or, with a task_id already used, return that task: idempotent)."""
         task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
+        self.check_tools(task)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:
             started = await self.client.start_workflow(
@@ -564,6 +602,7 @@ class AgentRuntime:
         """The offset the next stream item will get (a query: NoWorkerError if no worker
         answers it `within`)."""
         try:
-            return await self.bounded(task_id, self._streams.head(task_id), within, "a query")
+            head = self._streams.head(task_id)
+            return await self.bounded(task_id, head, within, "the stream's head query")
         except RPCError as err:
             raise _not_found(task_id, err) from err

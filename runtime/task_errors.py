@@ -56,3 +56,11 @@ def unreadable(task_id: str, err: BaseException) -> UnreadableTaskError | None:
         f"cannot read task {task_id}: {said}; keep the key it was written with in "
         "WAYSTATION_ENCRYPTION_KEYS",
     )
+
+
+class UnknownToolsError(ValueError):
+    """A task names tools that no worker offers; nothing was started."""
+
+    def __init__(self, names: list[str], message: str) -> None:
+        super().__init__(message)
+        self.names = names

@@ -263,6 +263,47 @@ async def test_events_that_no_worker_answers_are_one_sentence(
     )
 
 
+async def test_status_and_approve_that_no_worker_answers_are_one_sentence(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--no-wait", "--id", "cli-idle", "hi")
+    assert code == 0, err
+    no_worker = (
+        f"no worker polls task queue '{settings.task_queue}': the task waits until one does; "
+        "start one with `python worker.py` (or `python starter.py worker`)"
+    )
+    code, out, err = await starter(
+        dev_env, settings, "status", "cli-idle", "--no-worker", "--timeout", "1"
+    )
+    assert (code, out) == (1, "")
+    assert err.strip() == f"error: no worker answered the state query within 1 s: {no_worker}"
+    code, out, err = await starter(dev_env, settings, "approve", "cli-idle", "--no-worker")
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        f"error: no worker answered the stream's head query within 10 s: {no_worker}"
+    )
+    code, out, err = await starter(
+        dev_env, settings, "approve", "cli-idle", "--no-worker", "--no-follow"
+    )
+    assert (code, out) == (1, "")
+    assert err.strip() == f"error: no worker answered the state query within 10 s: {no_worker}"
+
+
+async def test_a_blank_task_and_unknown_tools_are_one_line_errors(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, out, err = await starter(dev_env, settings, "run", "--no-wait", " \t ")
+    assert (code, out) == (2, "")
+    assert err.strip() == ("error: task: Value error, must contain something other than whitespace")
+    code, out, err = await starter(
+        dev_env, settings, "run", "--no-wait", "--tools", "calculator,teleport,x__y", "hi"
+    )
+    assert (code, out) == (2, "")
+    [line] = err.strip().splitlines()
+    assert line.startswith("error: unknown tool(s) in the task's tools: 'teleport', 'x__y' ")
+    assert "run_shell" in line  # it names the tools there are
+
+
 async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:

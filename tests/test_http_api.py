@@ -18,6 +18,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
+from runtime.api.tasks import task_id_for
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, text, tools
@@ -141,6 +142,43 @@ async def test_start_stream_approve_done_and_reconnect(
     log = (await api.get(f"/tasks/{task_id}/log?since=2&limit=3")).json()
     assert [e["seq"] for e in log["events"]] == [2, 3, 4] and log["next_seq"] == 5
     assert (settings.workspace_dir / "effects.txt").read_text() == "via-http\n"
+
+
+async def test_a_negative_last_event_id_is_refused_like_a_negative_since(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("hi")])
+    created = await api.post("/tasks", json={"task": "say hi", "model": {"name": model}})
+    task_id = created.json()["id"]
+    by_query = await api.get(f"/tasks/{task_id}/events?since=-1")
+    by_header = await api.get(f"/tasks/{task_id}/events", headers={"Last-Event-ID": "-5"})
+    assert (by_query.status_code, by_header.status_code) == (422, 422), by_header.text
+    assert by_header.json()["fields"][0]["loc"] == ["header", "last-event-id"]
+    # The task it asked about is untouched: its stream is whole from 0.
+    items = await sse_items(api, f"/tasks/{task_id}/events?topics=events")
+    assert [int(i["id"]) for i in items][:1] == [0] and items[-1]["event"] == "done"
+
+
+async def test_a_blank_task_or_unknown_tools_are_refused_naming_the_problem(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("never asked")])
+    blank = await api.post("/tasks", json={"task": " \n\t ", "model": {"name": model}})
+    assert blank.status_code == 422
+    [field] = blank.json()["fields"]
+    assert field["loc"][-1] == "task" and "whitespace" in field["msg"]
+
+    body = {"task": "x", "model": {"name": model}, "tools": ["calculator", "teleport", "no__such"]}
+    unknown = await api.post("/tasks", json=body, headers={"Idempotency-Key": "unknown-tools"})
+    assert unknown.status_code == 422, unknown.text
+    assert unknown.json()["error"] == "unknown_tools"
+    assert "'teleport', 'no__such'" in unknown.json()["detail"]
+    assert [f["msg"] for f in unknown.json()["fields"]] == [
+        "unknown tool 'teleport'",
+        "unknown tool 'no__such'",
+    ]
+    assert (await api.get(f"/tasks/{task_id_for('unknown-tools')}")).status_code == 404
+    assert fake_openai.calls(model) == 0
 
 
 async def test_sse_sends_heartbeat_comments_while_a_task_waits(

@@ -15,6 +15,7 @@ from runtime.task_errors import (
     NoWorkerError,
     TaskError,
     TaskNotFoundError,
+    UnknownToolsError,
     UnreadableTaskError,
 )
 from workflows import errors
@@ -58,6 +59,11 @@ def install_error_handlers(app: FastAPI) -> None:
             for e in err.errors()
         ]
         return JSONResponse(_body("invalid_request", "the request is not valid", fields), 422)
+
+    @app.exception_handler(UnknownToolsError)
+    async def unknown_tools(request: Request, err: UnknownToolsError) -> JSONResponse:
+        fields = [{"loc": ["body", "tools"], "msg": f"unknown tool {n!r}"} for n in err.names]
+        return JSONResponse(_body("unknown_tools", str(err), fields), 422)
 
     @app.exception_handler(TaskError)
     async def task_error(request: Request, err: TaskError) -> JSONResponse:

@@ -117,6 +117,7 @@ async def create_task(
     if "model" not in body.model_fields_set:
         body = body.model_copy(update={"model": ModelSettings(name=runtime.settings.default_model)})
     body = runtime.with_defaults(body)
+    runtime.check_tools(body)
     task_id = task_id_for(idempotency_key) if idempotency_key else None
     if task_id is not None:
         try:
@@ -280,20 +281,6 @@ async def event_log(
     return EventLogPage(events=events, next_seq=events[-1].seq + 1 if events else since)
 
 
-def _stream_start(since: int | None, last_event_id: str | None) -> int:
-    if last_event_id is None:
-        return since or 0
-    try:
-        last = int(last_event_id)
-    except ValueError:
-        raise ApiError(400, "invalid_last_event_id", "Last-Event-ID is an offset") from None
-    if last < 0:
-        raise ApiError(
-            400, "invalid_last_event_id", "Last-Event-ID is an offset this stream sent (0 or more)"
-        )
-    return last + 1
-
-
 @router.get(
     "/tasks/{task_id}/events",
     response_class=EventSourceResponse,
@@ -306,14 +293,15 @@ async def events(
     who: Reader,
     since: Annotated[int | None, Query(ge=0)] = None,
     topics: Annotated[str | None, Query(pattern=r"^(events|tokens)(,(events|tokens))*$")] = None,
-    last_event_id: Annotated[str | None, Header()] = None,
+    # An offset this stream sent: bounded like `since`, so both refuse a negative one alike.
+    last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: `id` is the stream offset, `event` the item's type.
 
     Reconnect with `Last-Event-ID` (or `?since=`) to get exactly what was missed. The
     stream ends after the task's terminal event; comments keep proxies from timing out.
     """
-    start = _stream_start(since, last_event_id)
+    start = last_event_id + 1 if last_event_id is not None else since or 0
     # Unknown or unreadable (encrypted with a key this side lacks): an error, not a stream.
     await runtime.get(task_id).overview()
     wanted = topics.split(",") if topics else None

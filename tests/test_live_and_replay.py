@@ -1,0 +1,120 @@
+"""Events are the same live and on replay (issue 12, item 7): the log is a pure function of
+history, also for steps whose calls run as local activities (the calculator), whose
+results a live run and a replay see in different activations."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from activities.builtin_tools import builtin_registry
+from activities.tools import Tool, ToolContext, ToolRegistry
+from runtime.agent_runtime import AgentRuntime
+from runtime.settings import Settings
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import running_worker
+from tests.helpers import agent_task, of_type
+from worker import WORKFLOW_RUNNER
+from workflows.agent import AgentWorkflow
+from workflows.events import AgentEvent
+
+# Longer than 80% of the workflow task timeout (3 s): the worker running it live heartbeats
+# its workflow task, so the result comes in a later workflow task than on replay.
+SLOW_SECONDS = 3.0
+
+
+class SumArgs(BaseModel):
+    numbers: list[float]
+
+
+async def slow_sum(args: SumArgs, context: ToolContext) -> str:
+    await asyncio.sleep(SLOW_SECONDS)  # the workload itself, not a wait for a state
+    return f"{sum(args.numbers):g}"
+
+
+def with_a_slow_local_tool() -> ToolRegistry:
+    registry = builtin_registry()
+    registry.register(
+        Tool(name="slow_sum", description="Add.", arguments=SumArgs, function=slow_sum, local=True)
+    )
+    return registry
+
+
+STEPS: list[list[tuple[str, dict[str, Any]]]] = [
+    [("calculator", {"expression": "1 + 1"})],
+    [("calculator", {"expression": "2 * 3"}), ("calculator", {"expression": "4 + 4"})],
+    [("slow_sum", {"numbers": [1, 2, 3]}), ("calculator", {"expression": "2^10"})],
+    [("calculator", {"expression": "7 - 2"}), ("calculator", {"expression": "9 / 3"})],
+    [("calculator", {"expression": "(12 + 30) * 7"})],
+]
+
+
+def calculating(body: dict[str, Any]) -> Reply:
+    step = sum(1 for m in body["messages"] if m["role"] == "assistant")
+    # Slow enough that tokens stream live: their signals land around the local activities.
+    if step == len(STEPS):
+        return text("computed it all", chunk_delay=0.05)
+    return tools(*STEPS[step], content=f"working on step {step + 1} now", chunk_delay=0.05)
+
+
+def stamped(events: list[AgentEvent]) -> list[dict[str, Any]]:
+    """Each event whole: seq, type, at, history_length and payload."""
+    return [e.model_dump(mode="json") for e in events]
+
+
+async def run_histories(client: Client, task_id: str) -> list[WorkflowHistory]:
+    """Every run of the task's chain, newest first (each run names the one it continues)."""
+    histories = [await client.get_workflow_handle(task_id).fetch_history()]
+    while (
+        earlier := histories[-1]
+        .events[0]
+        .workflow_execution_started_event_attributes.continued_execution_run_id
+    ):
+        histories.append(await client.get_workflow_handle(task_id, run_id=earlier).fetch_history())
+    return histories
+
+
+async def test_the_live_stream_equals_the_log_a_fresh_worker_replays(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(calculating)
+    runtime = AgentRuntime(dev_env.client, settings)
+    async with running_worker(dev_env.client, settings, registry=with_a_slow_local_tool()):
+        handle = await runtime.run(agent_task(model, continue_as_new_after_steps=2))
+        items = [item async for item in runtime.stream(handle.id, topics=["events"])]
+        assert (await asyncio.wait_for(handle.result(), 60)).result == "computed it all"
+    assert all(item.topic == "events" for item in items), [i.data.type for i in items]
+    live: list[AgentEvent] = [item.data for item in items]  # type: ignore[misc]
+    assert len(of_type(live, "observation")) == 8 and live[-1].type == "done"
+
+    # The worker that ran the task is gone; a fresh one, with nothing cached, replays every
+    # run of the chain to answer the events query.
+    async with running_worker(dev_env.client, settings, registry=with_a_slow_local_tool()):
+        replayed = await handle.events()
+    assert stamped(replayed) == stamped(live)
+
+
+async def test_every_run_of_a_task_with_local_steps_replays_and_hands_over_alike(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(calculating)
+    runtime = AgentRuntime(dev_env.client, settings)
+    async with running_worker(dev_env.client, settings, registry=with_a_slow_local_tool()):
+        handle = await runtime.run(agent_task(model, continue_as_new_after_steps=2))
+        await asyncio.wait_for(handle.result(), 60)
+    histories = await run_histories(dev_env.client, handle.id)
+    assert len(histories) == 3  # 2 + 2 + 2 steps: two hand-overs, decided alike on replay
+    replayer = Replayer(
+        workflows=[AgentWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=WORKFLOW_RUNNER,
+    )
+    for history in histories:
+        # Raises on any command that differs from the recorded one, the hand-over included.
+        await replayer.replay_workflow(history)
