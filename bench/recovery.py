@@ -29,21 +29,12 @@ from workflows.stream import LlmAttemptStarted, TokenDelta
 REPEATS = 3
 
 
-async def kill_inside_llm(
-    env: WorkflowEnvironment,
-    fake: FakeOpenAI,
-    settings: Settings,
-    heartbeat_seconds: float | None = None,
-) -> float:
-    """Seconds from SIGKILL inside a model stream to its retry streaming on another worker."""
+async def kill_inside_llm(env: WorkflowEnvironment, fake: FakeOpenAI, settings: Settings) -> float:
     address = env.client.service_client.config.target_host
     runtime = AgentRuntime(env.client, settings)
     model = fake.script(lambda body: Reply(content=" ".join(["tok"] * 300), chunk_delay=0.02))
     first = await WorkerProcess(address, settings).ready()
-    task = AgentTask(
-        task="talk", model=ModelSettings(name=model), heartbeat_timeout_seconds=heartbeat_seconds
-    )
-    handle = await runtime.run(task)
+    handle = await runtime.run(AgentTask(task="talk", model=ModelSettings(name=model)))
     killed_at = 0.0
     second: WorkerProcess | None = None
     try:
