@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 import uvicorn
 from temporalio.api.enums.v1 import EventType
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from bench.common import Bench, Row, run_alone, say
 from bench.worker_memory import rss_mb
@@ -38,6 +40,8 @@ from runtime.http_api import create_app
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import WorkerProcess
+from worker import WORKFLOW_RUNNER
+from workflows.agent import AgentWorkflow
 from workflows.models import AgentTask, ModelSettings
 
 STEPS = 1000
@@ -50,6 +54,7 @@ PAGE_BOUND = timedelta(minutes=2)
 class RunFigures:
     """One run of the task's chain."""
 
+    run_id: str
     history_bytes: int
     steps: int
     seconds: float
@@ -87,10 +92,23 @@ async def chain_runs(bench: Bench, task_id: str) -> list[RunFigures]:
                 scheduled = event.activity_task_scheduled_event_attributes
                 steps += scheduled.activity_type.name == "call_llm"
         seconds = (info.close_time.ToDatetime() - info.start_time.ToDatetime()).total_seconds()
-        runs.append(RunFigures(info.history_size_bytes, steps, seconds))
+        runs.append(RunFigures(info.execution.run_id, info.history_size_bytes, steps, seconds))
         if not previous:
             return runs[::-1]
         run_id = previous
+
+
+async def replay_seconds(bench: Bench, task_id: str, run: RunFigures) -> float:
+    """One replay of a closed run in this process: what a query of that run costs a worker."""
+    history = await bench.client.get_workflow_handle(task_id, run_id=run.run_id).fetch_history()
+    replayer = Replayer(
+        workflows=[AgentWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=WORKFLOW_RUNNER,
+    )
+    start = time.perf_counter()
+    await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    return time.perf_counter() - start
 
 
 async def sample_rss(pid: int, samples: list[float]) -> None:
@@ -188,10 +206,21 @@ async def measure(bench: Bench, steps: int = STEPS) -> list[Row]:
             say(f"{row.figure}: {row.value} ({row.versus})")
         say(f"long run: {len(runs)} runs, {last_seq + 1} events; reading pages")
         pages = await page_seconds(settings, runtime, handle.id, last_seq)
+        biggest = max(runs, key=lambda run: run.history_bytes)
+        replay = await replay_seconds(bench, handle.id, biggest)
     finally:
         sampler.cancel()
         worker.kill()
-    return long_run_rows(steps, seconds, runs, rss) + page_rows(steps, last_seq, pages)
+    return [
+        *long_run_rows(steps, seconds, runs, rss),
+        *page_rows(steps, last_seq, pages),
+        Row(
+            f"replay of the {steps}-step task's largest run, in-process",
+            f"{replay * 1000:.0f} ms",
+            f"{biggest.steps} steps, {biggest.history_bytes / 1e6:.2f} MB: what a worker "
+            "spends answering each query of that closed run",
+        ),
+    ]
 
 
 def long_run_rows(
