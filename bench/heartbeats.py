@@ -94,9 +94,13 @@ async def kill_inside_stream(bench: Bench, heartbeat: float) -> float:
     """Seconds from SIGKILL of the worker mid-stream to the retry reaching the endpoint."""
     settings = bench.settings("heartbeat-kill")
     gate = threading.Event()
+    requests = 0
 
     def reply(body: dict[str, Any]) -> Reply:
-        if bench.fake.calls(model) == 1:
+        # Counted here: the fake holds its lock while it asks the script for a reply.
+        nonlocal requests
+        requests += 1
+        if requests == 1:
             return Reply(content=" ".join(["tok"] * 20), hold_after_chunks=5, gate=gate)
         return text("recovered")
 
