@@ -68,8 +68,10 @@ def slow_model_reply(steps: int) -> Any:
     return reply
 
 
-async def spurious_retries(bench: Bench, heartbeat: float, tasks: int, steps: int) -> int:
-    """Model requests past one a step, with both burners running."""
+async def spurious_retries(
+    bench: Bench, heartbeat: float, tasks: int, steps: int
+) -> tuple[int, int]:
+    """Model requests past one a step, and tasks failed, with both burners running."""
     settings = bench.settings("heartbeats")
     model = bench.fake.script(slow_model_reply(steps), record=False)
     with cpu_burners(BURNERS):
@@ -84,10 +86,13 @@ async def spurious_retries(bench: Bench, heartbeat: float, tasks: int, steps: in
                 heartbeat_timeout_seconds=heartbeat,
             )
             handles = await asyncio.gather(*(runtime.run(task) for _ in range(tasks)))
-            await asyncio.gather(*(h.result() for h in handles))
+            ends = await asyncio.gather(*(h.result() for h in handles), return_exceptions=True)
         finally:
             worker.kill()
-    return bench.fake.calls(model) - tasks * steps
+    failed = [end for end in ends if isinstance(end, BaseException)]
+    for end in failed[:1]:
+        say(f"a task failed: {end}")
+    return bench.fake.calls(model) - tasks * steps, len(failed)
 
 
 async def kill_inside_stream(bench: Bench, heartbeat: float) -> float:
@@ -141,8 +146,11 @@ async def measure(
     rows = []
     for timeout in timeouts:
         say(f"heartbeats {timeout:g} s: {tasks} x {steps} slow steps beside {BURNERS} burners")
-        retries = await spurious_retries(bench, timeout, tasks, steps)
-        say(f"heartbeats {timeout:g} s: {retries} spurious retries of {tasks * steps} calls")
+        retries, failed = await spurious_retries(bench, timeout, tasks, steps)
+        say(
+            f"heartbeats {timeout:g} s: {retries} spurious retries of {tasks * steps} calls, "
+            f"{failed} of {tasks} tasks failed"
+        )
         recoveries = []
         for n in range(repeats):
             seconds = await kill_inside_stream(bench, timeout)
@@ -153,7 +161,7 @@ async def measure(
             Row(
                 f"heartbeat timeout {timeout:g} s{default}: spurious model-call retries "
                 f"under {BURNERS} CPU burners",
-                f"{retries} of {tasks * steps} calls",
+                f"{retries} of {tasks * steps} calls; {failed} of {tasks} tasks failed",
                 f"{tasks} concurrent tasks x {steps} steps of ~{TOKENS * CHUNK_DELAY:g} s streams",
             ),
             Row(
