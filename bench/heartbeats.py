@@ -2,6 +2,7 @@
 
     python -m bench.heartbeats
     python -m bench.heartbeats --timeouts 2 5 --tasks 10 --steps 3
+    python -m bench.heartbeats --timeouts 3 5 --tokens 500 --repeats 1   # 10 s calls
 
 For each heartbeat timeout (the task's heartbeat_timeout_seconds; the default is
 workflows/options.py's DEFAULT_HEARTBEAT_TIMEOUT):
@@ -55,10 +56,10 @@ def cpu_burners(count: int) -> Iterator[None]:
             burner.wait()
 
 
-def slow_model_reply(steps: int) -> Any:
+def slow_model_reply(steps: int, tokens: int) -> Any:
     def reply(body: dict[str, Any]) -> Reply:
         done = sum(m["role"] == "tool" for m in body["messages"])
-        words = " ".join(["tok"] * TOKENS)
+        words = " ".join(["tok"] * tokens)
         if done >= steps - 1:
             return text(words, chunk_delay=CHUNK_DELAY)
         return tools(
@@ -69,11 +70,11 @@ def slow_model_reply(steps: int) -> Any:
 
 
 async def spurious_retries(
-    bench: Bench, heartbeat: float, tasks: int, steps: int
+    bench: Bench, heartbeat: float, tasks: int, steps: int, tokens: int = TOKENS
 ) -> tuple[int, int]:
     """Model requests past one a step, and tasks failed, with both burners running."""
     settings = bench.settings("heartbeats")
-    model = bench.fake.script(slow_model_reply(steps), record=False)
+    model = bench.fake.script(slow_model_reply(steps, tokens), record=False)
     with cpu_burners(BURNERS):
         worker = await WorkerProcess(bench.address, settings).ready()
         try:
@@ -142,11 +143,12 @@ async def measure(
     tasks: int = TASKS,
     steps: int = STEPS,
     repeats: int = REPEATS,
+    tokens: int = TOKENS,
 ) -> list[Row]:
     rows = []
     for timeout in timeouts:
         say(f"heartbeats {timeout:g} s: {tasks} x {steps} slow steps beside {BURNERS} burners")
-        retries, failed = await spurious_retries(bench, timeout, tasks, steps)
+        retries, failed = await spurious_retries(bench, timeout, tasks, steps, tokens)
         say(
             f"heartbeats {timeout:g} s: {retries} spurious retries of {tasks * steps} calls, "
             f"{failed} of {tasks} tasks failed"
@@ -162,7 +164,7 @@ async def measure(
                 f"heartbeat timeout {timeout:g} s{default}: spurious model-call retries "
                 f"under {BURNERS} CPU burners",
                 f"{retries} of {tasks * steps} calls; {failed} of {tasks} tasks failed",
-                f"{tasks} concurrent tasks x {steps} steps of ~{TOKENS * CHUNK_DELAY:g} s streams",
+                f"{tasks} concurrent tasks x {steps} steps of ~{tokens * CHUNK_DELAY:g} s streams",
             ),
             Row(
                 f"heartbeat timeout {timeout:g} s{default}: SIGKILL in an LLM stream → "
@@ -179,6 +181,16 @@ if __name__ == "__main__":
     parser.add_argument("--timeouts", type=float, nargs="+", default=list(TIMEOUTS))
     parser.add_argument("--tasks", type=int, default=TASKS)
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="SIGKILLs per timeout")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=TOKENS,
+        help=f"chunks a model call streams, {CHUNK_DELAY} s each",
+    )
     args = parser.parse_args()
-    run_alone(lambda bench: measure(bench, args.timeouts, args.tasks, args.steps, args.repeats))
+    run_alone(
+        lambda bench: measure(
+            bench, args.timeouts, args.tasks, args.steps, args.repeats, args.tokens
+        )
+    )
