@@ -44,6 +44,7 @@ class Parked:
     park_seconds: float
     uncached: list[float]
     cached: list[float]
+    failed: int
 
 
 async def park(bench: Bench, settings: Settings, runtime: AgentRuntime, count: int) -> list[str]:
@@ -65,11 +66,30 @@ async def park(bench: Bench, settings: Settings, runtime: AgentRuntime, count: i
             )
         )
         ids += [h.id for h in handles]
-    query = f'TaskQueue="{settings.task_queue}" AND AgentStatus="waiting_approval"'
+    # A task that failed on the way (an overloaded machine) ends the wait too; it is counted.
+    settled = (
+        f'TaskQueue="{settings.task_queue}" AND '
+        '(AgentStatus="waiting_approval" OR ExecutionStatus!="Running")'
+    )
     async with asyncio.timeout(3600):
-        while (await bench.client.count_workflows(query)).count < count:
+        while (await bench.client.count_workflows(settled)).count < count:
             await asyncio.sleep(0.5)
     return ids
+
+
+async def resume_times(bench: Bench, runtime: AgentRuntime, candidates: list[str]) -> list[float]:
+    """Approval round trips of the first RESUMED candidates still waiting."""
+    times: list[float] = []
+    for task_id in candidates:
+        handle = runtime.get(task_id)
+        if len(times) < RESUMED and await handle.pending_requests():
+            times.append(await approve_and_time(bench, handle))
+    return times
+
+
+async def failed_count(bench: Bench, settings: Settings) -> int:
+    query = f'TaskQueue="{settings.task_queue}" AND ExecutionStatus="Failed"'
+    return (await bench.client.count_workflows(query)).count
 
 
 async def approve_and_time(bench: Bench, handle: TaskHandle) -> float:
@@ -93,9 +113,10 @@ async def one_cache_size(bench: Bench, parked: int, cache: int) -> Parked:
         park_seconds = time.perf_counter() - started
         await asyncio.sleep(2.0)  # the last workflow tasks complete
         parked_mb = rss_mb(worker.pid)
-        uncached = [await approve_and_time(bench, runtime.get(i)) for i in ids[:RESUMED]]
-        cached = [await approve_and_time(bench, runtime.get(i)) for i in ids[-RESUMED:]]
-        return Parked(cache, idle, parked_mb, park_seconds, uncached, cached)
+        failed = await failed_count(bench, settings)
+        uncached = await resume_times(bench, runtime, ids[: RESUMED * 2])
+        cached = await resume_times(bench, runtime, ids[::-1][: RESUMED * 2])
+        return Parked(cache, idle, parked_mb, park_seconds, uncached, cached, failed)
     finally:
         worker.kill()
 
@@ -114,7 +135,7 @@ async def measure(bench: Bench, parked: int = PARKED, caches: Sequence[int] = CA
                 f"worker RSS, {parked} tasks waiting for approval, cache {cache}",
                 f"{found.parked_mb:.0f} MB",
                 f"idle {found.idle_mb:.0f} MB; parked in {found.park_seconds:.0f} s "
-                f"({parked / found.park_seconds:.0f} tasks/s)",
+                f"({parked / found.park_seconds:.0f} tasks/s); {found.failed} failed on the way",
             ),
             Row(
                 f"approval → tool started, {parked} parked, cache {cache}: oldest task, median",
