@@ -146,7 +146,8 @@ async def timed(read: Awaitable[Any]) -> str:
     try:
         await read
     except Exception as err:  # a failed read is a figure too: the time it took to fail
-        return f"failed after {time.perf_counter() - start:.1f} s ({type(err).__name__}: {err})"
+        reason = str(err).split(":")[0][:60]  # the table cell stays readable
+        return f"failed after {time.perf_counter() - start:.1f} s ({type(err).__name__}: {reason})"
     return f"{(time.perf_counter() - start) * 1000:.0f} ms"
 
 
