@@ -5,6 +5,11 @@ ratios hold on a noisy shared machine where absolute times do not.
     python -m bench                 # all of them (four minutes on 2 cores, and the Temporal peers)
     python -m bench --only approval throughput
     python -m bench --only peers_temporal --peers-steps 20 --peers-limit-steps 300
+Long ones run only when named (each also runs alone, with its own flags):
+    python -m bench --only long_run parked heartbeats
+    python -m bench.long_run --steps 10000
+    python -m bench.parked --parked 10000 --caches 200
+    python -m bench.heartbeats --timeouts 2 5
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import time
 from bench import (
     approval,
     durable_bytes,
+    heartbeats,
+    long_run,
+    parked,
     peers,
     peers_temporal,
     recovery,
@@ -38,6 +46,12 @@ SECTIONS: dict[str, Measure] = {
     "recovery": recovery.measure,
     "peers_temporal": peers_temporal.measure,
 }
+# Minutes each, two CPU burners in heartbeats: measured only when named in --only.
+ON_REQUEST: dict[str, Measure] = {
+    "long_run": long_run.measure,
+    "parked": parked.measure,
+    "heartbeats": heartbeats.measure,
+}
 
 
 async def main(only: list[str], sections: dict[str, Measure]) -> None:
@@ -48,7 +62,7 @@ async def main(only: list[str], sections: dict[str, Measure]) -> None:
     rows: list[Row] = []
     async with bench_environment() as bench:
         for name, measure in sections.items():
-            if only and name not in only:
+            if (only or name in ON_REQUEST) and name not in only:
                 continue
             print(f"==> {name}", file=sys.stderr, flush=True)
             started = time.monotonic()
@@ -72,7 +86,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=[])
+    parser.add_argument("--only", nargs="*", choices=[*SECTIONS, *ON_REQUEST], default=[])
     parser.add_argument(
         "--peers-steps", type=int, default=defaults.steps, help="steps of each timing round"
     )
@@ -97,7 +111,7 @@ if __name__ == "__main__":
         help="wall-time bound on any one task",
     )
     args = parser.parse_args()
-    sections = dict(SECTIONS)
+    sections = {**SECTIONS, **ON_REQUEST}
     sections["peers_temporal"] = functools.partial(
         peers_temporal.measure, options=peers_options(args)
     )
