@@ -40,7 +40,8 @@ async def test_queries_no_worker_answers_end_with_a_clear_error(
     handle = await runtime.run(agent_task("offline"))  # no worker polls this task queue
     second = timedelta(seconds=1)
     nobody = (
-        rf"no worker answered (the state query|the events query|the stream's head query|a query) within 1 s: no "
+        r"no worker answered (the state query|the events query|the stream's head query|a query)"
+        rf" within 1 s: no "
         rf"worker polls task queue '{settings.task_queue}'"
     )
     for query in (
