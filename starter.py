@@ -34,6 +34,7 @@ from runtime.agent_runtime import (
     DecisionError,
     TaskError,
     TaskHandle,
+    TaskNotFoundError,
     UnknownToolsError,
 )
 from runtime.pollers import no_worker_note
@@ -47,6 +48,13 @@ from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 EXIT_FAILED = 1
 EXIT_WAITING = 3
 EXIT_CANCELLED = 130
+# `status` answers with the code a command following the task would end with.
+STATUS_EXIT_CODES = {
+    "waiting_approval": EXIT_WAITING,
+    "failed": EXIT_FAILED,
+    "cancelled": EXIT_CANCELLED,
+}
+TASK_STATUSES = ["running", "waiting_approval", "done", "failed", "cancelled", "stuck"]
 
 
 def _say(message: str) -> None:
@@ -102,6 +110,8 @@ async def follow(
                 view.show(item)
             if isinstance(item.data, ApprovalRequested):
                 request = item.data
+                if not await _still_pending(handle, request.request_id):
+                    continue  # decided since (a replayed stream of an older task)
                 if interactive:
                     await _ask(handle, request)
                 elif on_approval == "exit":
@@ -114,6 +124,18 @@ async def follow(
                     )
                     return EXIT_WAITING
     return await _final_status(handle)
+
+
+async def _exists(runtime: AgentRuntime, task_id: str) -> bool:
+    try:
+        await runtime.find(task_id)
+    except TaskNotFoundError:
+        return False
+    return True
+
+
+async def _still_pending(handle: TaskHandle, request_id: str) -> bool:
+    return request_id in (await handle.state()).pending_approvals
 
 
 MODEL_ACTIVITIES = frozenset({"call_llm", "summarize_context"})
@@ -163,6 +185,16 @@ async def _final_status(handle: TaskHandle) -> int:
     return 0
 
 
+def _event_seq(text: str) -> int:
+    try:
+        seq = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an event seq (a whole number)") from None
+    if seq < 0:
+        raise argparse.ArgumentTypeError(f"{seq} is not an event seq: seqs start at 0")
+    return seq
+
+
 def _validation_sentence(err: ValidationError) -> str:
     problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
     return "; ".join(problems)
@@ -201,8 +233,15 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     runtime.check_tools(runtime.with_defaults(task))  # before a hosted worker starts for it
     # A worker hosted by a command that returns at once would only abandon what it took.
     async with hosted_worker(client, settings, args.worker and not args.no_wait):
+        existed = bool(args.id) and await _exists(runtime, args.id)
         handle = await runtime.run(task, task_id=args.id)
-        _say(f"task {handle.id} started (model: {task.model.name})")
+        if existed:
+            _say(
+                f"task {handle.id} already exists: showing it (an id names one task; the text "
+                "given here is not used)"
+            )
+        else:
+            _say(f"task {handle.id} started (model: {task.model.name})")
         if args.no_wait:
             print(handle.id)
             if note := await no_worker_note(client, settings.task_queue):
@@ -319,7 +358,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(render_state(state, args.id))
     if state.status == "running" and (note := await no_worker_note(client, settings.task_queue)):
         _say(note)
-    return EXIT_WAITING if state.status == "waiting_approval" else 0
+    return STATUS_EXIT_CODES.get(state.status, 0)
 
 
 async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
@@ -577,7 +616,9 @@ def _task_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 
     fork = commands.add_parser("fork", help="start a new task from the state after an event")
     fork.add_argument("id")
-    fork.add_argument("--at", type=int, required=True, help="event seq to fork after")
+    fork.add_argument(
+        "--at", type=_event_seq, required=True, help="event seq to fork after (0 or more)"
+    )
     fork.add_argument("--message", help="a user message to add first (an edited turn)")
     fork.add_argument("--new-id", help="id of the new task (default: ID-fork-xxxxxx)")
     fork.add_argument("--max-steps", type=int, help="the fork's step limit")
@@ -609,7 +650,7 @@ def _reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     _add_worker_flag(events)
 
     listing = commands.add_parser("list", help="tasks, newest first")
-    listing.add_argument("--status", help="running, waiting_approval, done, failed, cancelled")
+    listing.add_argument("--status", choices=TASK_STATUSES, help="only tasks with this status")
     listing.add_argument("--limit", type=int, default=50)
 
     cancel = commands.add_parser("cancel", help="cancel a task")
@@ -697,6 +738,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("interrupted; the task goes on in Temporal")
         return EXIT_CANCELLED
+    except BrokenPipeError:
+        # The reader left (`ws events ID | head`): nothing more to say to it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
