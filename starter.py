@@ -104,6 +104,9 @@ async def follow(
                 if interactive:
                     await _ask(handle, request)
                 elif on_approval == "exit":
+                    # A decision sent early (or re-applied by a repair) resolves it at once.
+                    if request.request_id not in (await handle.state()).pending_approvals:
+                        continue
                     _say(
                         f"task {handle.id} waits for approval of [{request.request_id}]; it holds "
                         "no process while it waits. Decide with:\n"
@@ -251,10 +254,12 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_repair(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
-        head = await runtime.stream_head(args.id)
         handle = await runtime.repair(args.id, by=_approver())
         _say(f"task {handle.id} repaired: reset to its last good workflow task")
-        return await follow_from(runtime, handle, head) if args.follow else 0
+        if not args.follow:
+            return 0
+        # A stuck task answers no query: the stream's head is asked of the repaired run.
+        return await follow_from(runtime, handle, await runtime.stream_head(args.id))
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:

@@ -39,3 +39,7 @@ class NoWorkerError(TaskError):
 
 class UnreadableTaskError(TaskError):
     """Something the task stored cannot be decoded here (e.g. encrypted with an unknown key)."""
+
+
+class TaskStuckError(TaskError):
+    """The task's workflow task keeps failing, so it answers no query until it is repaired."""
