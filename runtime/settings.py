@@ -86,6 +86,17 @@ class Settings(BaseSettings):
         "past it is replayed from history when it next moves; 500 tasks waiting for approval "
         "fit in about 100 MB at 200.",
     )
+    auto_repair: bool = Field(
+        default=False,
+        description="The worker repairs the stuck tasks of its task queue by itself (a reset "
+        "to the last good workflow task, decisions kept), once per failure point, each logged "
+        "as a `repaired` event by `worker`.",
+    )
+    auto_repair_interval_seconds: float = Field(
+        default=30,
+        gt=0,
+        description="How often a worker with auto_repair looks for stuck tasks.",
+    )
     dev_server_port: int = 7233
     dev_server_ui_port: int = 8233
     api_host: str = "127.0.0.1"

@@ -264,3 +264,22 @@ async def test_a_stuck_task_is_shown_by_the_api_and_repaired_by_post(
         again = await api.post(f"/tasks/{handle.id}/repair")
         assert again.status_code == 409
         assert "not stuck" in again.json()["detail"]
+
+
+async def test_a_worker_with_auto_repair_repairs_a_stuck_task_once(
+    dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
+) -> None:
+    runtime = AgentRuntime(dev_env.client, settings)
+    model = fake_openai.script(shell_steps("step1", "step2"))
+    handle = await drifted_history(dev_env, settings, runtime, model)
+    healing = settings.model_copy(update={"auto_repair": True, "auto_repair_interval_seconds": 1})
+    stuck_run = (await handle.overview()).run_id
+    async with running_worker(dev_env.client, healing):
+        request = Decision(request_id="2-call_2_0", approver="bob")
+        await dev_env.client.get_workflow_handle(handle.id).signal(AgentWorkflow.approve, request)
+
+        async def reset_by_the_worker() -> bool:
+            return (await handle.overview()).run_id != stuck_run
+
+        await until(reset_by_the_worker, "the worker resets the stuck run")
+        assert await after_repair(dev_env, settings, handle) == "worker"
