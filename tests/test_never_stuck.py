@@ -9,19 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType, TaskQueueKind
+from temporalio.api.workflowservice.v1 import (
+    PollWorkflowTaskQueueRequest,
+    PollWorkflowTaskQueueResponse,
+    RespondWorkflowTaskFailedRequest,
+)
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    QueryWorkflowInput,
+    WorkflowHandle,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
+from runtime import agent_runtime
 from runtime.agent_runtime import AgentRuntime, TaskHandle
 from runtime.health import Stuck
 from runtime.http_api import create_app
@@ -31,7 +48,9 @@ from testing.settings import isolated_settings
 from testing.workers import REPO, WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type, pending_requests
 from tests.never_stuck.drifted_worker import DRIFT_MEMO
+from tests.never_stuck.dying_worker import STICKY_SECONDS
 from workflows.agent import AgentWorkflow
+from workflows.events import AgentState
 from workflows.models import Decision
 
 WAIT_SECONDS = 60.0  # bound of every wait on a state
@@ -71,6 +90,138 @@ async def until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
             return found
     except TimeoutError:
         raise AssertionError(f"timed out waiting until {what}") from None
+
+
+# --- (a) the cold-worker scenario of issue 12 -----------------------------------------------
+
+
+class _FirstAnswer(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, spy: StateSpy) -> None:
+        super().__init__(next)
+        self._spy = spy
+
+    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
+        answer = await super().query_workflow(input)
+        if input.query == AgentWorkflow.state.__name__ and not self._spy.answered.is_set():
+            self._spy.first = answer
+            self._spy.answered.set()
+        return answer
+
+
+class StateSpy(Interceptor):
+    """Lets the test see the first `state` answer a client gets (what it acts on)."""
+
+    def __init__(self) -> None:
+        self.answered = asyncio.Event()
+        self.first: AgentState | None = None
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _FirstAnswer(next, self)
+
+
+async def _events(workflow: WorkflowHandle[Any, Any]) -> list[Any]:
+    return [e async for e in workflow.fetch_history_events()]
+
+
+async def _model_call_done(workflow: WorkflowHandle[Any, Any]) -> bool:
+    kinds = [e.event_type for e in await _events(workflow)]
+    return kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) >= 1
+
+
+async def hold_parked_task(client: Client, workflow: WorkflowHandle[Any, Any]) -> Any:
+    """Take the workflow task parked on the dead worker's sticky queue, as that worker would
+    have, so it cannot start before the approval: the poll's answer, or None when it is gone
+    (a dead long poll of the killed worker won it, or it left the sticky queue)."""
+    scheduled = [
+        e
+        for e in await _events(workflow)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED
+    ][-1].workflow_task_scheduled_event_attributes.task_queue
+    if scheduled.kind != TaskQueueKind.TASK_QUEUE_KIND_STICKY:
+        return None
+    request = PollWorkflowTaskQueueRequest(
+        namespace=client.namespace, task_queue=scheduled, identity="the test holds it"
+    )
+    try:
+        held: PollWorkflowTaskQueueResponse = await asyncio.wait_for(
+            client.workflow_service.poll_workflow_task_queue(request), STICKY_SECONDS
+        )
+    except TimeoutError:
+        return None
+    return held if held.task_token else None
+
+
+async def approve_as_a_client(kind: str, runtime: AgentRuntime, task_id: str) -> str:
+    """Approve the only pending request without naming it, as each client does."""
+    if kind == "python_api":
+        return (await runtime.get(task_id).approve()).decision
+    async with http_api(runtime) as api:
+        answer = await api.post(f"/tasks/{task_id}/approve", json={})
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["decision"])
+
+
+@pytest.mark.parametrize("client_kind", ["python_api", "http_api"])
+async def test_an_approval_right_after_a_cold_workers_query_completes_and_replays(
+    dev_env: WorkflowEnvironment,
+    fake_openai: FakeOpenAI,
+    settings: Settings,
+    client_kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A workflow task the test holds must outlast the query's wait on the dead sticky queue.
+    monkeypatch.setattr(agent_runtime, "WORKFLOW_TASK_TIMEOUT", timedelta(seconds=30))
+    address = dev_env.client.service_client.config.target_host
+    spy = StateSpy()
+    client = Client(**{**dev_env.client.config(), "interceptors": [spy]})
+    runtime = AgentRuntime(client, settings)
+    answer = threading.Event()
+    shell = ("run_shell", {"command": "echo approved >> effects.txt"})
+    model = fake_openai.script([tools(shell, hold_after_chunks=2, gate=answer), text("ran it")])
+
+    # The sticky worker: it runs the task's first workflow task and dies on the state query.
+    sticky = await WorkerProcess(address, settings, module="tests.never_stuck.dying_worker").ready()
+    try:
+        handle = await runtime.run(agent_task(model, timeout=60))
+        workflow = client.get_workflow_handle(handle.id)
+        await until(lambda: _events_of(workflow, "ACTIVITY_TASK_SCHEDULED"), "the model call")
+        # The cold worker: runs the model call, has never run a workflow task of the task.
+        async with running_worker(client, settings):
+            await fake_openai.until_streaming(model, 2)
+            deciding = asyncio.create_task(approve_as_a_client(client_kind, runtime, handle.id))
+            code = await asyncio.to_thread(sticky.process.wait, WAIT_SECONDS)
+            assert code == -signal.SIGKILL, "the state query reached the sticky worker"
+            # The query waits on the dead sticky queue; the model answers meanwhile, and the
+            # workflow task for its answer stays parked, as if the dead worker held it.
+            answer.set()
+            await until(lambda: _model_call_done(workflow), "the model call completes")
+            held = await hold_parked_task(client, workflow)
+            await asyncio.wait_for(spy.answered.wait(), WAIT_SECONDS)
+            # The cold worker answered from a history whose model answer no workflow task
+            # has processed: the client sees the request and acts on it at once.
+            assert spy.first is not None and list(spy.first.pending_approvals) == ["1-call_1_0"]
+            if held is not None:
+                kinds = [e.event_type for e in await _events(workflow)]
+                after = kinds[kinds.index(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) :]
+                assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in after
+                await client.workflow_service.respond_workflow_task_failed(
+                    RespondWorkflowTaskFailedRequest(
+                        namespace=client.namespace, task_token=held.task_token, identity="test"
+                    )
+                )
+            assert await asyncio.wait_for(deciding, WAIT_SECONDS) == "approve"
+            outcome = await asyncio.wait_for(handle.result(), WAIT_SECONDS)
+    finally:
+        sticky.kill()
+    print(f"{client_kind}: parked task held by the test: {held is not None}")
+    assert outcome.result == "ran it"
+    assert effects(settings) == ["approved"]
+    await assert_replays(client, handle.id)
+
+
+async def _events_of(workflow: WorkflowHandle[Any, Any], kind: str) -> bool:
+    wanted = EventType.Value(f"EVENT_TYPE_{kind}")
+    return any(e.event_type == wanted for e in await _events(workflow))
 
 
 # --- (b) a worker caching fewer tasks than it runs ---------------------------------------
