@@ -173,7 +173,9 @@ async def test_an_approval_right_after_a_cold_workers_query_completes_and_replay
     monkeypatch.setattr(agent_runtime, "WORKFLOW_TASK_TIMEOUT", timedelta(seconds=30))
     address = dev_env.client.service_client.config.target_host
     spy = StateSpy()
-    client = Client(**{**dev_env.client.config(), "interceptors": [spy]})
+    config = dev_env.client.config()
+    config["interceptors"] = [spy]
+    client = Client(**config)
     runtime = AgentRuntime(client, settings)
     answer = threading.Event()
     shell = ("run_shell", {"command": "echo approved >> effects.txt"})
