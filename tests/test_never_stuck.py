@@ -155,13 +155,19 @@ async def approve_as_a_client(kind: str, runtime: AgentRuntime, task_id: str) ->
     """Approve the only pending request without naming it, as each client does."""
     if kind == "python_api":
         return (await runtime.get(task_id).approve()).decision
+    if kind == "blind_signal":
+        # `ws status`, then `temporal workflow signal --name approve`: no second look.
+        [request] = (await runtime.get(task_id).state()).pending_approvals
+        decision = Decision(request_id=request, approver="cli-user")
+        await runtime.client.get_workflow_handle(task_id).signal(AgentWorkflow.approve, decision)
+        return "approve"
     async with http_api(runtime) as api:
         answer = await api.post(f"/tasks/{task_id}/approve", json={})
         assert answer.status_code == 200, answer.text
         return str(answer.json()["decision"])
 
 
-@pytest.mark.parametrize("client_kind", ["python_api", "http_api"])
+@pytest.mark.parametrize("client_kind", ["python_api", "http_api", "blind_signal"])
 async def test_an_approval_right_after_a_cold_workers_query_completes_and_replays(
     dev_env: WorkflowEnvironment,
     fake_openai: FakeOpenAI,
@@ -202,6 +208,9 @@ async def test_an_approval_right_after_a_cold_workers_query_completes_and_replay
             # The cold worker answered from a history whose model answer no workflow task
             # has processed: the client sees the request and acts on it at once.
             assert spy.first is not None and list(spy.first.pending_approvals) == ["1-call_1_0"]
+            if client_kind == "blind_signal":
+                # Nothing waits for the held task: the signal joins the result's task.
+                await asyncio.wait_for(deciding, WAIT_SECONDS)
             if held is not None:
                 kinds = [e.event_type for e in await _events(workflow)]
                 after = kinds[kinds.index(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) :]
@@ -216,6 +225,14 @@ async def test_an_approval_right_after_a_cold_workers_query_completes_and_replay
     finally:
         sticky.kill()
     print(f"{client_kind}: parked task held by the test: {held is not None}")
+    if held is not None and client_kind == "blind_signal":
+        # The signal and the held commands of the cold query went out in one workflow task:
+        # the order a replay turns around. It replays all the same (handlers only record).
+        kinds = [EventType.Name(e.event_type)[11:] for e in await _events(workflow)]
+        failed = kinds.index("WORKFLOW_TASK_FAILED")
+        retried = kinds[failed:].index("WORKFLOW_TASK_STARTED") + failed
+        assert "WORKFLOW_EXECUTION_SIGNALED" in kinds[failed:retried], kinds
+        print(kinds[failed - 4 : retried + 6])
     assert outcome.result == "ran it"
     assert effects(settings) == ["approved"]
     await assert_replays(client, handle.id)
