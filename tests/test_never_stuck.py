@@ -376,6 +376,7 @@ async def after_repair(dev_env: WorkflowEnvironment, settings: Settings, handle:
     return str(repaired.by)
 
 
+@pytest.mark.timeout(600)  # four CLI processes start while both cores are busy
 async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:
@@ -391,11 +392,12 @@ async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
         assert f"task {handle.id} is stuck" in err and "Nondeterminism" in err
         assert f"python starter.py repair {handle.id}" in err
 
-        async def listed_stuck() -> str:
-            _, out, _ = await starter(address, settings, "list", "--status", "stuck")
-            return out
+        async def listed_stuck() -> bool:
+            tasks, _ = await runtime.list_tasks("stuck")
+            return handle.id in [t.id for t in tasks]
 
-        listing = await until(listed_stuck, "the task list shows the task stuck")
+        await until(listed_stuck, "visibility lists the task stuck")
+        _, listing, _ = await starter(address, settings, "list", "--status", "stuck")
         [line] = [row for row in listing.splitlines() if row.startswith(handle.id)]
         assert line.split()[1] == "stuck"
 
