@@ -104,8 +104,7 @@ async def follow(
                 if interactive:
                     await _ask(handle, request)
                 elif on_approval == "exit":
-                    # A decision sent early (or re-applied by a repair) resolves it at once.
-                    if request.request_id not in (await handle.state()).pending_approvals:
+                    if not await _still_pending(handle, request.request_id):
                         continue
                     _say(
                         f"task {handle.id} waits for approval of [{request.request_id}]; it holds "
@@ -116,6 +115,15 @@ async def follow(
                     )
                     return EXIT_WAITING
     return await _final_status(handle)
+
+
+async def _still_pending(handle: TaskHandle, request_id: str) -> bool:
+    """A decision sent early (or re-applied by a repair) resolves a request at once; when
+    the state cannot be read, the request counts as pending."""
+    try:
+        return request_id in (await handle.state()).pending_approvals
+    except (TaskError, RPCError):
+        return True
 
 
 MODEL_ACTIVITIES = frozenset({"call_llm", "summarize_context"})
