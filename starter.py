@@ -135,7 +135,12 @@ async def _exists(runtime: AgentRuntime, task_id: str) -> bool:
 
 
 async def _still_pending(handle: TaskHandle, request_id: str) -> bool:
-    return request_id in (await handle.state()).pending_approvals
+    """A decision sent early (or re-applied by a repair) resolves a request at once; when
+    the state cannot be read, the request counts as pending."""
+    try:
+        return request_id in (await handle.state()).pending_approvals
+    except (TaskError, RPCError):
+        return True
 
 
 MODEL_ACTIVITIES = frozenset({"call_llm", "summarize_context"})
@@ -293,10 +298,12 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_repair(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
-        head = await runtime.stream_head(args.id)
         handle = await runtime.repair(args.id, by=_approver())
         _say(f"task {handle.id} repaired: reset to its last good workflow task")
-        return await follow_from(runtime, handle, head) if args.follow else 0
+        if not args.follow:
+            return 0
+        # A stuck task answers no query: the stream's head is asked of the repaired run.
+        return await follow_from(runtime, handle, await runtime.stream_head(args.id))
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:

@@ -28,6 +28,8 @@ from activities.mcp.manager import McpClientManager
 from activities.storage import Storage, StorageError
 from activities.storage.deployment import check_single_machine, check_workspace
 from activities.tools import ToolActivities, ToolRegistry
+from runtime.agent_runtime import AgentRuntime
+from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
 from runtime.temporal import connect
 from workflows.agent import AgentWorkflow
@@ -72,6 +74,7 @@ class AgentWorker(Worker):
         self._owns_storage = owns_storage
         self._prepared = False
         self._pruning: asyncio.Task[None] | None = None
+        self._repairing: asyncio.Task[None] | None = None
 
     async def prepare(self) -> None:
         """Open the storage and refuse a workspace or a task queue that breaks exactly-once
@@ -93,6 +96,10 @@ class AgentWorker(Worker):
         await self.prepare()
         if self._serves_tools and self._settings.prune_interval_hours > 0:
             self._pruning = asyncio.create_task(self._prune_now_and_then())
+        if self._settings.auto_repair:
+            served = self._settings.model_copy(update={"task_queue": self._queue})
+            runtime = AgentRuntime(self._temporal, served)
+            self._repairing = asyncio.create_task(repair_now_and_then(runtime))
         await super().__aenter__()
         return self
 
@@ -111,10 +118,11 @@ class AgentWorker(Worker):
 
     async def shutdown(self) -> None:
         await super().shutdown()
-        if self._pruning is not None:
-            self._pruning.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruning
+        for chore in (self._pruning, self._repairing):
+            if chore is not None:
+                chore.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await chore
         await self.llm.close()
         await self.mcp.manager.close()  # stdio MCP servers stop with the worker
         if self._owns_storage:

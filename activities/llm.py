@@ -22,7 +22,7 @@ from typing import Literal
 
 import openai
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError
 
@@ -39,6 +39,7 @@ from workflows import errors
 from workflows.conversation import assistant_message, conversation_digest, message_digest
 from workflows.models import (
     OFFLINE_MODEL,
+    AgentOutcome,
     ChatMessage,
     ConversationSnapshot,
     LlmRequest,
@@ -330,8 +331,10 @@ class LlmActivities:
         from workflows.agent import AgentWorkflow  # the workflow module imports this one
 
         info = activity.info()
-        handle = activity.client().get_workflow_handle_for(
-            AgentWorkflow.run, info.workflow_id or "", run_id=info.workflow_run_id
+        handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+            activity.client().get_workflow_handle_for(
+                AgentWorkflow.run, info.workflow_id or "", run_id=info.workflow_run_id
+            )
         )
         context = await handle.query(AgentWorkflow.llm_context, message_count)
         if len(context.digests) != message_count:
@@ -389,7 +392,7 @@ class LlmActivities:
         from workflows.agent import AgentWorkflow
 
         client: Client = activity.client()
-        source = client.get_workflow_handle_for(
+        source: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
             AgentWorkflow.run, snapshot.source_workflow_id or "", run_id=snapshot.source_run_id
         )
         wanted = [d for d in digests if d not in held]

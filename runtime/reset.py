@@ -18,12 +18,12 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, ResetReapplyType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import sending
 from workflows.agent import AgentWorkflow
-from workflows.models import RepairNote, Resumption
+from workflows.models import AgentOutcome, RepairNote, Resumption
 
 
 def resume_point(events: list[HistoryEvent]) -> int:
@@ -90,7 +90,9 @@ async def reset_failed_task(
     note = resumption.model_copy(update={"failure": failure, "failure_kind": kind})
     reason = f"resume after failure: {failure}"
     new_run = await _reset(client, task_id, run_id, resume_point(events), reason, reapply=False)
-    workflow = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=new_run)
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=new_run
+    )
     await sending(lambda: workflow.signal(AgentWorkflow.resume_after_failure, note))
     return new_run
 
@@ -100,7 +102,9 @@ async def reset_stuck_task(client: Client, task_id: str, run_id: str, note: Repa
     since, and say so in its log; returns the new run id."""
     reason = f"repair: {note.problem[:200]}"
     new_run = await _reset(client, task_id, run_id, note.reset_to_event, reason, reapply=True)
-    workflow = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=new_run)
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=new_run
+    )
     try:
         await sending(lambda: workflow.signal(AgentWorkflow.repaired, note))
     except RPCError as err:

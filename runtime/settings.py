@@ -97,6 +97,17 @@ class Settings(BaseSettings):
         "soon a dead worker's call is retried elsewhere, and how long a starved worker may go "
         "silent before its call is abandoned (default 5 s).",
     )
+    auto_repair: bool = Field(
+        default=False,
+        description="The worker repairs the stuck tasks of its task queue by itself (a reset "
+        "to the last good workflow task, decisions kept), once per failure point, each logged "
+        "as a `repaired` event by `worker`.",
+    )
+    auto_repair_interval_seconds: float = Field(
+        default=30,
+        gt=0,
+        description="How often a worker with auto_repair looks for stuck tasks.",
+    )
     dev_server_port: int = 7233
     dev_server_ui_port: int = 8233
     api_host: str = "127.0.0.1"

@@ -64,3 +64,7 @@ class UnknownToolsError(ValueError):
     def __init__(self, names: list[str], message: str) -> None:
         super().__init__(message)
         self.names = names
+
+
+class TaskStuckError(TaskError):
+    """The task's workflow task keeps failing, so it answers no query until it is repaired."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from runtime.health import overview
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentEvent
+from workflows.models import AgentOutcome
 from workflows.run import AgentRun, EventsRequest, RunRef
 
 
@@ -80,8 +81,10 @@ class TaskLog:
         for run in reversed(chain):  # oldest first
             start = max(since, run.first_seq, events[-1].seq + 1 if events else 0)
             while len(events) < limit and (run.last_seq is None or start <= run.last_seq):
-                handle = self._client.get_workflow_handle_for(
-                    AgentWorkflow.run, run.workflow_id, run_id=run.run_id
+                handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+                    self._client.get_workflow_handle_for(
+                        AgentWorkflow.run, run.workflow_id, run_id=run.run_id
+                    )
                 )
                 found = await handle.query(
                     AgentWorkflow.events, EventsRequest(since=start, limit=limit - len(events))

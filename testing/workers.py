@@ -58,16 +58,23 @@ def worker_environment(
 
 
 class WorkerProcess:
-    """`python worker.py` as a real subprocess on the settings' task queue."""
+    """`python worker.py` as a real subprocess on the settings' task queue (or `python -m
+    module`, a test's own build of the worker)."""
 
     def __init__(
-        self, address: str, settings: Settings, extra_env: dict[str, str] | None = None
+        self,
+        address: str,
+        settings: Settings,
+        extra_env: dict[str, str] | None = None,
+        *,
+        module: str | None = None,
     ) -> None:
         self.log = settings.data_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        program = ["-m", module] if module else [str(REPO / "worker.py")]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, str(REPO / "worker.py")],
+                [sys.executable, *program],
                 cwd=REPO,
                 env=worker_environment(address, settings, extra_env),
                 stdout=out,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecution
+from temporalio.client import Client, WorkflowExecution, WorkflowHandle
 
 from activities.mcp.config import McpServerConfig
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
@@ -28,7 +28,7 @@ from testing.settings import isolated_settings
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentState
-from workflows.models import AgentTask, ApprovalSettings, Decision, ModelSettings
+from workflows.models import AgentOutcome, AgentTask, ApprovalSettings, Decision, ModelSettings
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -88,7 +88,9 @@ async def approvals_update_and_signal(runtime: AgentRuntime, fake: FakeOpenAI) -
     ).pending_approvals
     await handle.approve(first, approver="alice", message="ok")
     await handle.approve(first, approver="alice", message="ok")  # an idempotent repeat
-    workflow = runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = runtime.client.get_workflow_handle_for(
+        AgentWorkflow.run, handle.id
+    )
     await workflow.execute_update(AgentWorkflow.decide, Decision(request_id=second, approver="cli"))
     await workflow.signal(AgentWorkflow.reject, Decision(request_id=third, message="no shells"))
     await handle.result()

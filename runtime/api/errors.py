@@ -15,6 +15,7 @@ from runtime.task_errors import (
     NoWorkerError,
     TaskError,
     TaskNotFoundError,
+    TaskStuckError,
     UnknownToolsError,
     UnreadableTaskError,
 )
@@ -72,6 +73,8 @@ def install_error_handlers(app: FastAPI) -> None:
             status, kind = 404, "not_found"
         elif isinstance(err, NoWorkerError):
             status, kind = 503, "no_worker"
+        elif isinstance(err, TaskStuckError):
+            status, kind = 409, "stuck"
         elif isinstance(err, UnreadableTaskError):
             status, kind = 500, "unreadable_task"
         elif isinstance(err, DecisionError):

@@ -10,11 +10,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from temporalio.service import RPCError
 
 from runtime.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, TaskSummary
 from runtime.api.auth import Approver, Caller, Reader, Runtime
 from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
+from runtime.task_errors import NoWorkerError, TaskStuckError
 from workflows.events import AgentEvent, AgentState, TaskStarted
 from workflows.models import AgentTask, ModelSettings
 
@@ -157,7 +159,21 @@ async def list_tasks(
 async def get_task(task_id: str, runtime: Runtime, who: Reader) -> TaskView:
     """The folded state: status, step, pending approvals, result, usage."""
     handle = await runtime.find(task_id)
-    return TaskView(id=task_id, state=await handle.state())
+    return TaskView(id=task_id, state=await _state_or_stuck(handle))
+
+
+async def _state_or_stuck(handle: TaskHandle) -> AgentState:
+    """The state; a task that answers no query because it is stuck says so, and why."""
+    try:
+        return await handle.state()
+    except (RPCError, NoWorkerError) as err:
+        if (found := await handle.stuck()) is None:
+            raise
+        raise TaskStuckError(
+            handle.id,
+            f"task {handle.id} is stuck: its workflow task failed {found.attempts} times in a "
+            f"row: {found.problem}; repair it with POST /tasks/{handle.id}/repair",
+        ) from err
 
 
 async def _decide(

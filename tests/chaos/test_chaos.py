@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -48,7 +49,7 @@ from tests.chaos.workload import (
 )
 from tests.helpers import wait_for_state
 from workflows.agent import AgentWorkflow
-from workflows.models import Decision
+from workflows.models import AgentOutcome, Decision
 
 TASKS = 10
 HELD_STREAM = 0  # its first model answer is held open until a worker dies under it
@@ -115,7 +116,9 @@ async def test_sigkilled_workers_lose_nothing_repeat_nothing_and_never_get_stuck
         await runtime.run(chaos_task(models[i], i, asks=i in ASKING), task_id=f"chaos-{i}")
         for i in range(TASKS)
     ]
-    blind = client.get_workflow_handle_for(AgentWorkflow.run, handles[BLIND].id)
+    blind: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, handles[BLIND].id
+    )
     await blind.signal(AgentWorkflow.approve, Decision(request_id="2-call_2_0", approver="blind"))
     people = [asyncio.create_task(approve_when_shown(handles[i])) for i in WATCHED]
     results = asyncio.gather(*(h.result() for h in handles))
