@@ -296,9 +296,9 @@ async def test_no_worker_while_waiting_then_a_new_worker_process_finishes(
     await asyncio.sleep(1.0)
     assert not update.done()
     await spawn_worker()
-    update_handle = await asyncio.wait_for(update, 30)
+    update_handle = await asyncio.wait_for(update, 60)
     assert (await update_handle.result()).decision == "approve"
-    assert (await asyncio.wait_for(handle.result(), 30)).result == "all done"
+    assert (await asyncio.wait_for(handle.result(), 60)).result == "all done"
     assert sorted(side_effects(settings)) == ["by-signal", "by-update"]
 
 
