@@ -293,7 +293,7 @@ async def test_no_worker_while_waiting_then_a_new_worker_process_finishes(
             result_type=DecisionOutcome,
         )
     )
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # a lower bound on the wait, not a race: it only gets longer
     assert not update.done()
     await spawn_worker()
     update_handle = await asyncio.wait_for(update, 60)

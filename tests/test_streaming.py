@@ -169,7 +169,7 @@ async def test_subscribing_before_the_task_exists(
     waiting = asyncio.create_task(
         collect(dev_runtime.stream("soon", wait_for_start=timedelta(seconds=20)))
     )
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # gives the subscriber time to ask first; never a race
     await dev_runtime.run(agent_task(model), task_id="soon")
     items = await waiting
     assert items[-1].data.type == "done"
