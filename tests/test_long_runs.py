@@ -63,7 +63,9 @@ async def test_two_thousand_steps_with_default_settings_stay_flat(
             return text("two thousand steps later")
         return tools(("calculator", {"expression": f"{steps} + 1"}), content=TWO_KB)
 
-    model = fake_openai.script(reply)
+    # Counted, not recorded: the 2,000 request bodies (~90 MB of JSON) would stay in the
+    # session's fake server for every later test.
+    model = fake_openai.script(reply, record=False)
     handle = await dev_runtime.run(agent_task(model, max_steps=STEPS + 10))
     outcome = await handle.result()
     assert outcome.result == "two thousand steps later" and outcome.steps == STEPS
