@@ -52,16 +52,17 @@ async def test_two_thousand_steps_with_default_settings_stay_flat(
 ) -> None:
     """No limit, window or continue-as-new setting: the defaults keep every run small, the
     cost of a step flat, and the whole log readable a page at a time."""
-    steps = 0
 
     def reply(body: dict[str, Any]) -> Reply:
-        nonlocal steps
         if not body.get("tools"):
             return text(f"summary of {len(body['messages'])} messages")  # summarize_context
-        steps += 1
-        if steps >= STEPS:
+        # The step is read from the conversation (step k asked for `k + 1`), not counted:
+        # a retried request gets the same answer, so a busy machine cannot shorten the run.
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        step = int(results[-1]) if results else 1
+        if step >= STEPS:
             return text("two thousand steps later")
-        return tools(("calculator", {"expression": f"{steps} + 1"}), content=TWO_KB)
+        return tools(("calculator", {"expression": f"{step} + 1"}), content=TWO_KB)
 
     # Counted, not recorded: the 2,000 request bodies (~90 MB of JSON) would stay in the
     # session's fake server for every later test.
