@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TASK   ?= What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt
 
-.PHONY: setup demo test lint bench worker clean
+.PHONY: setup demo test test-stress lint bench worker clean
 
 $(BIN)/.installed: pyproject.toml
 	@echo "==> creating $(VENV) and installing waystation with its dev tools (pip, a minute at most)"
@@ -28,6 +28,11 @@ lint: setup
 test: lint
 	@echo "==> pytest (starts its own Temporal dev server and time-skipping server)"
 	$(BIN)/pytest
+
+# The suite beside CPU-burning processes (BURNERS, default one per core): no test may race the clock.
+test-stress: lint
+	@echo "==> pytest with every core kept busy (scripts/stress.py; slower than make test)"
+	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS))
 
 bench: setup
 	@echo "==> installing the benchmark peers (LangGraph, the Temporal peers), then every benchmark (about 10 min)"

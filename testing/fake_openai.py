@@ -119,6 +119,19 @@ class FakeOpenAI:
         with self._lock:
             return self._counts.get(model, 0)
 
+    def request_log(self, model: str) -> list[tuple[dict[str, Any], int, int]]:
+        """Each request of a recorded `model` so far: its body, the chunks it has sent and
+        its client's port, read at one moment."""
+        with self._lock:
+            return list(
+                zip(
+                    self.requests.get(model, []),
+                    self.chunks_sent.get(model, []),
+                    self.client_ports.get(model, []),
+                    strict=True,
+                )
+            )
+
     def streaming(self, model: str, chunks: int, request: int | None = None) -> bool:
         """Whether a request (the latest if None) of `model` has sent at least `chunks`."""
         with self._lock:
@@ -159,6 +172,7 @@ class FakeOpenAI:
                 self.requests.setdefault(model, []).append(body)
             self.chunks_sent.setdefault(model, []).append(0)
             self.client_ports.setdefault(model, []).append(port)
+            self._progress.notify_all()  # a request arrived: `until_streaming(model, 0)`
             script = self._scripts.get(model)
             if script is None:
                 return error(404, f"The model `{model}` does not exist")

@@ -20,7 +20,7 @@ def agent_task(model: str, task: str = "do the thing", **kw: Any) -> AgentTask:
 
 
 async def wait_for_state(
-    handle: TaskHandle, predicate: Callable[[AgentState], bool], timeout: float = 20.0
+    handle: TaskHandle, predicate: Callable[[AgentState], bool], timeout: float = 60.0
 ) -> AgentState:
     """Poll the state query until `predicate` holds (bounded: fails after `timeout`). A
     query no worker answers in time (workers dying, replaying) is asked again."""
@@ -35,7 +35,7 @@ async def wait_for_state(
             await asyncio.sleep(0.05)
 
 
-async def pending_requests(handle: TaskHandle, count: int = 1, timeout: float = 20.0) -> list[str]:
+async def pending_requests(handle: TaskHandle, count: int = 1, timeout: float = 60.0) -> list[str]:
     state = await wait_for_state(handle, lambda s: len(s.pending_approvals) >= count, timeout)
     return list(state.pending_approvals)
 

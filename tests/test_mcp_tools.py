@@ -71,7 +71,7 @@ def manage(made: list[McpClientManager], **servers: McpServerConfig) -> McpClien
 async def until(predicate: Callable[[], bool], what: str) -> None:
     """Poll a state until it holds, e.g. a connection seen as gone (bounded: 30 s)."""
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(60):
             while not predicate():
                 await asyncio.sleep(0.02)
     except TimeoutError:

@@ -3,6 +3,8 @@ with the real `openai` client against the fake OpenAI server."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import openai
@@ -13,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.chat import ChatDelta, OpenAIChat, StreamTimeoutError
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, hang, stall, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, hang, stall, text, tools
 from testing.workers import running_worker
 from workflows.models import AgentTask, ChatMessage, ModelSettings
 
@@ -68,33 +70,60 @@ async def test_headers_without_a_first_chunk_count_as_no_first_chunk(
 async def test_a_slow_first_chunk_is_waited_for_beyond_the_idle_timeout(
     fake_openai: FakeOpenAI,
 ) -> None:
-    # 1.5 s to the first chunk: three times the idle timeout, well within the first one.
-    name = fake_openai.script([stall("late but whole", before_chunk=0, seconds=1.5)])
-    deltas = await collect(fake_openai, settings(name, first=60, idle=0.5))
+    # Headers sent, the first chunk held until the stream has been silent for twice the
+    # idle timeout (a busy machine only makes that longer), well within the first one.
+    # The idle timeout leaves room for a starved process between the later chunks.
+    gate = threading.Event()
+    name = fake_openai.script([Reply(content="late but whole", hold_after_chunks=0, gate=gate)])
+    collecting = asyncio.create_task(collect(fake_openai, settings(name, first=60, idle=1.5)))
+    try:
+        await fake_openai.until_streaming(name, chunks=0)
+        await asyncio.sleep(3.0)  # a lower bound on the silence, not a race
+        assert not collecting.done()
+    finally:
+        gate.set()
+    deltas = await collecting
     assert "".join(d.text for d in deltas) == "late but whole"
     assert deltas[-1].usage is not None
 
 
 async def test_a_stream_that_stalls_after_it_began_times_out(fake_openai: FakeOpenAI) -> None:
-    # Chunks: role, "one ", "two ", then a stall before "three".
-    name = fake_openai.script([stall("one two three", before_chunk=3, seconds=30)])
+    # Chunks: role, "one ", "two ", then held before "three" until the client gave up.
+    gate = threading.Event()
+    name = fake_openai.script([Reply(content="one two three", hold_after_chunks=3, gate=gate)])
     received: list[ChatDelta] = []
-    with pytest.raises(StreamTimeoutError, match=r"stream stalled for 0\.5 s"):
-        await collect(fake_openai, settings(name, first=60, idle=0.5), received=received)
+    try:
+        with pytest.raises(StreamTimeoutError, match=r"stream stalled for 2 s"):
+            await collect(fake_openai, settings(name, first=60, idle=2), received=received)
+    finally:
+        gate.set()
     assert "".join(d.text for d in received) == "one two "
 
 
 async def test_the_activity_retries_an_attempt_whose_first_chunk_never_came(
     dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
 ) -> None:
-    name = fake_openai.script(
-        [stall("too late", before_chunk=0, seconds=30), text("answered on the retry")]
-    )
+    # Only the first request is held without a first chunk; any later one answers, so a
+    # retry the busy machine makes slower than the 1 s clock still ends the same way.
+    never = threading.Event()
+    asked = 0
+
+    def reply(body: dict[str, Any]) -> Reply:
+        nonlocal asked
+        asked += 1
+        if asked == 1:
+            return Reply(content="too late", hold_after_chunks=0, gate=never)
+        return text("answered on the retry")
+
+    name = fake_openai.script(reply)
     model = settings(name, first=1, idle=60)
-    handle = await dev_runtime.run(AgentTask(task="hi", model=model))
-    outcome = await handle.result()
+    try:
+        handle = await dev_runtime.run(AgentTask(task="hi", model=model))
+        outcome = await handle.result()
+    finally:
+        never.set()
     assert outcome.result == "answered on the retry"
-    assert fake_openai.calls(name) == 2
+    assert fake_openai.calls(name) >= 2
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import re
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,8 @@ from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from runtime.temporal import temporal_binary
 from runtime.tracing import tracing_interceptors
-from testing.fake_openai import FakeOpenAI, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.proc import pid_with_local_port
 from testing.workers import REPO, WorkerProcess, running_worker
 from tests.helpers import agent_task, pending_requests
 from worker import STICKY_SCHEDULE_TO_START, build_worker
@@ -145,7 +147,7 @@ async def test_waiting_tasks_are_listed_by_the_temporal_cli(
     handle = await dev_runtime.run(agent_task(model))
     await pending_requests(handle)
     address = dev_env.client.service_client.config.target_host
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(60):
         while True:  # visibility is eventually consistent
             process = await asyncio.create_subprocess_exec(
                 temporal_binary(),
@@ -212,24 +214,48 @@ async def test_tracing_spans_for_llm_and_tool_calls(
     assert len({s.context.trace_id for s in [*llm, tool]}) == 1  # one trace per task
 
 
+async def held_by_each(fake: FakeOpenAI, model: str, pids: list[int]) -> None:
+    """Until every one of `pids` holds a final answer's stream open (bounded)."""
+
+    owners: dict[int, int | None] = {}  # client port -> worker pid, looked up once each
+
+    def holders() -> set[int | None]:
+        for body, sent, port in fake.request_log(model):
+            final = sum(m["role"] == "tool" for m in body["messages"]) >= 2
+            if sent >= 1 and final and port not in owners:
+                owners[port] = pid_with_local_port(port, pids)
+        return set(owners.values())
+
+    async with asyncio.timeout(120):
+        while not set(pids) <= holders():
+            await asyncio.sleep(0.05)  # the workers are other processes: nothing to await
+
+
 async def test_two_worker_processes_share_fifty_tasks_and_one_survives_the_other(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
 ) -> None:
     address = dev_env.client.service_client.config.target_host
     first = await WorkerProcess(address, settings).ready()
     second = await WorkerProcess(address, settings).ready()
+    # Final answers wait behind a gate until the first worker is gone: the kill provably
+    # lands while it holds work, and its held calls are retried by the survivor.
+    gate = threading.Event()
     model = fake_openai.script(
         lambda body: (
-            text("finished")
+            Reply(content="finished", hold_after_chunks=1, gate=gate)
             if sum(m["role"] == "tool" for m in body["messages"]) >= 2
             else tools(("calculator", {"expression": "1 + 1"}), chunk_delay=0.01)
         )
     )
     runtime = AgentRuntime(dev_env.client, settings)
     try:
-        handles = [await runtime.run(agent_task(model), task_id=f"scale-{i}") for i in range(50)]
-        await asyncio.sleep(1.0)
+        handles = [
+            await runtime.run(agent_task(model, timeout=60), task_id=f"scale-{i}")
+            for i in range(50)
+        ]
+        await held_by_each(fake_openai, model, [first.pid, second.pid])
         first.kill()
+        gate.set()
         outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
         assert [o.result for o in outcomes] == ["finished"] * 50
         identities = set()
@@ -240,6 +266,7 @@ async def test_two_worker_processes_share_fifty_tasks_and_one_survives_the_other
                     identities.add(e.activity_task_started_event_attributes.identity)
         assert len(identities) == 2, identities  # both shared the work before the kill
     finally:
+        gate.set()
         first.kill()
         second.kill()
 

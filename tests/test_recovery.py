@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -147,14 +148,20 @@ async def test_fork_from_an_event_leaves_the_original_untouched(
 async def test_cancel_stops_the_running_llm_call(
     dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
 ) -> None:
-    model = fake_openai.script([Reply(content=" ".join(["slow"] * 400), chunk_delay=0.05)])
-    handle = await dev_runtime.run(agent_task(model))
-    stream = dev_runtime.stream(handle.id, topics=["tokens"])
-    await anext(stream)  # the model is streaming
-    await stream.aclose()
-    await handle.cancel()
-    with pytest.raises(TaskCancelledError):
-        await handle.result()
+    # The answer is held open mid-way until the test ends: the cancel lands inside it.
+    gate = threading.Event()
+    held = Reply(content=" ".join(["slow"] * 40), hold_after_chunks=10, gate=gate)
+    model = fake_openai.script([held])
+    try:
+        handle = await dev_runtime.run(agent_task(model, timeout=60))
+        stream = dev_runtime.stream(handle.id, topics=["tokens"])
+        await anext(stream)  # the model is streaming
+        await stream.aclose()
+        await handle.cancel()
+        with pytest.raises(TaskCancelledError):
+            await handle.result()
+    finally:
+        gate.set()
     events = await handle.events()
     assert events[-1].type == "cancelled"
     history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
@@ -205,12 +212,12 @@ async def test_a_lost_once_only_tool_call_is_reported_not_repeated(
         dev_env.client, settings, registry=registry, graceful_shutdown=timedelta(0)
     ):
         handle = await runtime.run(agent_task(model))
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(60):
             while not attempts.exists():
                 await asyncio.sleep(0.05)
     # That worker is gone mid-call. Another one finishes the task.
     async with running_worker(dev_env.client, settings, registry=registry):
-        outcome = await asyncio.wait_for(handle.result(), 30)
+        outcome = await asyncio.wait_for(handle.result(), 60)
         [observation] = of_type(await handle.events(), "observation")
         state = await wait_for_state(handle, lambda s: s.status == "done")
     assert outcome.result == "I could not confirm the charge; not retrying"

@@ -167,21 +167,23 @@ async def test_a_dead_attempts_key_is_taken_over_once_its_lease_lapses(
     assert await ended.claim("wf/4/c2", "write_file") is None
     await ended.start("wf/4/c2", {"offset": 0})
     await ended.release()
-    entry = await asyncio.wait_for(storage.ledger.attempt().claim("wf/4/c2", "write_file"), 30)
+    entry = await asyncio.wait_for(storage.ledger.attempt().claim("wf/4/c2", "write_file"), 60)
     assert entry is not None and entry.state == "started" and entry.detail == {"offset": 0}
 
 
 async def test_a_held_attempt_renews_its_lease_while_it_runs(storage: Storage) -> None:
-    ledger = Ledger(storage.backend, lease=timedelta(seconds=0.6))
+    # Renewed every half second (a third of the lease): only a process starved for 1.5 s
+    # could lose the claim, not one that is merely slow.
+    ledger = Ledger(storage.backend, lease=timedelta(seconds=1.5))
     async with ledger.attempt().held() as attempt:
         assert await attempt.claim("wf/5/c1", "run_shell") is None
         await attempt.start("wf/5/c1", {"command": "sleep"})
         waiting = asyncio.create_task(ledger.attempt().claim("wf/5/c1", "run_shell"))
-        for _ in range(3):  # several leases long: renewals keep the claim
+        for _ in range(3):  # longer than a lease in all: renewals keep the claim
             await attempt.renew()
             entry = await ledger.lookup("wf/5/c1")
             assert entry is not None and entry.owner == attempt.owner and entry.lease_live
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.75)
         assert not waiting.done()
         await attempt.finish("wf/5/c1", "exit code 0\n")
     finished = await waiting

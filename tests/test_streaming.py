@@ -169,7 +169,7 @@ async def test_subscribing_before_the_task_exists(
     waiting = asyncio.create_task(
         collect(dev_runtime.stream("soon", wait_for_start=timedelta(seconds=20)))
     )
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # gives the subscriber time to ask first; never a race
     await dev_runtime.run(agent_task(model), task_id="soon")
     items = await waiting
     assert items[-1].data.type == "done"
@@ -254,9 +254,18 @@ async def test_a_terminated_task_ends_its_subscriptions(
     model = fake_openai.script([tools(("run_shell", {"command": "echo hi"})), text("done")])
     handle = await dev_runtime.run(agent_task(model))
     await pending_requests(handle)
-    watching = asyncio.create_task(collect(dev_runtime.stream(handle.id, since=0)))
-    await asyncio.sleep(0.5)  # parked on a long poll
+    items: list[StreamItem] = []
+    caught_up = asyncio.Event()
+
+    async def watch() -> None:
+        async for item in dev_runtime.stream(handle.id, since=0):
+            items.append(item)
+            if item.topic == "events" and item.data.type == "approval_requested":
+                caught_up.set()
+
+    watching = asyncio.create_task(watch())
+    await asyncio.wait_for(caught_up.wait(), 60)  # it has read everything: it waits for more
     await dev_env.client.get_workflow_handle(handle.id).terminate("operator stopped it")
-    items = await asyncio.wait_for(watching, 30)
+    await asyncio.wait_for(watching, 60)
     assert [i.data.type for i in items if i.topic == "events"][-1] == "approval_requested"
     assert [i.offset for i in items] == list(range(len(items)))
