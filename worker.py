@@ -36,6 +36,11 @@ from workflows.agent import AgentWorkflow
 
 # A dead worker's sticky queue otherwise holds the next workflow task for 10 s.
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+# The SDK holds back an activity's heartbeats for 0.8x its heartbeat timeout, so the server
+# would hear one only a fifth of the timeout before its deadline: a worker slowed by load
+# abandons live calls for late heartbeats. Activities beat every third of
+# the timeout (at least 1 s, so every 0.33 s or slower): with this cap every beat goes out.
+HEARTBEAT_THROTTLE = timedelta(milliseconds=250)
 # Workflows run outside Temporal's sandbox. Measured by bench/ on this machine: the
 # sandbox made an agent step 1.4x the bare-Temporal floor instead of 1.2x, and each cached
 # task cost ~0.5 MB (500 tasks starting at once took four minutes to park, not 40 s).
@@ -186,6 +191,7 @@ def build_worker(
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_cached_workflows=settings.worker_cached_tasks,
         graceful_shutdown_timeout=graceful_shutdown,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )
 
 

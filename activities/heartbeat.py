@@ -67,6 +67,7 @@ async def keep_heartbeating(watchdog: Watchdog | None = None) -> AsyncIterator[N
     async def beat() -> None:
         # The first beat is due a third of the timeout after the start, not at once: a call
         # that finishes sooner (most tool calls) never pays for a heartbeat.
+        beats = 0
         while True:
             await asyncio.sleep(interval.total_seconds())
             if watchdog is not None and watchdog.overdue():
@@ -74,7 +75,10 @@ async def keep_heartbeating(watchdog: Watchdog | None = None) -> AsyncIterator[N
                 if owner is not None:
                     owner.cancel(watchdog.reason())
                 return  # no more beats: even a call that ignores the cancel is retried
-            activity.heartbeat(watchdog.details() if watchdog is not None else None)
+            beats += 1
+            # Numbered, so `temporal workflow describe` shows which beat the server last heard.
+            details = watchdog.details() if watchdog is not None else {}
+            activity.heartbeat({"beat": beats, **details})
 
     task = asyncio.create_task(beat())
     try:

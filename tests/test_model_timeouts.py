@@ -4,6 +4,7 @@ with the real `openai` client against the fake OpenAI server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -197,3 +198,38 @@ async def test_the_heartbeat_timeout_comes_from_the_task_or_the_settings(
                 }
             )
     assert timeouts == [{"call_llm": 7, "run_tool": 7}, {"call_llm": 11, "run_tool": 11}]
+
+
+async def beats_heard(runtime: AgentRuntime, task_id: str, until_beat: int) -> set[int]:
+    """The heartbeat numbers the server recorded for the task's first model call, polled
+    from its pending activity until it has heard `until_beat` or a later one."""
+    handle = runtime.client.get_workflow_handle(task_id)
+    heard: set[int] = set()
+    async with asyncio.timeout(60):
+        while not heard or max(heard) < until_beat:
+            [call] = (await handle.describe()).raw_description.pending_activities
+            assert call.attempt == 1, "a live model call was abandoned and retried"
+            if call.heartbeat_details.payloads:
+                heard.add(json.loads(call.heartbeat_details.payloads[0].data)["beat"])
+    return heard
+
+
+async def test_every_heartbeat_of_a_live_model_call_reaches_the_server(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    # The SDK held each heartbeat back for 0.8x the timeout (4.8 s here) and sent only the
+    # latest: the beat due at 4 s never reached the server, which heard the next one a
+    # fifth of the timeout before its deadline; a slow worker lost live calls that way.
+    mid_stream = threading.Event()
+    name = fake_openai.script(
+        [Reply(content="a long answer", hold_after_chunks=2, gate=mid_stream)]
+    )
+    task = AgentTask(task="hi", model=ModelSettings(name=name), heartbeat_timeout_seconds=6)
+    handle = await dev_runtime.run(task)
+    try:
+        await fake_openai.until_streaming(name, 2, request=0)
+        heard = await beats_heard(dev_runtime, handle.id, until_beat=3)
+    finally:
+        mid_stream.set()
+    assert {1, 2} <= heard, heard
+    assert (await asyncio.wait_for(handle.result(), 60)).result == "a long answer"
