@@ -8,9 +8,7 @@ fake model's request log, events, history, Temporal's view of the task), never a
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -45,10 +43,11 @@ from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.settings import isolated_settings
-from testing.workers import REPO, WorkerProcess, running_worker
+from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type, pending_requests
 from tests.never_stuck.drifted_worker import DRIFT_MEMO
 from tests.never_stuck.dying_worker import STICKY_SECONDS
+from tests.test_cli import starter
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentState
 from workflows.models import Decision
@@ -273,31 +272,6 @@ async def test_approvals_right_after_queries_on_a_worker_caching_5_of_20_tasks(
 # --- (c) stuck and repaired ----------------------------------------------------------------
 
 
-async def starter(address: str, settings: Settings, *args: str) -> tuple[int, str, str]:
-    """`python starter.py ARGS` on the test's task queue, hosting no worker of its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "WAYSTATION_"))}
-    env.update(
-        TEMPORAL_ADDRESS=address,
-        WAYSTATION_TASK_QUEUE=settings.task_queue,
-        WAYSTATION_WORKSPACE=str(settings.workspace_dir),
-        WAYSTATION_DATA_DIR=str(settings.data_dir),
-        WAYSTATION_EMBEDDED_SERVER="false",
-    )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(REPO / "starter.py"),
-        *args,
-        cwd=REPO,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 120)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
 @asynccontextmanager
 async def http_api(runtime: AgentRuntime) -> AsyncIterator[httpx.AsyncClient]:
     """The HTTP API over real HTTP, with an approver's token."""
@@ -380,14 +354,13 @@ async def after_repair(dev_env: WorkflowEnvironment, settings: Settings, handle:
 async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:
-    address = dev_env.client.service_client.config.target_host
     runtime = AgentRuntime(dev_env.client, settings)
     model = fake_openai.script(shell_steps("step1", "step2"))
     handle = await drifted_history(dev_env, settings, runtime, model)
     async with running_worker(dev_env.client, settings):
         found = await stuck_on_todays_build(dev_env, handle)
 
-        code, _, err = await starter(address, settings, "status", handle.id)
+        code, _, err = await starter(dev_env, settings, "status", handle.id)
         assert code == 1
         assert f"task {handle.id} is stuck" in err and "Nondeterminism" in err
         assert f"python starter.py repair {handle.id}" in err
@@ -397,11 +370,11 @@ async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
             return handle.id in [t.id for t in tasks]
 
         await until(listed_stuck, "visibility lists the task stuck")
-        _, listing, _ = await starter(address, settings, "list", "--status", "stuck")
+        _, listing, _ = await starter(dev_env, settings, "list", "--status", "stuck")
         [line] = [row for row in listing.splitlines() if row.startswith(handle.id)]
         assert line.split()[1] == "stuck"
 
-        code, _, err = await starter(address, settings, "repair", handle.id, "--no-worker")
+        code, _, err = await starter(dev_env, settings, "repair", handle.id, "--no-worker")
         assert code == 0, err
         assert f"task {handle.id} repaired" in err
         by = await after_repair(dev_env, settings, handle)
