@@ -53,6 +53,17 @@ class ToolContext:
 ToolFunction = Callable[[Any, ToolContext], Awaitable[str] | str]
 
 
+def json_object_arguments(tool: str, raw_arguments: str) -> dict[str, Any] | str:
+    """A call's arguments as the JSON object they must be, or the problem with them."""
+    try:
+        parsed = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError as err:
+        return f"the arguments of {tool} are not valid JSON ({err.msg} at {err.pos})"
+    if not isinstance(parsed, dict):
+        return f"the arguments of {tool} must be a JSON object"
+    return parsed
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
@@ -153,13 +164,9 @@ class ToolRegistry:
             offered = ", ".join(t.name for t in self.allowed(allowed)) or "none"
             call.problem = f"unknown tool {name!r}; the tools you can call are: {offered}"
             return call
-        try:
-            parsed = json.loads(raw_arguments or "{}")
-        except json.JSONDecodeError as err:
-            call.problem = f"the arguments of {name} are not valid JSON ({err.msg} at {err.pos})"
-            return call
-        if not isinstance(parsed, dict):
-            call.problem = f"the arguments of {name} must be a JSON object"
+        parsed = json_object_arguments(name, raw_arguments)
+        if isinstance(parsed, str):
+            call.problem = parsed
             return call
         try:
             validated = tool.arguments.model_validate(parsed)

@@ -3,15 +3,13 @@ and the check of a model's call against the catalog a task recorded."""
 
 from __future__ import annotations
 
-import json
-
 from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating
 from activities.mcp.calls import argument_problem
 from activities.mcp.manager import McpClientManager
 from activities.spans import span
-from activities.tools import approval_needed
+from activities.tools import approval_needed, json_object_arguments
 from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog, is_mcp_tool_name
 
@@ -68,13 +66,9 @@ def check_call(
         offered = ", ".join(t.name for t in catalog.tools() if allowed is None or t.name in allowed)
         call.problem = f"unknown tool {name!r}; the MCP tools you can call are: {offered or 'none'}"
         return call
-    try:
-        parsed = json.loads(raw_arguments or "{}")
-    except json.JSONDecodeError as err:
-        call.problem = f"the arguments of {name} are not valid JSON ({err.msg} at {err.pos})"
-        return call
-    if not isinstance(parsed, dict):
-        call.problem = f"the arguments of {name} must be a JSON object"
+    parsed = json_object_arguments(name, raw_arguments)
+    if isinstance(parsed, str):
+        call.problem = parsed
         return call
     problem = argument_problem(spec, parsed)
     if problem is not None:
