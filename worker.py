@@ -22,9 +22,11 @@ from activities.builtin_tools import builtin_registry
 from activities.chat import ChatBackend
 from activities.conversation_cache import ConversationCache
 from activities.conversation_store import ConversationStore
+from activities.event_archive import ArchiveActivities, EventArchive
 from activities.llm import LlmActivities
 from activities.mcp.activities import McpActivities
 from activities.mcp.manager import McpClientManager
+from activities.sealed_blobs import SealedBlobs
 from activities.storage import Storage, StorageError
 from activities.storage.deployment import check_single_machine, check_workspace
 from activities.tools import ToolActivities, ToolRegistry
@@ -159,9 +161,11 @@ def build_worker(
     storage = storage or Storage.from_settings(settings)
     # Connections start on first use, so a worker with servers it never needs spawns none.
     mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
+    sealed = SealedBlobs(storage.blobs, settings.payload_codec())
+    archive = ArchiveActivities(EventArchive(sealed))
     llm = LlmActivities(
         registry,
-        ConversationStore(storage.blobs, settings.payload_codec()),
+        ConversationStore(sealed),
         api_key=settings.api_key,
         base_url=settings.openai_base_url,
         backends=backends,
@@ -183,6 +187,7 @@ def build_worker(
             llm.call_llm,
             llm.summarize_context,
             llm.save_conversation,
+            archive.archive_events,
             tools.run_tool,
             mcp.list_tools,
         ],

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import openai
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError
 
-from activities.chat import ChatBackend, ChatDelta, OpenAIChat
+from activities.chat import ChatBackend, ChatDelta
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.heartbeat import Watchdog, watched
@@ -54,6 +51,9 @@ from workflows.run import LlmContext
 from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
 from workflows.tool_catalog import is_mcp_tool_name
 
+if TYPE_CHECKING:
+    from activities.openai_chat import OpenAIChat
+
 TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
 # Publishing the last tokens may not hold up the answer for longer than this.
 PUBLISHER_EXIT_SECONDS = 5.0
@@ -64,84 +64,6 @@ SUMMARY_INSTRUCTIONS = (
     "facts learned, the results of tool calls, decisions made, and what is still open. "
     "Be concise and keep exact values."
 )
-
-_RETRYABLE_STATUS = {408, 409, 429}
-_REJECTED_STATUS = {400, 401, 403, 404, 422}
-# How endpoints say the prompt is longer than the model's context (OpenAI's code, llama.cpp's
-# and vLLM's messages).
-_CONTEXT_TOO_LONG = (
-    "context_length_exceeded",
-    "maximum context length",
-    "exceeds the available context size",
-    "context window",
-    "prompt is too long",
-    "too many tokens",
-)
-
-
-def retry_after(headers: object) -> timedelta | None:
-    """The server's requested wait from `retry-after-ms` or `retry-after` (seconds or a date)."""
-    get = getattr(headers, "get", None)
-    if get is None:
-        return None
-    if (ms := get("retry-after-ms")) is not None:
-        with contextlib.suppress(ValueError):
-            return timedelta(milliseconds=float(ms))
-    value = get("retry-after")
-    if value is None:
-        return None
-    try:
-        return timedelta(seconds=max(0.0, float(value)))
-    except ValueError:
-        pass
-    parsed = email.utils.parsedate_to_datetime(value) if value else None
-    if parsed is None:
-        return None
-    return timedelta(seconds=max(0.0, parsed.timestamp() - time.time()))
-
-
-def _provider_message(err: openai.APIStatusError) -> str:
-    body = err.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return str(inner["message"])
-    return err.message
-
-
-def _context_too_long(err: openai.APIStatusError, message: str) -> bool:
-    code = getattr(err, "code", None)
-    text = f"{code or ''} {message}".lower()
-    return any(marker in text for marker in _CONTEXT_TOO_LONG)
-
-
-def classify_provider_error(err: Exception) -> ApplicationError:
-    """Map a provider error onto retryable or not, keeping the provider's own message."""
-    if isinstance(err, openai.APIStatusError):
-        status = err.status_code
-        message = _provider_message(err)
-        detail = f"model endpoint answered {status}: {message}"
-        if status in (400, 413) and _context_too_long(err, message):
-            return ApplicationError(detail, type=errors.LLM_CONTEXT_TOO_LONG, non_retryable=True)
-        if status in _REJECTED_STATUS or (400 <= status < 500 and status not in _RETRYABLE_STATUS):
-            return ApplicationError(detail, type=errors.LLM_REQUEST_REJECTED, non_retryable=True)
-        return ApplicationError(
-            detail,
-            type=errors.LLM_UNAVAILABLE,
-            next_retry_delay=retry_after(err.response.headers),
-        )
-    if isinstance(err, openai.APITimeoutError):
-        detail = str(err) if str(err) != "Request timed out." else "model endpoint timed out"
-        return ApplicationError(detail, type=errors.LLM_UNAVAILABLE)
-    if isinstance(err, openai.APIConnectionError):
-        return ApplicationError(
-            f"cannot reach the model endpoint: {err.__cause__ or err}", type=errors.LLM_UNAVAILABLE
-        )
-    if isinstance(err, openai.APIResponseValidationError | openai.APIError):
-        return ApplicationError(
-            f"malformed answer from the model endpoint: {err}", type=errors.LLM_MALFORMED_RESPONSE
-        )
-    raise err
 
 
 @dataclass
@@ -280,9 +202,11 @@ class LlmActivities:
         self._offline = OfflineModel()
         # Models served by something other than the OpenAI-compatible endpoint, by name.
         self._named_backends = dict(backends or {})
-        self._endpoint: OpenAIChat | None = (
-            OpenAIChat(api_key, base_url) if (api_key or base_url) else None
-        )
+        self._endpoint: OpenAIChat | None = None
+        if api_key or base_url:
+            from activities.openai_chat import OpenAIChat  # `openai` only where it is used
+
+            self._endpoint = OpenAIChat(api_key, base_url)
 
     async def close(self) -> None:
         """Close the endpoint's HTTP client (the worker does this as it shuts down)."""
@@ -437,16 +361,13 @@ class LlmActivities:
         """One streamed completion; the watchdog allows the first chunk more time."""
         message = AssembledMessage()
         watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
-        try:
-            async for delta in backend.stream(messages, tools, model):
-                message.add(delta)
-                if watchdog.progress == 0:
-                    watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
-                watchdog.advance()
-                if delta.text and tokens is not None:
-                    tokens.publish(delta.text)
-        except openai.OpenAIError as err:
-            raise classify_provider_error(err) from err
+        async for delta in backend.stream(messages, tools, model):
+            message.add(delta)
+            if watchdog.progress == 0:
+                watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
+            watchdog.advance()
+            if delta.text and tokens is not None:
+                tokens.publish(delta.text)
         return message
 
     def _check(

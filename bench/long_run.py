@@ -10,9 +10,12 @@ compacts its conversation past the default 16,000-token window. Measured per run
 first, so the first run shows the start and the last the end: ms per step, history bytes
 per step; with the number of runs, the largest run's history and the worker's RSS.
 
-Then pages of 1,000 events of the finished task (its runs closed, answered by the same
-worker) at the start, the middle and the end: GET /tasks/{id}/log?since=N&limit=1000 and
-TaskHandle.events, each read cold (the first time) then warm (again).
+Then pages of 1,000 events of the finished task (its runs closed: read from the event
+archive, a run that is not there answered by the same worker) at the start, the middle and
+the end: GET /tasks/{id}/log?since=N&limit=1000 and TaskHandle.events, each read cold (the
+first time) then warm (again); then TaskHandle.events again once the worker is killed, and,
+for comparison, one in-process replay of the largest run (what a query of a closed run that
+is not archived costs a worker).
 """
 
 from __future__ import annotations
@@ -172,6 +175,16 @@ async def page_seconds(
             again = await timed(get_page(api, task_id, since, expected))
             figures[f"GET /tasks/{{id}}/log, {where}"] = (first, again)
             say(f"log page at {since} over HTTP: {first}, then {again}")
+    figures.update(await handle_page_seconds(settings, runtime, task_id, last_seq))
+    return figures
+
+
+async def handle_page_seconds(
+    settings: Settings, runtime: AgentRuntime, task_id: str, last_seq: int, label: str = ""
+) -> dict[str, tuple[str, str]]:
+    """(first, second) read times of a 1,000-event page by TaskHandle.events, per place."""
+    places = {"start": 0, "middle": last_seq // 2, "end": max(0, last_seq + 1 - PAGE)}
+    figures: dict[str, tuple[str, str]] = {}
     fresh = AgentRuntime(runtime.client, settings)  # nothing learnt of the runs yet
     for where, since in places.items():
         # A generous bound: the figure is how long the read takes, not the API's 10 s limit.
@@ -179,8 +192,8 @@ async def page_seconds(
             await timed(fresh.get(task_id).events(since, limit=PAGE, within=PAGE_BOUND))
             for _ in range(2)
         ]
-        figures[f"TaskHandle.events, {where}"] = (reads[0], reads[1])
-        say(f"log page at {since} by TaskHandle.events: {reads[0]}, then {reads[1]}")
+        figures[f"TaskHandle.events{label}, {where}"] = (reads[0], reads[1])
+        say(f"log page at {since} by TaskHandle.events{label}: {reads[0]}, then {reads[1]}")
     return figures
 
 
@@ -207,6 +220,10 @@ async def measure(bench: Bench, steps: int = STEPS) -> list[Row]:
             say(f"{row.figure}: {row.value} ({row.versus})")
         say(f"long run: {len(runs)} runs, {last_seq + 1} events; reading pages")
         pages = await page_seconds(settings, runtime, handle.id, last_seq)
+        worker.kill()
+        pages.update(
+            await handle_page_seconds(settings, runtime, handle.id, last_seq, " (no worker)")
+        )
         biggest = max(runs, key=lambda run: run.history_bytes)
         replay = await replay_seconds(bench, handle.id, biggest)
     finally:
@@ -219,7 +236,7 @@ async def measure(bench: Bench, steps: int = STEPS) -> list[Row]:
             f"replay of the {steps}-step task's largest run, in-process",
             f"{replay * 1000:.0f} ms",
             f"{biggest.steps} steps, {biggest.history_bytes / 1e6:.2f} MB: what a worker "
-            "spends answering each query of that closed run",
+            "spends on each query of that closed run when it is not archived",
         ),
     ]
 

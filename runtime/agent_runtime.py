@@ -9,6 +9,7 @@ stuck one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Iterable
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.event_archive import read_archived
 from runtime.busy import sending
 from runtime.health import Stuck, TaskOverview, overview, stuck, worker_hint
 from runtime.reset import reset_failed_task, reset_stuck_task
@@ -322,7 +324,7 @@ class AgentRuntime:
 
             tool_names = builtin_registry().names()
         self.tool_names = frozenset(tool_names)
-        self.log = TaskLog(client)
+        self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
         self._streams = StreamHub(client)
 
     async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T:

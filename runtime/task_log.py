@@ -5,10 +5,16 @@ run holds the events it wrote. Where each run starts is in its own start input (
 names the run before it and the state's last seq), read from the run's first history event
 without any worker. So a page asks only the runs it needs, and a page's cost follows the
 page, not the task's length. Closed runs never change, so what is learnt of them is kept.
+
+A closed run answers a query only after a worker replays it, which takes seconds for a
+large run; so a closed run's events are read from the event archive when they are kept
+there (`activities/event_archive.py`), and by query otherwise.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -17,7 +23,12 @@ from runtime.health import overview
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentEvent
 from workflows.models import AgentOutcome
-from workflows.run import AgentRun, EventsRequest, RunRef
+from workflows.run import AgentRun, ArchivedRun, EventsRequest, RunRef
+
+# A closed run's events, read from the archive: (workflow id, run id) -> None if not kept.
+ArchiveReader = Callable[[str, str], Awaitable[ArchivedRun | None]]
+# Closed runs whose archived events a TaskLog keeps in memory (each up to a few MB).
+ARCHIVED_RUNS_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -29,15 +40,19 @@ class RunSpan:
     first_seq: int
     last_seq: int | None
     earlier: RunRef | None = None
+    closed: bool = False
 
 
 class TaskLog:
     """Event pages of tasks over one client; remembers the shape of closed runs."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, archive: ArchiveReader | None = None) -> None:
         self._client = client
+        self._archive = archive
         # Spans of closed runs, by (run id, last seq): a fork's origin is a prefix of a run.
         self._closed: dict[tuple[str, int], RunSpan] = {}
+        # Archived events of closed runs by run id (None: not archived, ask by query).
+        self._archived: OrderedDict[str, list[AgentEvent] | None] = OrderedDict()
 
     async def latest(self, task_id: str) -> RunSpan:
         """The task's current run (the latest of its chain)."""
@@ -61,7 +76,8 @@ class TaskLog:
         [run] = await self._client.data_converter.decode(payloads, [AgentRun])
         carry = run.carry
         first_seq = carry.state.last_seq + 1 if carry else 0
-        span = RunSpan(workflow_id, run_id, first_seq, last_seq, carry.earlier if carry else None)
+        earlier = carry.earlier if carry else None
+        span = RunSpan(workflow_id, run_id, first_seq, last_seq, earlier, closed)
         if closed and last_seq is not None:
             self._closed[(run_id, last_seq)] = span
         return span
@@ -80,6 +96,13 @@ class TaskLog:
         events: list[AgentEvent] = []
         for run in reversed(chain):  # oldest first
             start = max(since, run.first_seq, events[-1].seq + 1 if events else 0)
+            if (kept := await self._archived_events(run)) is not None:
+                last = run.last_seq if run.last_seq is not None else kept[-1].seq
+                wanted = [e for e in kept if start <= e.seq <= last]
+                events += wanted[: limit - len(events)]
+                if len(events) >= limit:
+                    break
+                continue
             while len(events) < limit and (run.last_seq is None or start <= run.last_seq):
                 handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
                     self._client.get_workflow_handle_for(
@@ -97,3 +120,17 @@ class TaskLog:
             if len(events) >= limit:
                 break
         return events
+
+    async def _archived_events(self, run: RunSpan) -> list[AgentEvent] | None:
+        """A closed run's events from the archive (kept in memory a while), or None."""
+        if not run.closed or self._archive is None:
+            return None
+        if run.run_id in self._archived:
+            self._archived.move_to_end(run.run_id)
+            return self._archived[run.run_id]
+        archived = await self._archive(run.workflow_id, run.run_id)
+        kept = archived.events if archived is not None and archived.events else None
+        self._archived[run.run_id] = kept
+        while len(self._archived) > ARCHIVED_RUNS_KEPT:
+            self._archived.popitem(last=False)
+        return kept

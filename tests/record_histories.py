@@ -126,6 +126,29 @@ async def continue_as_new_with_approval(runtime: AgentRuntime, fake: FakeOpenAI)
     return handle.id
 
 
+async def archived_runs(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """Runs that archive their events as they hand over, and a last run large enough to
+    archive as it ends."""
+    big = "z" * 45_000
+
+    def reply(body: dict[str, Any]) -> Reply:
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        step = int(results[-1]) if results else 1
+        if step == 14:
+            return text("archived")
+        return tools(("calculator", {"expression": f"{step}+1"}), content=big)
+
+    task = AgentTask(
+        task="count with big thoughts",
+        model=ModelSettings(name=fake.script(reply)),
+        continue_as_new_after_steps=7,
+        context_limit_tokens=150_000,
+    )
+    handle = await runtime.run(task, task_id="archived-runs")
+    await handle.result()
+    return handle.id
+
+
 async def fork_with_message(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     fork = await runtime.fork("offline-readme-task", 3, message="and now?", max_steps=5)
     await fork.result()
@@ -226,6 +249,7 @@ SCENARIOS: dict[str, Scenario] = {
     "stuck_then_resumed_with_a_message": stuck_then_resumed_with_a_message,
     "compacted_context": compacted_context,
     "mcp_tools": mcp_tools,
+    "archived_runs": archived_runs,
 }
 
 

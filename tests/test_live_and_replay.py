@@ -94,9 +94,11 @@ async def test_the_live_stream_equals_the_log_a_fresh_worker_replays(
     assert len(of_type(live, "observation")) == 8 and live[-1].type == "done"
 
     # The worker that ran the task is gone; a fresh one, with nothing cached, replays every
-    # run of the chain to answer the events query.
+    # run of the chain to answer the events query. The reader is given no storage, so it
+    # cannot take the closed runs' events from the archive (written from the live run).
+    unarchived = settings.model_copy(update={"data_dir": settings.data_dir / "elsewhere"})
     async with running_worker(dev_env.client, settings, registry=with_a_slow_local_tool()):
-        replayed = await handle.events()
+        replayed = await AgentRuntime(dev_env.client, unarchived).get(handle.id).events()
     assert stamped(replayed) == stamped(live)
 
 

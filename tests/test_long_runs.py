@@ -85,8 +85,8 @@ async def test_two_thousand_steps_with_default_settings_stay_flat(
     # The whole log, a page at a time: no gap, no repeat, each page from the runs it needs.
     seq, pages = 0, 0
     while True:
-        # A page of a finished run is read by replaying its 1 MB history, seconds each on a
-        # busy machine: bounded generously, as a wait for a state.
+        # Closed runs are read from the event archive; one that is not there is replayed,
+        # seconds on a busy machine: bounded generously, as a wait for a state.
         page = await handle.events(seq, limit=1000, within=timedelta(minutes=2))
         if not page:
             break

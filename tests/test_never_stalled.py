@@ -14,7 +14,8 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.failure.v1 import Failure
 from temporalio.testing import WorkflowEnvironment
 
-from activities.chat import ChatDelta, OpenAIChat
+from activities.chat import ChatDelta
+from activities.openai_chat import OpenAIChat
 from runtime.agent_runtime import AgentRuntime, TaskHandle
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, stall, text

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+from activities.event_archive import ArchiveActivities
 from activities.llm import LlmActivities
 from activities.mcp.activities import McpActivities
 from activities.tools import ToolActivities
@@ -29,6 +30,7 @@ from workflows.models import (
     SummaryResult,
     ToolResult,
 )
+from workflows.run import ArchiveRequest
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 
@@ -103,3 +105,20 @@ async def list_tools(task: AgentTask, servers: list[str]) -> ToolCatalog:
 async def save_conversation(task: AgentTask, snapshot: ConversationSnapshot) -> None:
     config = options.conversation_save(task)
     await workflow.execute_activity_method(LlmActivities.save_conversation, snapshot, **config)
+
+
+async def archive_events(request: ArchiveRequest) -> bool:
+    """Store the run's events for readers; whether that worked (a failure costs readers a
+    replay, never the task)."""
+    with cancel_wins():
+        try:
+            config = options.events_archive()
+            await workflow.execute_activity_method(
+                ArchiveActivities.archive_events, request, **config
+            )
+        except ActivityError as err:
+            if cancelled(err):
+                raise
+            workflow.logger.warning("the run's events were not archived: %s", detail(err))
+            return False
+    return True

@@ -83,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
         RESUME_SIGNAL,
         WORKFLOW_TYPE,
         AgentRun,
+        ArchiveRequest,
         EventPage,
         EventsRequest,
         LlmContext,
@@ -96,6 +97,9 @@ with workflow.unsafe.imports_passed_through():
 
 # A failed task's run stays open this long for a resumption (see _fail and runtime/reset.py).
 RESUME_GRACE = timedelta(seconds=3)
+# A last run this large archives its events as it ends: a replay to read them takes seconds.
+ARCHIVE_LAST_RUN_BYTES = 256 * 1024
+ARCHIVE_PATCH = "archive-events"
 
 
 @dataclass(frozen=True)
@@ -286,6 +290,8 @@ class AgentWorkflow:
         if result.tool_calls:
             return None
         self._append(draft(Done, step, result=result.content))
+        if self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES:
+            await self._archive_events()
         await self._close_stream()
         usage, last_seq = self._state.usage, self._state.last_seq
         return AgentOutcome(result=result.content, steps=step, usage=usage, last_seq=last_seq)
@@ -355,6 +361,7 @@ class AgentWorkflow:
         latest items, and decisions not yet in the log."""
         if self._messages.added_to(self._state.conversation):
             await self._save_conversation()
+        await self._archive_events()
         self._stream.truncate(carried_from(self._stream.get_state()))
         info = workflow.info()
         earlier = RunRef(
@@ -373,6 +380,14 @@ class AgentWorkflow:
             return [AgentRun(task=self._task, carry=carry)]
 
         await self._stream.continue_as_new(next_run)
+
+    async def _archive_events(self) -> None:
+        """Keep this run's events where readers find them once it is closed (no replay).
+        Behind a patch: runs recorded before it hand over and end without the activity."""
+        if self._log and workflow.patched(ARCHIVE_PATCH):
+            request = ArchiveRequest(first_seq=self._first_seq, last_seq=self._state.last_seq)
+            await activity_calls.archive_events(request)
+            self._clock = _sample()
 
     def _progress(self, clock: _Clock | None = None) -> RunProgress:
         clock = clock or self._clock

@@ -12,6 +12,8 @@ LLM_MALFORMED_RESPONSE = "LlmMalformedResponse"
 LLM_NOT_CONFIGURED = "LlmNotConfigured"
 # Messages of the conversation are neither in the task's runs nor in the store.
 CONVERSATION_LOST = "ConversationLost"
+# A run's events could not be read whole to archive them (the log then reads by query).
+ARCHIVE_INCOMPLETE = "ArchiveIncomplete"
 
 # The workflow ends as failed with one of these: max_steps, token_budget, llm_error, ...
 AGENT_FAILED = "AgentFailed"

@@ -99,3 +99,17 @@ def conversation_save(task: AgentTask) -> workflow.ActivityConfig:
         heartbeat_timeout=heartbeat_timeout(task),
         retry_policy=STORE_RETRY,
     )
+
+
+# Archiving is a shortcut for readers, never worth holding a hand-over up: a few tries.
+ARCHIVE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_attempts=3,
+)
+
+
+def events_archive() -> workflow.ActivityConfig:
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(minutes=1), retry_policy=ARCHIVE_RETRY
+    )

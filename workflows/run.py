@@ -69,6 +69,28 @@ class EventsRequest(Contract):
     limit: int = 1000
 
 
+class ArchiveRequest(Contract):
+    """Input of `archive_events`: store this run's events `first_seq`..`last_seq`, so its
+    log reads without a replay once it is closed."""
+
+    first_seq: int
+    last_seq: int
+
+
+class ArchivedRun(Contract):
+    """A closed run's events as the event archive keeps them."""
+
+    workflow_id: str
+    run_id: str
+    first_seq: int
+    last_seq: int
+    events: list[AgentEvent]
+
+    def complete(self) -> bool:
+        """Every event first_seq..last_seq, in order: what a reader may trust."""
+        return [e.seq for e in self.events] == list(range(self.first_seq, self.last_seq + 1))
+
+
 class EventPage(Contract):
     """Answer of the `events` query: events with seq >= since that this run holds.
 

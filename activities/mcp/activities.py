@@ -3,15 +3,19 @@ and the check of a model's call against the catalog a task recorded."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating
 from activities.mcp.calls import argument_problem
-from activities.mcp.manager import McpClientManager
 from activities.spans import span
 from activities.tools import approval_needed, json_object_arguments
 from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog, is_mcp_tool_name
+
+if TYPE_CHECKING:  # the manager imports `mcp`: only a worker needs it
+    from activities.mcp.manager import McpClientManager
 
 
 class McpActivities:

@@ -103,7 +103,7 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
       const mine = outcome.approver === me && outcome.decision === kind;
       settle(mine ? describeOutcome(outcome, me) : `Already ${describeOutcome(outcome, me)}`, outcome);
     } catch (error) {
-      if (error instanceof ApiError && [404, 409].includes(error.status)) await gone();
+      if (error instanceof ApiError && [404, 409].includes(error.status)) await settleFromState();
       if (!decided) {
         outcomeLine.textContent = error instanceof ApiError && error.status === 403
           ? `Refused: ${error.message}`
@@ -116,9 +116,15 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
     }
   }
 
-  /** The request left the pending list without us: say how it ended and who decided. */
+  /** The request left the pending list: say how it ended and who decided. Not while our
+   * own decision is in flight: a poll can see the request leave before the answer comes,
+   * and the answer says whose decision won. */
   let looking = null;
   function gone() {
+    return busy ? Promise.resolve() : settleFromState();
+  }
+
+  function settleFromState() {
     looking ??= lookUp().finally(() => { looking = null; });
     return looking;
   }
