@@ -30,6 +30,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from activities.mcp.config import McpServerConfig, expand, expand_mapping
+from activities.mcp.errors import McpServerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ CLIENT_INFO = mcp_types.Implementation(name="waystation", version="0.1.0")
 STDERR_TAIL_CHARS = 2_000
 CLOSE_WITHIN_SECONDS = 10.0  # the SDK's own stdio shutdown gives a server 2 s + 2 s
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
-
-
-class McpServerUnavailable(Exception):
-    """The server could not be started, reached or listed; the message says why."""
 
 
 class _WatchedReadStream:

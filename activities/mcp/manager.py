@@ -4,6 +4,9 @@ One manager per worker process (built in worker.py). It lists servers' tools int
 `ToolCatalog`, calls tools with their arguments checked against the tool's schema and the
 idempotency key in the request's `_meta`, and turns every failure into text the model can
 read. It remembers which servers said their tools changed, so the next step re-lists.
+
+The `mcp` package (a second of start-up and ~28 MB) is imported when a configured server
+is first used, so a worker without MCP servers never loads it.
 """
 
 from __future__ import annotations
@@ -14,18 +17,20 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import mcp_types
-from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from activities.mcp.calls import argument_problem
 from activities.mcp.config import McpConfigError, McpServerConfig, worker_environment
-from activities.mcp.connection import McpConnection, McpServerUnavailable, describe_error
-from activities.mcp.convert import result_text, server_tools
+from activities.mcp.errors import McpServerUnavailable
 from workflows.models import ToolResult
 from workflows.tool_catalog import McpServerTools, McpToolSpec, ToolCatalog, split_name
+
+if TYPE_CHECKING:
+    import mcp_types
+
+    from activities.mcp.connection import McpConnection
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +101,9 @@ class McpClientManager:
         config = self._configs.get(server)
         if config is None:
             return McpServerTools(server=server, error=self._not_configured(server))
+        from activities.mcp.connection import describe_error
+        from activities.mcp.convert import server_tools
+
         self._stale.discard(server)  # a change notified from here on marks it again
         for attempt in (1, 2):
             try:
@@ -139,6 +147,12 @@ class McpClientManager:
         if problem is not None:
             return ToolResult(output=problem, is_error=True)
         config = self._configs[spec.server]
+        import mcp_types
+        from mcp.shared.exceptions import MCPError
+
+        from activities.mcp.connection import describe_error
+        from activities.mcp.convert import result_text
+
         try:
             connection = await self._connection(spec.server)
         except (McpServerUnavailable, McpConfigError) as err:
@@ -212,6 +226,8 @@ class McpClientManager:
             if current is not None:
                 del self._connections[server]
                 await current.close()
+            from activities.mcp.connection import McpConnection
+
             connection = McpConnection(
                 server, self._configs[server], self._environ, self._tools_changed, self._stderr()
             )

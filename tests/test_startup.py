@@ -1,0 +1,48 @@
+"""What a process loads to start: the CLI and a worker without MCP servers or a model
+endpoint skip the `openai` and `mcp` packages (together ~2.5 s of CPU and ~50 MB each time
+a command or a worker starts); they load where a configured endpoint or server needs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from testing.workers import REPO
+
+HEAVY = ("openai", "mcp", "mcp_types")
+
+
+def loaded_after(code: str) -> list[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    modules = set(json.loads(out.splitlines()[-1]))
+    return [name for name in HEAVY if name in modules]
+
+
+def test_the_cli_starts_without_openai_or_mcp() -> None:
+    assert loaded_after("import starter; starter.parser()") == []
+
+
+def test_a_worker_without_endpoint_or_mcp_servers_starts_without_them() -> None:
+    code = (
+        "import worker\n"
+        "from activities.builtin_tools import builtin_registry\n"
+        "from activities.llm import LlmActivities\n"
+        "from activities.mcp.activities import McpActivities\n"
+        "from activities.mcp.manager import McpClientManager\n"
+        "mcp = McpActivities(McpClientManager({}))\n"
+        "LlmActivities(builtin_registry(), None, api_key=None, base_url=None, mcp=mcp)"
+    )
+    assert loaded_after(code) == []
+
+
+def test_a_configured_endpoint_loads_openai() -> None:
+    code = (
+        "from activities.builtin_tools import builtin_registry\n"
+        "from activities.llm import LlmActivities\n"
+        "LlmActivities(builtin_registry(), None, api_key='sk-x', base_url=None)"
+    )
+    assert loaded_after(code) == ["openai"]
