@@ -4,8 +4,12 @@ OpenAI-protocol server, per-test settings and workers. What they are built from 
 
 from __future__ import annotations
 
+import ast
+import functools
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -20,6 +24,26 @@ from testing.settings import isolated_settings, scrub_user_environment
 from testing.workers import WorkerProcess, running_worker
 
 scrub_user_environment()
+
+
+def _parse_in_turn() -> None:
+    """CPython 3.11 keeps ast.parse's recursion depth in state every thread shares, so two
+    threads parsing at once can fail with "SystemError: AST constructor recursion depth
+    mismatch" (python/cpython#106905). Hypothesis parses lambdas' source in the schemathesis
+    test's thread while the event loop's thread may parse too: one lock makes them take
+    turns."""
+    parse = ast.parse
+    lock = threading.Lock()
+
+    @functools.wraps(parse)
+    def parse_in_turn(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return parse(*args, **kwargs)
+
+    ast.parse = parse_in_turn
+
+
+_parse_in_turn()
 
 
 @pytest.fixture(scope="session")
