@@ -5,6 +5,7 @@ results a live run and a replay see in different activations."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,10 +20,11 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
-from tests.helpers import agent_task, of_type
+from tests.helpers import agent_task, of_type, pending_requests
 from worker import WORKFLOW_RUNNER
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentEvent
+from workflows.models import ApprovalSettings, Decision
 
 # Longer than 80% of the workflow task timeout (3 s): the worker running it live heartbeats
 # its workflow task, so the result comes in a later workflow task than on replay.
@@ -98,6 +100,58 @@ async def test_the_live_stream_equals_the_log_a_fresh_worker_replays(
     # cannot take the closed runs' events from the archive (written from the live run).
     unarchived = settings.model_copy(update={"data_dir": settings.data_dir / "elsewhere"})
     async with running_worker(dev_env.client, settings, registry=with_a_slow_local_tool()):
+        replayed = await AgentRuntime(dev_env.client, unarchived).get(handle.id).events()
+    assert stamped(replayed) == stamped(live)
+
+
+async def test_a_query_waiting_with_an_approval_leaves_the_approved_steps_log_as_replayed(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    """The approval of a local call and a query wait at the server while no worker polls,
+    so the next worker gets both in one workflow task. The SDK answers the query while the
+    call runs and completes the task with the call's marker and the answer, asking for a
+    new task: live, the workflow gets the result one workflow task later than a replay,
+    which takes it from the task whose completion holds the marker. Events stamped with
+    the time and history length of the moment they were appended differed here (the
+    observation: 32 live, 23 replayed), unless the call outlasted the task's heartbeat."""
+    observed = threading.Event()
+    model = fake_openai.script(
+        [
+            tools(("calculator", {"expression": "6 * 7"})),
+            # Held until the stream has shown the observation: the task is still running,
+            # so the worker that ran it live streams it, not a replay.
+            Reply(content="it is 42", hold_after_chunks=0, gate=observed),
+        ]
+    )
+    runtime = AgentRuntime(dev_env.client, settings)
+    task = agent_task(model, approval=ApprovalSettings(policy={"calculator": "always"}))
+    async with running_worker(dev_env.client, settings):
+        handle = await runtime.run(task)
+        [request] = await pending_requests(handle)
+
+    # No worker polls: the approval schedules a workflow task nobody takes, and the query
+    # sent after it is held for that task (sent with the Temporal client: our runtime
+    # checks with a query first, which nothing answers yet).
+    task_workflow = dev_env.client.get_workflow_handle(handle.id)
+    await task_workflow.signal(AgentWorkflow.approve, Decision(request_id=request))
+    asked = asyncio.create_task(task_workflow.query(AgentWorkflow.state))
+    async with running_worker(dev_env.client, settings):
+        seen = await asyncio.wait_for(asked, 60)
+        items = []
+        async for item in runtime.stream(handle.id, topics=["events"]):
+            items.append(item)
+            if item.data.type == "observation":
+                observed.set()
+        assert (await asyncio.wait_for(handle.result(), 60)).result == "it is 42"
+    live: list[AgentEvent] = [item.data for item in items]  # type: ignore[misc]
+    [observation] = of_type(live, "observation")
+    assert observation.output == "42" and live[-1].type == "done"
+    # The scenario's precondition: the query was answered in the approval's workflow task,
+    # after the call was decided and before its result reached the workflow.
+    assert request in seen.decisions and seen.last_seq < observation.seq, seen.last_seq
+
+    unarchived = settings.model_copy(update={"data_dir": settings.data_dir / "elsewhere"})
+    async with running_worker(dev_env.client, settings):
         replayed = await AgentRuntime(dev_env.client, unarchived).get(handle.id).events()
     assert stamped(replayed) == stamped(live)
 
