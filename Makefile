@@ -25,14 +25,17 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers.
+TEST_WORKERS ?= 2
+
 test: lint
-	@echo "==> pytest (starts its own Temporal dev server and time-skipping server)"
-	$(BIN)/pytest
+	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # The suite beside CPU-burning processes (BURNERS, default one per core): no test may race the clock.
 test-stress: lint
 	@echo "==> pytest with every core kept busy (scripts/stress.py; slower than make test)"
-	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS))
+	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS)) -- -n $(TEST_WORKERS)
 
 bench: setup
 	@echo "==> installing the benchmark peers (LangGraph, the Temporal peers), then every benchmark (about 10 min)"

@@ -5,7 +5,8 @@
     python scripts/stress.py -- -q tests/chaos    # pytest arguments after `--`
 
 It starts N processes that spin on the CPU (default: as many as the machine has cores),
-runs the suite as `make test` does (this Python's pytest from the repository), stops the
+runs the suite with this Python's pytest from the repository (`make test-stress` passes
+`-n 2`, the pytest-xdist processes `make test` uses), stops the
 burners however the run ends, and exits with pytest's exit code. A burner also stops by
 itself when this script is gone (even after a SIGKILL), so none outlives a run.
 """
