@@ -19,6 +19,7 @@ from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task
 from tests.test_cli import starter
+from tests.test_long_runs import run_ids
 from tests.test_resume_fork_edges import KEY_1, client_for, keys_env, with_keys
 from workflows.events import AgentEvent
 
@@ -44,19 +45,6 @@ def long_model(fake_openai: FakeOpenAI) -> str:
     return fake_openai.script(reply, record=False)
 
 
-async def run_chain(client: Client, task_id: str) -> list[str]:
-    """The run ids of the task's chain, oldest first."""
-    runs: list[str] = []
-    run_id: str | None = None
-    while True:
-        history = await client.get_workflow_handle(task_id, run_id=run_id).fetch_history()
-        runs.append(history.run_id)
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not started.continued_execution_run_id:
-            return list(reversed(runs))
-        run_id = started.continued_execution_run_id
-
-
 async def finished_long_task(
     client: Client, settings: Settings, fake_openai: FakeOpenAI
 ) -> tuple[str, list[AgentEvent]]:
@@ -75,7 +63,7 @@ async def finished_long_task(
         assert outcome.result == "done at last"
         events = await handle.events()
     assert [e.seq for e in events] == list(range(outcome.last_seq + 1))
-    assert len(await run_chain(client, handle.id)) >= RUNS
+    assert len(await run_ids(client, handle.id)) >= RUNS
     return handle.id, events
 
 
@@ -109,7 +97,7 @@ async def test_where_the_archive_is_missing_the_log_reads_by_query(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
 ) -> None:
     task_id, events = await finished_long_task(dev_env.client, settings, fake_openai)
-    runs = await run_chain(dev_env.client, task_id)
+    runs = await run_ids(dev_env.client, task_id)
     # The middle run's archive is lost (pruned, say): that run is replayed, the rest read.
     with sqlite3.connect(settings.data_dir / SQLITE_FILE) as db:
         gone = db.execute("DELETE FROM blobs WHERE digest = ?", (archive_key(task_id, runs[1]),))

@@ -136,12 +136,12 @@ def effects(settings: Settings) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def run_ids(dev_env: WorkflowEnvironment, task_id: str) -> list[str]:
+async def run_ids(client: Client, task_id: str) -> list[str]:
     """The task's runs, oldest first."""
     ids: list[str] = []
     run_id: str | None = None
     while True:
-        handle = dev_env.client.get_workflow_handle(task_id, run_id=run_id)
+        handle = client.get_workflow_handle(task_id, run_id=run_id)
         history = await handle.fetch_history()
         ids.append(history.run_id)
         started = history.events[0].workflow_execution_started_event_attributes
@@ -179,7 +179,7 @@ async def test_continue_as_new_amid_a_retry_a_pending_approval_and_a_subscriptio
     subscriber = asyncio.create_task(subscribe())
     first, second = await pending_requests(handle, count=2)
     async with asyncio.timeout(60):  # the run hands over while both requests are open
-        while len(await run_ids(dev_env, handle.id)) < 2:
+        while len(await run_ids(dev_env.client, handle.id)) < 2:
             await asyncio.sleep(0.1)
     state = await handle.state()
     assert set(state.pending_approvals) == {first, second}
@@ -215,4 +215,4 @@ async def test_continue_as_new_amid_a_retry_a_pending_approval_and_a_subscriptio
     # Both attempts of step 1 sent the model the same conversation.
     requests = fake_openai.requests[model]
     assert requests[0]["messages"] == requests[1]["messages"]
-    assert len(await run_ids(dev_env, handle.id)) >= 2
+    assert len(await run_ids(dev_env.client, handle.id)) >= 2
