@@ -123,17 +123,20 @@ class OpenAIChat:
             api_key=api_key or "not-needed", base_url=base_url, max_retries=0
         )
 
-    def _options(self, tools: list[dict[str, Any]], model: ModelSettings) -> dict[str, Any]:
-        options: dict[str, Any] = {}
+    def _body(
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+    ) -> dict[str, Any]:
+        """The parts of the request body that grow with the task, already in wire form."""
+        body: dict[str, Any] = {"messages": to_openai_messages(messages)}
         if tools:
-            options["tools"] = tools
+            body["tools"] = tools
             if model.tool_choice is not None:  # endpoints refuse tool_choice without tools
-                options["tool_choice"] = tool_choice_option(model.tool_choice)
+                body["tool_choice"] = tool_choice_option(model.tool_choice)
         if model.temperature is not None:
-            options["temperature"] = model.temperature
+            body["temperature"] = model.temperature
         if model.max_tokens is not None:
-            options["max_tokens"] = model.max_tokens
-        return options
+            body["max_tokens"] = model.max_tokens
+        return body
 
     async def stream(
         self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
@@ -158,13 +161,16 @@ class OpenAIChat:
         try:
             try:
                 async with asyncio.timeout(first_wait):
+                    # The body goes as `extra_body`, which the SDK sends as it is: `create`
+                    # would walk every message against its typed schema first, for the same
+                    # bytes, ~50 ms of CPU per call at 120 messages (bench.request_body).
                     response = await create(
                         model=model.name,
-                        messages=to_openai_messages(messages),
+                        messages=[],
                         stream=True,
                         stream_options={"include_usage": True},
                         timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
-                        **self._options(tools, model),
+                        extra_body=self._body(messages, tools, model),
                     )
                     chunks = aiter(response)
                     chunk = await anext(chunks, None)

@@ -29,6 +29,7 @@ from bench import (
     peers,
     peers_temporal,
     recovery,
+    request_body,
     step_overhead,
     stream_latency,
     throughput,
@@ -38,6 +39,7 @@ from bench.common import Measure, Row, bench_environment, print_table, say
 
 SECTIONS: dict[str, Measure] = {
     "step_overhead": step_overhead.measure,
+    "request_body": request_body.measure,
     "durable_bytes": durable_bytes.measure,
     "throughput": throughput.measure,
     "approval": approval.measure,
