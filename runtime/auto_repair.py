@@ -55,4 +55,6 @@ async def repair_now_and_then(runtime: AgentRuntime) -> None:
             await repair_stuck_tasks(runtime, refused)
         except RPCError as err:  # Temporal unreachable for a moment: try at the next round
             logger.warning("could not look for stuck tasks: %s", err)
+        except Exception:  # anything else: said, and tried again; the loop never ends quietly
+            logger.exception("looking for stuck tasks failed; trying again in the next round")
         await asyncio.sleep(runtime.settings.auto_repair_interval_seconds)

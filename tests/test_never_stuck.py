@@ -33,10 +33,11 @@ from temporalio.client import (
     WorkflowHandle,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from runtime import agent_runtime
+from runtime import agent_runtime, auto_repair
 from runtime.agent_runtime import AgentRuntime, TaskHandle
 from runtime.health import Stuck
 from runtime.http_api import create_app
@@ -82,13 +83,20 @@ async def assert_replays(client: Client, task_id: str) -> None:
 
 async def until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
     """Ask `check` until it returns something truthy (bounded)."""
+    deadline = asyncio.timeout(WAIT_SECONDS)
     try:
-        async with asyncio.timeout(WAIT_SECONDS):
+        async with deadline:
             while not (found := await check()):
                 await asyncio.sleep(0.05)
             return found
     except TimeoutError:
         raise AssertionError(f"timed out waiting until {what}") from None
+    except RPCError:
+        # The deadline cancels a call in flight, which the SDK raises as "operation was
+        # canceled": still a timeout.
+        if deadline.expired():
+            raise AssertionError(f"timed out waiting until {what}") from None
+        raise
 
 
 # --- (a) the cold-worker scenario of issue 12 -----------------------------------------------
@@ -426,5 +434,51 @@ async def test_a_worker_with_auto_repair_repairs_a_stuck_task_once(
         async def reset_by_the_worker() -> bool:
             return (await handle.overview()).run_id != stuck_run
 
-        await until(reset_by_the_worker, "the worker resets the stuck run")
+        try:
+            await until(reset_by_the_worker, "the worker resets the stuck run")
+        except AssertionError as err:
+            # What the worker's repair loop would have seen, for the one who reads this.
+            described = await dev_env.client.get_workflow_handle(handle.id).describe()
+            pending = described.raw_description.pending_workflow_task
+            raise AssertionError(
+                f"{err}; stuck: {await handle.stuck()!r}; pending workflow task: state "
+                f"{pending.state}, attempt {pending.attempt}"
+            ) from None
         assert await after_repair(dev_env, settings, handle) == "worker"
+
+
+async def test_the_repair_loop_outlives_an_unexpected_error(
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One round failing with something other than an RPC error is logged with its traceback,
+    and the worker looks again at the next round instead of never again."""
+    rounds: list[int] = []
+    second_round = asyncio.Event()
+
+    async def failing_once(runtime: AgentRuntime, refused: set[str]) -> list[str]:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise ValueError("a surprise")
+        second_round.set()
+        return []
+
+    monkeypatch.setattr(auto_repair, "repair_stuck_tasks", failing_once)
+    quick = settings.model_copy(update={"auto_repair_interval_seconds": 0.01})
+    looking = asyncio.create_task(
+        auto_repair.repair_now_and_then(AgentRuntime(dev_env.client, quick))
+    )
+    seen_again = asyncio.create_task(second_round.wait())
+    try:
+        await asyncio.wait(
+            {looking, seen_again}, timeout=WAIT_SECONDS, return_when="FIRST_COMPLETED"
+        )
+        assert not looking.done(), f"the loop ended: {looking.exception()!r}"
+        assert second_round.is_set(), "no second round"
+    finally:
+        looking.cancel()
+        seen_again.cancel()
+    [logged] = [r for r in caplog.records if "looking for stuck tasks failed" in r.getMessage()]
+    assert logged.exc_info is not None and "a surprise" in str(logged.exc_info[1])
