@@ -9,26 +9,17 @@ share the noise. Reported: ms per model call (request to last chunk), typed / ou
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import openai
 
-from activities.chat import to_openai_messages
 from activities.openai_chat import OpenAIChat
 from bench.common import Bench, Row, median, run_alone, say
 from testing.fake_openai import text
+from testing.typed_openai import CALCULATOR_TOOL, typed_stream
 from workflows.models import ChatMessage, ModelSettings, ToolCallRequest
 
 SIZES = (10, 60, 120, 240)
 CALLS = 15
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "arithmetic",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
 
 
 def conversation(length: int) -> list[ChatMessage]:
@@ -43,7 +34,7 @@ def conversation(length: int) -> list[ChatMessage]:
 
 async def ours(chat: OpenAIChat, messages: list[ChatMessage], model: ModelSettings) -> float:
     started = time.perf_counter()
-    async for _ in chat.stream(messages, [CALCULATOR], model):
+    async for _ in chat.stream(messages, [CALCULATOR_TOOL], model):
         pass
     return (time.perf_counter() - started) * 1000
 
@@ -52,16 +43,7 @@ async def typed(
     client: openai.AsyncOpenAI, messages: list[ChatMessage], model: ModelSettings
 ) -> float:
     started = time.perf_counter()
-    create: Any = client.chat.completions.create
-    stream = await create(
-        model=model.name,
-        messages=to_openai_messages(messages),
-        tools=[CALCULATOR],
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for _ in stream:
-        pass
+    await typed_stream(client, model.name, messages, [CALCULATOR_TOOL])
     return (time.perf_counter() - started) * 1000
 
 

@@ -20,19 +20,12 @@ from activities.openai_chat import OpenAIChat
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, hang, stall, text, tools
+from testing.typed_openai import CALCULATOR_TOOL
 from testing.workers import running_worker
 from workflows import errors
 from workflows.models import AgentTask, ChatMessage, ModelSettings
 
 PROMPT = [ChatMessage(role="user", content="hello")]
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "arithmetic",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
 
 
 async def collect(
@@ -153,7 +146,9 @@ async def test_tool_choice_is_passed_through(
     fake_openai: FakeOpenAI, choice: str | None, sent: object
 ) -> None:
     name = fake_openai.script([tools(("calculator", {"expression": "1+1"}))])
-    await collect(fake_openai, settings(name, first=30, idle=30, tool_choice=choice), [CALCULATOR])
+    await collect(
+        fake_openai, settings(name, first=30, idle=30, tool_choice=choice), [CALCULATOR_TOOL]
+    )
     (request,) = fake_openai.requests[name]
     assert request.get("tool_choice") == sent
 

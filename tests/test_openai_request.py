@@ -10,19 +10,12 @@ from typing import Any
 
 import openai
 
-from activities.chat import to_openai_messages, tool_choice_option
+from activities.chat import tool_choice_option
 from activities.openai_chat import OpenAIChat
 from testing.fake_openai import FakeOpenAI, text
+from testing.typed_openai import CALCULATOR_TOOL, typed_stream
 from workflows.models import ChatMessage, ModelSettings, ToolCallRequest
 
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "arithmetic",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
 CALL = ToolCallRequest(id="call_1", name="calculator", arguments='{"expression": "6 * 7"}')
 CONVERSATION = [
     ChatMessage(role="system", content="You are terse."),
@@ -41,7 +34,7 @@ async def bodies(fake_openai: FakeOpenAI, model: ModelSettings) -> tuple[Any, An
     chat = OpenAIChat("sk-test", fake_openai.url)
     client = openai.AsyncOpenAI(api_key="sk-test", base_url=fake_openai.url, max_retries=0)
     try:
-        answer = [d.text async for d in chat.stream(CONVERSATION, [CALCULATOR], model)]
+        answer = [d.text async for d in chat.stream(CONVERSATION, [CALCULATOR_TOOL], model)]
         assert "".join(answer) == "ours"
         options: dict[str, Any] = {}
         if model.tool_choice is not None:
@@ -50,17 +43,7 @@ async def bodies(fake_openai: FakeOpenAI, model: ModelSettings) -> tuple[Any, An
             options["temperature"] = model.temperature
         if model.max_tokens is not None:
             options["max_tokens"] = model.max_tokens
-        create: Any = client.chat.completions.create
-        stream = await create(
-            model=name,
-            messages=to_openai_messages(CONVERSATION),
-            tools=[CALCULATOR],
-            stream=True,
-            stream_options={"include_usage": True},
-            **options,
-        )
-        async for _ in stream:
-            pass
+        await typed_stream(client, name, CONVERSATION, [CALCULATOR_TOOL], **options)
     finally:
         await chat.close()
         await client.close()
@@ -75,7 +58,7 @@ async def test_the_body_is_the_typed_clients_with_default_settings(
     assert mine == theirs
     assert [m["role"] for m in mine["messages"]] == [m.role for m in CONVERSATION]
     assert mine["messages"][1]["content"] == "What is 6 * 7? Ünïcödé ✓"
-    assert mine["tools"] == [CALCULATOR] and mine["stream"] is True
+    assert mine["tools"] == [CALCULATOR_TOOL] and mine["stream"] is True
 
 
 async def test_the_body_is_the_typed_clients_with_every_option_set(
