@@ -29,7 +29,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.event_archive import read_archived
-from runtime.busy import sending
+from runtime.busy import reading, sending
 from runtime.health import Stuck, TaskOverview, overview, stuck, worker_hint
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
@@ -270,7 +270,7 @@ class TaskHandle:
     async def describe(self) -> WorkflowExecutionDescription:
         """Temporal's view of the task's latest run (no worker needed)."""
         try:
-            return await self._handle.describe()
+            return await reading(self._handle.describe)
         except RPCError as err:
             raise _not_found(self.id, err) from err
 

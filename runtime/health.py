@@ -22,6 +22,8 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 
+from runtime.busy import reading
+
 # A workflow task that failed this many times in a row is a task that will not move by
 # itself (one failure can be a worker that died mid-task; Temporal retries it at once).
 STUCK_AFTER_ATTEMPTS = 3
@@ -39,11 +41,10 @@ class TaskOverview:
 
 
 async def overview(client: Client, task_id: str) -> TaskOverview:
-    raw = await client.workflow_service.describe_workflow_execution(
-        DescribeWorkflowExecutionRequest(
-            namespace=client.namespace, execution=WorkflowExecution(workflow_id=task_id)
-        )
+    request = DescribeWorkflowExecutionRequest(
+        namespace=client.namespace, execution=WorkflowExecution(workflow_id=task_id)
     )
+    raw = await reading(lambda: client.workflow_service.describe_workflow_execution(request))
     info = raw.workflow_execution_info
     fields = dict(info.memo.fields)
     values = await client.data_converter.decode(list(fields.values())) if fields else []
@@ -53,13 +54,12 @@ async def overview(client: Client, task_id: str) -> TaskOverview:
 
 async def polling_workers(client: Client, task_queue: str) -> list[str]:
     """Identities of the workers that recently polled the task queue for workflow tasks."""
-    response = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
     )
+    response = await reading(lambda: client.workflow_service.describe_task_queue(request))
     return [poller.identity for poller in response.pollers]
 
 

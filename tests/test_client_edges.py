@@ -1,6 +1,6 @@
 """Small client-side promises: queries end instead of hanging, a repeated approval gets the
-same answer, the memo forgets a wait once it is over, and a signal Temporal refuses as busy
-is sent again."""
+same answer, the memo forgets a wait once it is over, a signal Temporal refuses as busy is
+sent again, and a read it refuses in passing is read again."""
 
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    SignalWorkflowInput,
+    WorkflowExecutionStatus,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime, NoWorkerError, TaskHandle
-from runtime.busy import BusyRetry, sending
+from runtime.busy import BusyRetry, reading, sending
 from runtime.settings import Settings
 from runtime.temporal import temporal_binary
 from testing.fake_openai import FakeOpenAI, text, tools
@@ -197,3 +203,70 @@ async def test_an_approval_refused_as_busy_is_sent_again(
         assert answer.status_code == 200, answer.text
         assert answer.json()["request_id"] == request and busy_twice.left == 0
         assert (await handle.result()).result == "ran"
+
+
+# --- reads refused in passing ------------------------------------------------------------------
+
+
+async def test_a_read_refused_in_passing_is_read_again_and_a_signal_is_not() -> None:
+    pauses: list[float] = []
+
+    async def record(seconds: float) -> None:
+        pauses.append(seconds)
+
+    refusals = [RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED]
+
+    async def refused_three_ways() -> str:
+        if refusals:
+            raise RPCError("operation was canceled", refusals.pop(0), b"")
+        return "read"
+
+    policy = BusyRetry(tries=8, first_pause=0.1, factor=2.0, max_pause=3.0, jitter=0.2)
+    assert await reading(refused_three_ways, policy, sleep=record) == "read"
+    assert len(pauses) == 3
+
+    async def canceled() -> str:
+        raise RPCError("operation was canceled", RPCStatusCode.CANCELLED, b"")
+
+    pauses.clear()
+    with pytest.raises(RPCError, match="canceled"):
+        await sending(canceled, policy, sleep=record)  # a signal may have landed: not resent
+    assert pauses == []
+
+    async def not_found() -> str:
+        raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+
+    with pytest.raises(RPCError, match="not found"):
+        await reading(not_found, policy, sleep=record)
+    assert pauses == []
+
+
+async def test_a_task_described_while_the_server_cancels_describes_is_described(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """The dev server answered DescribeWorkflowExecution with CANCELLED while it reset the
+    same task; `ws status`, the API and the auto-repair loop read through this call."""
+    client = await Client.connect(
+        dev_env.client.service_client.config.target_host, data_converter=pydantic_data_converter
+    )
+    service = client.workflow_service
+    real_describe = service.describe_workflow_execution
+    refusals = {"left": 2}
+
+    async def canceled_twice(*args: Any, **kwargs: Any) -> Any:
+        if refusals["left"] > 0:
+            refusals["left"] -= 1
+            raise RPCError("operation was canceled", RPCStatusCode.CANCELLED, b"")
+        return await real_describe(*args, **kwargs)
+
+    service.describe_workflow_execution = canceled_twice  # type: ignore[method-assign]
+    runtime = AgentRuntime(client, settings)
+    handle = await runtime.run(agent_task("offline"))  # no worker: it stays running
+    try:
+        seen = await handle.overview()
+        assert seen.status == WorkflowExecutionStatus.RUNNING and refusals["left"] == 0
+        refusals["left"] = 2
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert refusals["left"] == 0
+    finally:
+        await dev_env.client.get_workflow_handle(handle.id).terminate("test over")
