@@ -26,7 +26,7 @@ lint: setup
 	$(BIN)/mypy
 
 # Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 4
 
 test: lint
 	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"

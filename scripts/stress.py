@@ -6,9 +6,9 @@
 
 It starts N processes that spin on the CPU (default: as many as the machine has cores),
 runs the suite with this Python's pytest from the repository (`make test-stress` passes
-`-n 2`, the pytest-xdist processes `make test` uses), stops the
-burners however the run ends, and exits with pytest's exit code. A burner also stops by
-itself when this script is gone (even after a SIGKILL), so none outlives a run.
+`-n 4`, the pytest-xdist processes `make test` uses), stops the burners however the run
+ends, and exits with pytest's exit code. A burner also stops by itself when this script is
+gone (even after a SIGKILL), so none outlives a run.
 """
 
 from __future__ import annotations
