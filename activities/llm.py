@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError
 
+from activities.attempt_step import failures_name_step
 from activities.chat import ChatBackend, ChatDelta
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
@@ -328,6 +329,10 @@ class LlmActivities:
     @activity.defn(name="summarize_context")
     async def summarize_context(self, request: SummaryRequest) -> SummaryResult:
         """Summarize messages [start, end) so the conversation fits the task's window."""
+        with failures_name_step(request.step):
+            return await self._summarize(request)
+
+    async def _summarize(self, request: SummaryRequest) -> SummaryResult:
         backend = self._backend(request.model.name)
         watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
         async with watched(watchdog):
@@ -383,6 +388,10 @@ class LlmActivities:
     @activity.defn(name="call_llm")
     async def call_llm(self, request: LlmRequest) -> LlmResult:
         """Stream one assistant message for the step; tool calls come back checked."""
+        with failures_name_step(request.step):
+            return await self._call(request)
+
+    async def _call(self, request: LlmRequest) -> LlmResult:
         backend = self._backend(request.model.name)
         attempt = activity.info().attempt
         watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")

@@ -149,8 +149,11 @@ class LiveView:
     def attempt_failed(self, failure: AttemptFailure) -> bool:
         """One line for a failed attempt the hosted worker ran (see runtime.worker_log)."""
         what = ATTEMPT_NAMES.get(failure.activity, failure.activity)
-        where = f"step {self._model_step}: " if self._model_step is not None else ""
-        self._failures_shown.add((self._model_step, failure.attempt))
+        # The log comes straight from the hosted worker, ahead of the stream: the failure's
+        # own step, where it names one, not the step the view has reached.
+        step = failure.step if failure.step is not None else self._model_step
+        where = f"step {step}: " if step is not None else ""
+        self._failures_shown.add((step, failure.attempt))
         self._line(self._paint(f"✗ {where}{what} {failure.describe()}", "33"))
         return True
 

@@ -26,6 +26,7 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 
+from activities.attempt_step import step_of
 from runtime.codec import UNKNOWN_KEY, WRONG_KEY
 
 _ACTIVITY_FAILED = "Completing activity as failed"
@@ -44,6 +45,8 @@ class AttemptFailure:
     reason: str
     retry_in: timedelta | None
     """When the next attempt is due; None when there is none."""
+    step: int | None = None
+    """The task's step, when the activity named it (activities.attempt_step)."""
 
     def describe(self) -> str:
         of = f" of {self.max_attempts}" if self.max_attempts else ""
@@ -81,6 +84,7 @@ def attempt_failure(record: logging.LogRecord) -> AttemptFailure | None:
         max_attempts=max_attempts,
         reason=reason.splitlines()[0],
         retry_in=retry_in,
+        step=step_of(err),
     )
 
 

@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
+from activities.attempt_step import failures_name_step
 from runtime.render import LiveView
 from runtime.streaming import StreamItem
-from runtime.worker_log import AttemptFailure
+from runtime.worker_log import AttemptFailure, attempt_failure
 from workflows.events import ApprovalResolved, TaskStarted, Thought
 from workflows.models import AgentTask, ModelSettings
 from workflows.stream import LlmAttemptStarted, TokenDelta
@@ -79,6 +85,44 @@ def test_a_failed_attempt_is_one_line_and_its_retry_adds_none() -> None:
     view.show(StreamItem(offset=1, topic="tokens", data=LlmAttemptStarted(step=1, attempt=2)))
     assert out.getvalue().splitlines()[2:] == [
         "✗ step 1: model attempt 1 of 5 failed: model endpoint timed out; next try in 2 s"
+    ]
+
+
+def _logged_failure(err: BaseException, max_attempts: int) -> logging.LogRecord:
+    """The record the SDK's worker logs for a failed attempt of `call_llm`."""
+    record = logging.LogRecord(
+        "temporalio.activity",
+        logging.WARNING,
+        __file__,
+        0,
+        "Completing activity as failed ({'activity_id': '5'})",
+        None,
+        (type(err), err, err.__traceback__),
+    )
+    record.activity_info = dataclasses.replace(
+        ActivityEnvironment.default_info(),
+        activity_type="call_llm",
+        workflow_id="task-1",
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=1), maximum_attempts=max_attempts
+        ),
+    )
+    return record
+
+
+def test_a_failed_attempt_names_its_own_step_while_the_stream_lags_behind() -> None:
+    """The hosted worker's log reaches the view before the stream: step 3's failure must not
+    be shown as the step the view last saw."""
+    view, out = view_of(started(max_attempts=5))
+    with pytest.raises(ApplicationError) as raised, failures_name_step(3):
+        raise ApplicationError("model endpoint answered 500: the GPU caught fire")
+    failure = attempt_failure(_logged_failure(raised.value, max_attempts=5))
+    assert failure is not None and failure.step == 3
+    assert view.attempt_failed(failure)
+    view.show(StreamItem(offset=1, topic="tokens", data=LlmAttemptStarted(step=3, attempt=2)))
+    assert out.getvalue().splitlines()[2:] == [
+        "✗ step 3: model attempt 1 of 5 failed: model endpoint answered 500: the GPU caught "
+        "fire; next try in 1 s"
     ]
 
 
