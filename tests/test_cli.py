@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.settings import Settings
@@ -53,6 +54,7 @@ async def starter(
     return process.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.long(minutes=0.4)
 async def test_run_streams_json_lines_and_status_and_list_show_the_task(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -83,6 +85,7 @@ async def test_run_streams_json_lines_and_status_and_list_show_the_task(
     assert any(line.startswith("cli-sum") and "done" in line for line in out.splitlines())
 
 
+@pytest.mark.long(minutes=0.45)
 async def test_run_without_a_terminal_exits_waiting_then_approve_finishes(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -263,6 +266,7 @@ async def test_events_that_no_worker_answers_are_one_sentence(
     )
 
 
+@pytest.mark.long(minutes=0.55)
 async def test_status_and_approve_that_no_worker_answers_are_one_sentence(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:

@@ -308,7 +308,7 @@ async def test_auth_roles_and_clear_errors(api: httpx.AsyncClient, fake_openai: 
     await api.post(f"/tasks/{task_id}/cancel")
 
 
-@pytest.mark.long
+@pytest.mark.long(minutes=0.6)
 async def test_no_input_makes_the_server_fail(api: httpx.AsyncClient) -> None:
     """Schemathesis over the OpenAPI schema: no 500, whatever it sends; still healthy after."""
     import schemathesis

@@ -46,7 +46,7 @@ async def runs_of(client: Client, task_id: str) -> list[tuple[int, int]]:
         run_id = started.continued_execution_run_id
 
 
-@pytest.mark.long
+@pytest.mark.long(minutes=4)
 @pytest.mark.timeout(1200)  # minutes when both cores are busy; pytest's default is 5
 async def test_two_thousand_steps_with_default_settings_stay_flat(
     dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
@@ -101,6 +102,7 @@ async def test_approval_and_retries_follow_the_tools_annotations(
     }
 
 
+@pytest.mark.long(minutes=0.5)
 async def test_a_worker_killed_inside_mcp_calls_retries_only_what_may_be_retried(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -253,6 +253,7 @@ async def _events_of(workflow: WorkflowHandle[Any, Any], kind: str) -> bool:
 # --- (b) a worker caching fewer tasks than it runs ---------------------------------------
 
 
+@pytest.mark.long(minutes=0.7)
 async def test_approvals_right_after_queries_on_a_worker_caching_5_of_20_tasks(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -358,6 +359,7 @@ async def after_repair(dev_env: WorkflowEnvironment, settings: Settings, handle:
     return str(repaired.by)
 
 
+@pytest.mark.long(minutes=0.5)
 @pytest.mark.timeout(600)  # four CLI processes start while both cores are busy
 async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings

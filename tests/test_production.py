@@ -231,6 +231,7 @@ async def held_by_each(fake: FakeOpenAI, model: str, pids: list[int]) -> None:
             await asyncio.sleep(0.05)  # the workers are other processes: nothing to await
 
 
+@pytest.mark.long(minutes=0.7)
 async def test_two_worker_processes_share_fifty_tasks_and_one_survives_the_other(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
 ) -> None:

@@ -208,6 +208,7 @@ def two_call_model(body: dict[str, Any]) -> Reply:
     return text(f"sum of {' and '.join(results)}")
 
 
+@pytest.mark.long(minutes=0.45)
 @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
 async def test_fork_with_a_message_runs_the_thoughts_calls_first(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, encrypted: bool

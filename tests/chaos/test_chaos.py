@@ -101,6 +101,7 @@ async def approve_when_shown(handle: TaskHandle) -> None:
     await handle.approve(next(iter(state.pending_approvals)), approver=f"watcher of {handle.id}")
 
 
+@pytest.mark.long(minutes=0.5)
 async def test_sigkilled_workers_lose_nothing_repeat_nothing_and_never_get_stuck(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:

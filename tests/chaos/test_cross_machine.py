@@ -176,7 +176,7 @@ def appending_task(fake: FakeOpenAI, index: int) -> Any:
     return agent_task(model, approval=ApprovalSettings(policy={"run_shell": "never"}))
 
 
-@pytest.mark.long
+@pytest.mark.long(minutes=1.6)
 @pytest.mark.timeout(3 * PATIENCE_SECONDS)
 async def test_three_machines_killed_while_they_hold_tool_calls_write_every_line_once(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, machines: Machines
@@ -210,6 +210,7 @@ async def test_three_machines_killed_while_they_hold_tool_calls_write_every_line
     assert machines.kills == TASKS + DOUBLE_KILLS  # every round killed a live holder
 
 
+@pytest.mark.long(minutes=0.4)
 @pytest.mark.timeout(2 * PATIENCE_SECONDS)
 async def test_postgresql_restarted_under_running_tool_calls_loses_and_repeats_nothing(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
