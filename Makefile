@@ -25,17 +25,19 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers.
+# Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers; each
+# process is handed one test at a time, not a run of them (see tests/conftest.py).
 TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --maxschedchunk=1
 
 test: lint
 	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"
-	$(BIN)/pytest -n $(TEST_WORKERS)
+	$(BIN)/pytest $(XDIST)
 
 # The suite beside CPU-burning processes (BURNERS, default one per core): no test may race the clock.
 test-stress: lint
 	@echo "==> pytest with every core kept busy (scripts/stress.py; slower than make test)"
-	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS)) -- -n $(TEST_WORKERS)
+	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS)) -- $(XDIST)
 
 bench: setup
 	@echo "==> installing the benchmark peers (LangGraph, the Temporal peers), then every benchmark (about 10 min)"

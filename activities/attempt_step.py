@@ -20,9 +20,9 @@ def failures_name_step(step: int) -> Iterator[None]:
     """An exception leaving the block carries `step` (see `step_of`)."""
     try:
         yield
-    except Exception as err:
-        # An exception type with __slots__ takes no attribute; the view then guesses.
-        with contextlib.suppress(AttributeError, TypeError):
+    except BaseException as err:  # a cancelled attempt (heartbeat timeout) is logged too
+        # An exception that refuses attributes leaves the view to guess the step.
+        with contextlib.suppress(Exception):
             setattr(err, _STEP, step)
         raise
 
