@@ -25,10 +25,10 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers; each
-# process is handed one test at a time, not a run of them (see tests/conftest.py).
+# Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers, handed
+# out one test at a time in order (testing/scheduling.py).
 TEST_WORKERS ?= 4
-XDIST := -n $(TEST_WORKERS) --maxschedchunk=1
+XDIST := -n $(TEST_WORKERS)
 
 test: lint
 	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"

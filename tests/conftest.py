@@ -19,6 +19,7 @@ from runtime.settings import Settings
 from runtime.temporal import ensure_search_attributes
 from testing.fake_openai import FakeOpenAI
 from testing.postgres import PostgresServer
+from testing.scheduling import OneTestAtATime
 from testing.servers import start_dev_env, start_time_skipping_env
 from testing.settings import isolated_settings, scrub_user_environment
 from testing.workers import WorkerProcess, running_worker
@@ -51,35 +52,15 @@ def _minutes(item: pytest.Item) -> float:
     return 0.0 if marker is None else float(marker.kwargs.get("minutes", 0.5))
 
 
-def _stands_alone(item: pytest.Item) -> bool:
-    """No module- or class-scoped fixture: moving the test costs no extra set-up."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
-    return scopes <= {"function", "session"}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `long` start first, the longest first, each beside a short one.
+    """Tests marked `long` start first, the longest first, so none starts late and leaves
+    the other processes idle while it finishes (handed out as testing/scheduling.py says)."""
+    items.sort(key=_minutes, reverse=True)
 
-    pytest-xdist hands each process a run of consecutive tests at the start; with
-    `--maxschedchunk=1` (Makefile) the run is two tests, and then one test at a time. Long
-    tests side by side would all land on the first process, one after another, while the
-    others run out of work (measured: 509 s of tests on the first process, 355-374 s on the
-    others). One long, then one short, in turn, starts each process on its own long test.
-    The short ones are taken from tests with no module-scoped set-up (the browser tests
-    share a dev server and an API per module), so that no set-up runs twice.
-    """
-    long = sorted((i for i in items if _minutes(i)), key=_minutes, reverse=True)
-    movable = [i for i in items if not _minutes(i) and _stands_alone(i)][: len(long)]
-    moved = set(map(id, movable))
-    rest = [i for i in items if not _minutes(i) and id(i) not in moved]
-    ordered: list[pytest.Item] = []
-    for index, item in enumerate(long):
-        ordered.append(item)
-        ordered.extend(movable[index : index + 1])
-    items[:] = ordered + rest
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # only where pytest-xdist is loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> OneTestAtATime:
+    return OneTestAtATime(config, log)
 
 
 @pytest.fixture(scope="session")

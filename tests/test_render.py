@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import logging
@@ -124,6 +125,15 @@ def test_a_failed_attempt_names_its_own_step_while_the_stream_lags_behind() -> N
         "✗ step 3: model attempt 1 of 5 failed: model endpoint answered 500: the GPU caught "
         "fire; next try in 1 s"
     ]
+
+
+def test_a_cancelled_attempt_names_its_step_too() -> None:
+    """A heartbeat timeout cancels the attempt, and the SDK logs the cancellation as its
+    failure: that line names the step as well."""
+    with pytest.raises(asyncio.CancelledError) as raised, failures_name_step(4):
+        raise asyncio.CancelledError()
+    failure = attempt_failure(_logged_failure(raised.value, max_attempts=5))
+    assert failure is not None and failure.step == 4
 
 
 def test_the_last_failed_attempt_says_no_more_tries() -> None:
