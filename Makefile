@@ -28,16 +28,15 @@ lint: setup
 # Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers, handed
 # out one test at a time in order (testing/scheduling.py).
 TEST_WORKERS ?= 4
-XDIST := -n $(TEST_WORKERS)
 
 test: lint
 	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"
-	$(BIN)/pytest $(XDIST)
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # The suite beside CPU-burning processes (BURNERS, default one per core): no test may race the clock.
 test-stress: lint
 	@echo "==> pytest with every core kept busy (scripts/stress.py; slower than make test)"
-	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS)) -- $(XDIST)
+	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS)) -- -n $(TEST_WORKERS)
 
 bench: setup
 	@echo "==> installing the benchmark peers (LangGraph, the Temporal peers), then every benchmark (about 10 min)"

@@ -19,7 +19,7 @@ from runtime.settings import Settings
 from runtime.temporal import ensure_search_attributes
 from testing.fake_openai import FakeOpenAI
 from testing.postgres import PostgresServer
-from testing.scheduling import OneTestAtATime
+from testing.scheduling import SHARED_SETUP_MODULES, OneTestAtATime
 from testing.servers import start_dev_env, start_time_skipping_env
 from testing.settings import isolated_settings, scrub_user_environment
 from testing.workers import WorkerProcess, running_worker
@@ -56,6 +56,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `long` start first, the longest first, so none starts late and leaves
     the other processes idle while it finishes (handed out as testing/scheduling.py says)."""
     items.sort(key=_minutes, reverse=True)
+    unlisted = {
+        item.nodeid.split("::", 1)[0] for item in items if _shares_module_setup(item)
+    } - SHARED_SETUP_MODULES
+    if unlisted:
+        raise pytest.UsageError(
+            f"{sorted(unlisted)} share module-scoped set-up: add them to "
+            "SHARED_SETUP_MODULES (testing/scheduling.py), or their set-up is built again "
+            "in every pytest process"
+        )
+
+
+def _shares_module_setup(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
+    return not scopes <= {"function", "session"}
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # only where pytest-xdist is loaded
