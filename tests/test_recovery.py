@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from activities.builtin_tools import builtin_registry
+from activities.storage.errors import StorageUnavailableError
 from activities.tools import Tool, ToolContext
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
 from runtime.settings import Settings
@@ -224,3 +226,72 @@ async def test_a_lost_once_only_tool_call_is_reported_not_repeated(
     assert len(attempts.read_text().splitlines()) == 1
     assert observation.is_error and "may or may not have taken effect" in observation.output
     assert state.result == outcome.result
+
+
+class NoteArgs(BaseModel):
+    line: str
+
+
+def note_registry(notes: Path, unreachable_for: int) -> Any:
+    """A retry-safe tool of our own that appends through the ledger, and whose database
+    cannot be reached for its first `unreachable_for` attempts."""
+
+    async def note(args: NoteArgs, context: ToolContext) -> str:
+        if activity.info().attempt <= unreachable_for:
+            raise StorageUnavailableError("the database cannot be reached")
+        earlier = await context.ledger.claim(context.idempotency_key, "note")
+        if earlier is not None and earlier.result is not None:
+            return earlier.result
+        with open(notes, "a") as handle:
+            handle.write(args.line + "\n")
+        result = f"noted on attempt {activity.info().attempt}"
+        await context.ledger.finish(context.idempotency_key, result)
+        return result
+
+    registry = builtin_registry()
+    registry.register(
+        Tool(name="note", description="Note a line.", arguments=NoteArgs, function=note)
+    )
+    return registry
+
+
+def noting_model(fake: FakeOpenAI) -> str:
+    def reply(body: dict[str, Any]) -> Reply:
+        tool_messages = [m for m in body["messages"] if m["role"] == "tool"]
+        if tool_messages:
+            return text(f"done: {tool_messages[-1]['content']}")
+        return tools(("note", {"line": "once"}))
+
+    return fake.script(reply)
+
+
+async def test_a_retry_safe_call_outlasts_more_lost_attempts_than_ten(
+    ts_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, tmp_path: Path
+) -> None:
+    """Fifteen attempts lost (to an unreachable database here; to dead or starved workers
+    alike): the call still ends with its own result, acted on once, not as a lost call."""
+    notes = tmp_path / "notes.txt"
+    async with running_worker(ts_env.client, settings, registry=note_registry(notes, 15)):
+        handle = await AgentRuntime(ts_env.client, settings).run(
+            agent_task(noting_model(fake_openai))
+        )
+        outcome = await asyncio.wait_for(handle.result(), 120)
+        [observation] = of_type(await handle.events(), "observation")
+    assert outcome.result == "done: noted on attempt 16"
+    assert not observation.is_error and notes.read_text() == "once\n"
+
+
+async def test_a_retry_safe_call_that_never_gets_through_ends_as_a_lost_call(
+    ts_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    registry = note_registry(notes, unreachable_for=10**6)
+    async with running_worker(ts_env.client, settings, registry=registry):
+        handle = await AgentRuntime(ts_env.client, settings).run(
+            agent_task(noting_model(fake_openai))
+        )
+        outcome = await asyncio.wait_for(handle.result(), 120)
+        [observation] = of_type(await handle.events(), "observation")
+    assert observation.is_error and "may or may not have taken effect" in observation.output
+    assert outcome.result.startswith("done: note did not complete")
+    assert not notes.exists()

@@ -28,7 +28,18 @@ STORE_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
 )
+# A retry-safe call goes through the ledger, so no retry repeats its effect: it outlasts a
+# run of dead workers, workers too starved to heartbeat, or an unreachable database (each
+# costs an attempt) rather than coming back to the model as lost. The bound only ends a call
+# whose tool takes its worker down every time: ~25 minutes of attempts at the 10 s cap.
 RETRY_SAFE_TOOL = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=100,
+)
+# Local tools are pure and bounded (the calculator) and die with their workflow task, which
+# Temporal retries on its own: a failing attempt here is the tool's, not the machine's.
+LOCAL_TOOL_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=10,
@@ -79,7 +90,7 @@ def tool_call(
 
 def local_tool_call() -> workflow.LocalActivityConfig:
     return workflow.LocalActivityConfig(
-        start_to_close_timeout=LOCAL_TOOL_TIMEOUT, retry_policy=RETRY_SAFE_TOOL
+        start_to_close_timeout=LOCAL_TOOL_TIMEOUT, retry_policy=LOCAL_TOOL_RETRY
     )
 
 
