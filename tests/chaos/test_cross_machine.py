@@ -124,6 +124,10 @@ class Machines:
     def stop_all(self) -> None:
         for worker in self.workers.values():
             worker.kill()
+        scratch = self.base.workspace_dir / "scratch"
+        for index in range(TASKS):  # a failed run leaves no command waiting at its gate
+            if scratch.is_dir():
+                (scratch / f"go-{index}").touch()
 
 
 async def holder_of(conn: psycopg.AsyncConnection[Any], task_id: str) -> int | None:
@@ -152,6 +156,11 @@ async def haunt(
                 held_by = await holder_of(conn, f"xm-{index}")
                 if held_by is not None and held_by not in victims and machines.alive(held_by):
                     pid = held_by
+                elif f"task{index}-c" in lines_of(workspace, index):
+                    raise AssertionError(
+                        f"task {index} went on while its command waited at the gate: "
+                        "its shell call came back as lost"
+                    )
                 else:
                     await asyncio.sleep(0.05)
         if len(victims) == rounds:
