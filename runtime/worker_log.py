@@ -73,9 +73,10 @@ def attempt_failure(record: logging.LogRecord) -> AttemptFailure | None:
     elif isinstance(err, ApplicationError) and err.next_retry_delay is not None:
         retry_in = err.next_retry_delay
     elif policy is not None and not last:
-        backoff = policy.initial_interval * policy.backoff_coefficient ** (info.attempt - 1)
-        ceiling = policy.maximum_interval or policy.initial_interval * 100
-        retry_in = min(backoff, ceiling)
+        ceiling = (policy.maximum_interval or policy.initial_interval * 100).total_seconds()
+        # Capped in seconds first: a late attempt's raw backoff overflows a timedelta.
+        growth = policy.backoff_coefficient ** min(info.attempt - 1, 64)
+        retry_in = timedelta(seconds=min(policy.initial_interval.total_seconds() * growth, ceiling))
     reason = (err.message if isinstance(err, ApplicationError) else str(err)) or repr(err)
     return AttemptFailure(
         workflow_id=info.workflow_id or "",

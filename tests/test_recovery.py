@@ -23,6 +23,7 @@ from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from workflows.models import ApprovalSettings
+from workflows.options import RETRY_SAFE_TOOL
 
 
 def no_approval(**kw: Any) -> dict[str, Any]:
@@ -232,20 +233,26 @@ class NoteArgs(BaseModel):
     line: str
 
 
-def note_registry(notes: Path, unreachable_for: int) -> Any:
-    """A retry-safe tool of our own that appends through the ledger, and whose database
-    cannot be reached for its first `unreachable_for` attempts."""
+def note_registry(notes: Path, attempts: list[int], *, lost_before: int, lost_after: int) -> Any:
+    """A retry-safe tool of our own that appends through the ledger. Its first `lost_before`
+    attempts cannot reach the database; those up to `lost_after` lose the connection after
+    the ledger has the result (an attempt that acted, whose answer never came back)."""
 
     async def note(args: NoteArgs, context: ToolContext) -> str:
-        if activity.info().attempt <= unreachable_for:
+        attempt = activity.info().attempt
+        attempts.append(attempt)
+        if attempt <= lost_before:
             raise StorageUnavailableError("the database cannot be reached")
         earlier = await context.ledger.claim(context.idempotency_key, "note")
         if earlier is not None and earlier.result is not None:
-            return earlier.result
-        with open(notes, "a") as handle:
-            handle.write(args.line + "\n")
-        result = f"noted on attempt {activity.info().attempt}"
-        await context.ledger.finish(context.idempotency_key, result)
+            result = earlier.result
+        else:
+            with open(notes, "a") as handle:
+                handle.write(args.line + "\n")
+            result = f"noted on attempt {attempt}"
+            await context.ledger.finish(context.idempotency_key, result)
+        if attempt <= lost_after:
+            raise StorageUnavailableError("the connection dropped before the result came back")
         return result
 
     registry = builtin_registry()
@@ -268,24 +275,28 @@ def noting_model(fake: FakeOpenAI) -> str:
 async def test_a_retry_safe_call_outlasts_more_lost_attempts_than_ten(
     ts_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, tmp_path: Path
 ) -> None:
-    """Fifteen attempts lost (to an unreachable database here; to dead or starved workers
-    alike): the call still ends with its own result, acted on once, not as a lost call."""
+    """Fifteen attempts lost (to the database here; to dead or starved workers alike), the
+    eighth after it acted: the call ends with its own result, acted on once, not as lost."""
     notes = tmp_path / "notes.txt"
-    async with running_worker(ts_env.client, settings, registry=note_registry(notes, 15)):
+    attempts: list[int] = []
+    registry = note_registry(notes, attempts, lost_before=7, lost_after=15)
+    async with running_worker(ts_env.client, settings, registry=registry):
         handle = await AgentRuntime(ts_env.client, settings).run(
             agent_task(noting_model(fake_openai))
         )
         outcome = await asyncio.wait_for(handle.result(), 120)
         [observation] = of_type(await handle.events(), "observation")
-    assert outcome.result == "done: noted on attempt 16"
+    assert outcome.result == "done: noted on attempt 8"
     assert not observation.is_error and notes.read_text() == "once\n"
+    assert attempts == list(range(1, 17))
 
 
 async def test_a_retry_safe_call_that_never_gets_through_ends_as_a_lost_call(
     ts_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, tmp_path: Path
 ) -> None:
     notes = tmp_path / "notes.txt"
-    registry = note_registry(notes, unreachable_for=10**6)
+    attempts: list[int] = []
+    registry = note_registry(notes, attempts, lost_before=10**6, lost_after=0)
     async with running_worker(ts_env.client, settings, registry=registry):
         handle = await AgentRuntime(ts_env.client, settings).run(
             agent_task(noting_model(fake_openai))
@@ -294,4 +305,4 @@ async def test_a_retry_safe_call_that_never_gets_through_ends_as_a_lost_call(
         [observation] = of_type(await handle.events(), "observation")
     assert observation.is_error and "may or may not have taken effect" in observation.output
     assert outcome.result.startswith("done: note did not complete")
-    assert not notes.exists()
+    assert len(attempts) == RETRY_SAFE_TOOL.maximum_attempts and not notes.exists()

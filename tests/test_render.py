@@ -21,6 +21,7 @@ from runtime.streaming import StreamItem
 from runtime.worker_log import AttemptFailure, attempt_failure
 from workflows.events import ApprovalResolved, TaskStarted, Thought
 from workflows.models import AgentTask, ModelSettings
+from workflows.options import RETRY_SAFE_TOOL
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -89,8 +90,15 @@ def test_a_failed_attempt_is_one_line_and_its_retry_adds_none() -> None:
     ]
 
 
-def _logged_failure(err: BaseException, max_attempts: int) -> logging.LogRecord:
-    """The record the SDK's worker logs for a failed attempt of `call_llm`."""
+def _logged_failure(
+    err: BaseException,
+    max_attempts: int,
+    *,
+    activity_type: str = "call_llm",
+    attempt: int = 1,
+    policy: RetryPolicy | None = None,
+) -> logging.LogRecord:
+    """The record the SDK's worker logs for a failed attempt of `call_llm` (by default)."""
     record = logging.LogRecord(
         "temporalio.activity",
         logging.WARNING,
@@ -102,11 +110,11 @@ def _logged_failure(err: BaseException, max_attempts: int) -> logging.LogRecord:
     )
     record.activity_info = dataclasses.replace(
         ActivityEnvironment.default_info(),
-        activity_type="call_llm",
+        activity_type=activity_type,
+        attempt=attempt,
         workflow_id="task-1",
-        retry_policy=RetryPolicy(
-            initial_interval=timedelta(seconds=1), maximum_attempts=max_attempts
-        ),
+        retry_policy=policy
+        or RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=max_attempts),
     )
     return record
 
@@ -140,4 +148,17 @@ def test_the_last_failed_attempt_says_no_more_tries() -> None:
     failure = AttemptFailure("task-1", "call_llm", 8, 8, "model endpoint answered 500: x", None)
     assert (
         failure.describe() == "attempt 8 of 8 failed: model endpoint answered 500: x; no more tries"
+    )
+
+
+def test_a_late_attempt_of_a_retry_safe_tool_call_says_when_it_is_tried_again() -> None:
+    """Attempt 60 of 100: its uncapped backoff (2^59 s) does not fit a timedelta."""
+    unreachable = ApplicationError("the database cannot be reached")
+    record = _logged_failure(
+        unreachable, 100, activity_type="run_tool", attempt=60, policy=RETRY_SAFE_TOOL
+    )
+    failure = attempt_failure(record)
+    assert failure is not None and failure.retry_in == RETRY_SAFE_TOOL.maximum_interval
+    assert failure.describe() == (
+        "attempt 60 of 100 failed: the database cannot be reached; next try in 10 s"
     )

@@ -28,10 +28,11 @@ STORE_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
 )
-# A retry-safe call goes through the ledger, so no retry repeats its effect: it outlasts a
-# run of dead workers, workers too starved to heartbeat, or an unreachable database (each
-# costs an attempt) rather than coming back to the model as lost. The bound only ends a call
-# whose tool takes its worker down every time: ~25 minutes of attempts at the 10 s cap.
+# No retry of a retry-safe call repeats its effect (the ledger, or an MCP server's own
+# annotation), so it outlasts a run of dead workers, workers too starved to heartbeat, or an
+# unreachable database (each costs an attempt) rather than coming back to the model as
+# lost. The bound ends a tool that takes its worker down every time (~25 minutes at the
+# 10 s cap) or a database gone for ~2 hours (an attempt retries it for a minute first).
 RETRY_SAFE_TOOL = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     maximum_interval=timedelta(seconds=10),

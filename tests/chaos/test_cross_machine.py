@@ -140,13 +140,28 @@ async def holder_of(conn: psycopg.AsyncConnection[Any], task_id: str) -> int | N
     return int(row[0].split("/")[1]) if row else None
 
 
+def went_on_without_its_command(workspace: Path, index: int) -> bool:
+    """Task `index` wrote its last line while its command still waits at the gate: the
+    shell call came back to the model as lost."""
+    if f"task{index}-c" in lines_of(workspace, index):
+        raise AssertionError(
+            f"task {index} went on while its command waited at the gate: its shell call "
+            "came back as lost"
+        )
+    return False
+
+
 async def haunt(
     machines: Machines, conn: psycopg.AsyncConnection[Any], workspace: Path, index: int
 ) -> None:
     """Kill the worker holding task `index`'s running command, `rounds` times, each time
     the one whose attempt holds it now; then open the command's gate."""
     scratch = workspace / "scratch"
-    await until((scratch / f"running-{index}").exists, f"task {index}'s command to run")
+    running = scratch / f"running-{index}"
+    await until(
+        lambda: running.exists() or went_on_without_its_command(workspace, index),
+        f"task {index}'s command to run",
+    )
     rounds = 2 if index < DOUBLE_KILLS else 1
     victims: set[int] = set()
     for _ in range(rounds + 1):
@@ -156,12 +171,7 @@ async def haunt(
                 held_by = await holder_of(conn, f"xm-{index}")
                 if held_by is not None and held_by not in victims and machines.alive(held_by):
                     pid = held_by
-                elif f"task{index}-c" in lines_of(workspace, index):
-                    raise AssertionError(
-                        f"task {index} went on while its command waited at the gate: "
-                        "its shell call came back as lost"
-                    )
-                else:
+                elif not went_on_without_its_command(workspace, index):
                     await asyncio.sleep(0.05)
         if len(victims) == rounds:
             break  # a live attempt holds the call again: let the command finish
@@ -196,10 +206,12 @@ async def test_three_machines_killed_while_they_hold_tool_calls_write_every_line
     handles: list[TaskHandle] = [
         await runtime.run(appending_task(fake_openai, i), task_id=f"xm-{i}") for i in range(TASKS)
     ]
-    async with await psycopg.AsyncConnection.connect(machines.url, autocommit=True) as conn:
-        await asyncio.gather(
-            *(haunt(machines, conn, settings.workspace_dir, i) for i in range(TASKS))
-        )
+    async with (
+        await psycopg.AsyncConnection.connect(machines.url, autocommit=True) as conn,
+        asyncio.TaskGroup() as haunts,  # one fails: the others stop killing at once
+    ):
+        for i in range(TASKS):
+            haunts.create_task(haunt(machines, conn, settings.workspace_dir, i))
     outcomes = await asyncio.wait_for(
         asyncio.gather(*(h.result() for h in handles)), PATIENCE_SECONDS
     )
