@@ -178,11 +178,12 @@ class TaskHandle:
         message: str | None = None,
         arguments: dict[str, Any] | None = None,
         approver: str | None = None,
+        within: timedelta = UPDATE_TIMEOUT,
     ) -> DecisionOutcome:
         """Decide one approval request; with no id, the only pending one (or, when none is
         pending, a repeat of the latest decision gets its outcome back)."""
         if request_id is None:
-            state = await self.state()
+            state = await self.state(within)
             pending = list(state.pending_approvals)
             if len(pending) > 1:
                 raise DecisionError(
@@ -205,10 +206,16 @@ class TaskHandle:
             arguments=arguments,
             approver=approver,
         )
-        return await self.decide(decision)
+        return await self.decide(decision, within=within)
 
-    async def decide(self, decision: Decision) -> DecisionOutcome:
+    async def decide(
+        self, decision: Decision, *, within: timedelta = UPDATE_TIMEOUT
+    ) -> DecisionOutcome:
         """Apply a decision and return the outcome that took effect (a repeat gets the first).
+
+        Each step waits `within` for a worker, longer than a status query: a loaded worker
+        may answer late, and once the decision is sent, giving up would report a decision
+        the task did take as if no worker had been there.
 
         The decision is checked against the task's state first, so a refused one never
         reaches the task; then it travels as a Signal and its outcome is read back. Signals
@@ -216,7 +223,7 @@ class TaskHandle:
         Update right after a query a cold worker answered (docs/never-stuck.md).
         """
         decision = decision.model_copy(update={"decision_id": uuid.uuid4().hex})
-        state = await self.state()
+        state = await self.state(within)
         if (problem := decision_problem(state, decision)) is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
         if (existing := state.decisions.get(decision.request_id)) is not None:
@@ -226,10 +233,10 @@ class TaskHandle:
             await sending(lambda: self._handle.signal(signal, decision))
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND and "completed" in err.message:
-                return await self._decision_after_close(decision)
+                return await self._decision_after_close(decision, within)
             raise _not_found(self.id, err) from err
         outcome = await self._runtime.bounded(
-            self.id, self._outcome_of(decision.request_id), UPDATE_TIMEOUT, "the decision"
+            self.id, self._outcome_of(decision.request_id, within), within, "the decision"
         )
         if outcome.decision_id == decision.decision_id:
             return outcome
@@ -242,19 +249,19 @@ class TaskHandle:
             errors.DECISION_CONFLICT,
         )
 
-    async def _outcome_of(self, request_id: str) -> DecisionOutcome:
+    async def _outcome_of(self, request_id: str, within: timedelta) -> DecisionOutcome:
         pause = 0.02
         while True:
-            state = await self.state()
+            state = await self.state(within)  # the caller bounds the whole wait
             if (outcome := state.decisions.get(request_id)) is not None:
                 return outcome
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, 0.25)
 
-    async def _decision_after_close(self, decision: Decision) -> DecisionOutcome:
+    async def _decision_after_close(self, decision: Decision, within: timedelta) -> DecisionOutcome:
         # A closed task takes no decision, but a repeat of one it applied still gets the
         # first outcome, and anything else the same refusal as before.
-        state = await self.state()
+        state = await self.state(within)
         problem = decision_problem(state, decision)
         if problem is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
