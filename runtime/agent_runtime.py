@@ -83,6 +83,7 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
 # A query or Update that no worker answers must not hang its caller.
 QUERY_TIMEOUT = timedelta(seconds=10)
 UPDATE_TIMEOUT = timedelta(seconds=30)
+RPC_GRACE = timedelta(seconds=5)
 
 T = TypeVar("T")
 
@@ -132,7 +133,8 @@ class TaskHandle:
 
     async def state(self, within: timedelta = QUERY_TIMEOUT) -> AgentState:
         """The folded state (a worker answers the query; NoWorkerError if none does `within`)."""
-        query = self._handle.query(AgentWorkflow.state)
+        # The RPC's own deadline comes later, so the bound's sentence is what a caller gets.
+        query = self._handle.query(AgentWorkflow.state, rpc_timeout=within + RPC_GRACE)
         try:
             return await self._runtime.bounded(self.id, query, within, "the state query")
         except RPCError as err:
@@ -183,7 +185,7 @@ class TaskHandle:
         """Decide one approval request; with no id, the only pending one (or, when none is
         pending, a repeat of the latest decision gets its outcome back)."""
         if request_id is None:
-            state = await self.state(within)
+            state = await self.state(min(within, QUERY_TIMEOUT))
             pending = list(state.pending_approvals)
             if len(pending) > 1:
                 raise DecisionError(
@@ -213,9 +215,10 @@ class TaskHandle:
     ) -> DecisionOutcome:
         """Apply a decision and return the outcome that took effect (a repeat gets the first).
 
-        Each step waits `within` for a worker, longer than a status query: a loaded worker
-        may answer late, and once the decision is sent, giving up would report a decision
-        the task did take as if no worker had been there.
+        Before it is sent, the task is checked within a status query's bound (giving up
+        then loses nothing); once it is sent, its outcome is awaited `within`, longer: a
+        loaded worker may answer late, and giving up would report a decision the task did
+        take as if no worker had been there.
 
         The decision is checked against the task's state first, so a refused one never
         reaches the task; then it travels as a Signal and its outcome is read back. Signals
@@ -223,7 +226,7 @@ class TaskHandle:
         Update right after a query a cold worker answered (docs/never-stuck.md).
         """
         decision = decision.model_copy(update={"decision_id": uuid.uuid4().hex})
-        state = await self.state(within)
+        state = await self.state(min(within, QUERY_TIMEOUT))
         if (problem := decision_problem(state, decision)) is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
         if (existing := state.decisions.get(decision.request_id)) is not None:

@@ -12,12 +12,7 @@ import pytest
 from temporalio.client import WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import (
-    QUERY_TIMEOUT,
-    AgentRuntime,
-    DecisionError,
-    TaskFailedError,
-)
+from runtime.agent_runtime import AgentRuntime, DecisionError, TaskFailedError
 from runtime.settings import Settings
 from runtime.temporal import temporal_binary
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -120,26 +115,6 @@ async def test_twenty_concurrent_identical_decisions_run_the_tool_once(
     await handle.result()
     assert len(of_type(await handle.events(), "approval_resolved")) == 1
     assert side_effects(settings) == ["once"]
-
-
-async def test_a_decision_waits_for_a_worker_longer_than_a_status_query(
-    dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings
-) -> None:
-    """With its worker away past a status query's bound (a loaded worker answers that late
-    too), a decision is not reported as "no worker": it is taken when a worker answers."""
-    model = fake_openai.script([tools(shell("late")), text("done")])
-    runtime = AgentRuntime(dev_env.client, settings)
-    async with running_worker(dev_env.client, settings, graceful_shutdown=timedelta(0)):
-        handle = await runtime.run(agent_task(model))
-        [request] = await pending_requests(handle)
-    deciding = asyncio.create_task(handle.approve(request, approver="alice"))
-    await asyncio.sleep(QUERY_TIMEOUT.total_seconds() + 1)  # the bound a status query has
-    assert not deciding.done()
-    async with running_worker(dev_env.client, settings):
-        outcome = await deciding
-        await handle.result()
-    assert (outcome.decision, outcome.approver, outcome.duplicate) == ("approve", "alice", False)
-    assert side_effects(settings) == ["late"]
 
 
 async def test_conflicting_and_unknown_decisions_are_refused(
