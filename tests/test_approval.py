@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateStage
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    SignalWorkflowInput,
+    WorkflowUpdateStage,
+)
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, DecisionError, TaskFailedError
+from runtime.agent_runtime import QUERY_TIMEOUT, AgentRuntime, DecisionError, TaskFailedError
 from runtime.settings import Settings
 from runtime.temporal import temporal_binary
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -115,6 +123,56 @@ async def test_twenty_concurrent_identical_decisions_run_the_tool_once(
     await handle.result()
     assert len(of_type(await handle.events(), "approval_resolved")) == 1
     assert side_effects(settings) == ["once"]
+
+
+class PausedAfterSignals(Interceptor):
+    """Client side: once a signal is sent, SIGSTOP the worker process `pid`, so no query is
+    answered until the test resumes it (a worker too loaded to answer, made exact)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.paused = asyncio.Event()
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _PauseAfterSignal(next, self)
+
+
+class _PauseAfterSignal(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, owner: PausedAfterSignals) -> None:
+        super().__init__(next)
+        self.owner = owner
+
+    async def signal_workflow(self, input: SignalWorkflowInput) -> None:
+        await super().signal_workflow(input)
+        os.kill(self.owner.pid, signal.SIGSTOP)
+        self.owner.paused.set()
+
+
+async def test_a_sent_decision_waits_for_its_outcome_longer_than_a_status_query(
+    dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, spawn_worker: Any
+) -> None:
+    """The worker stops answering right after the decision is sent, for longer than a status
+    query's bound: the decision is not reported as "no worker"; its outcome comes back."""
+    worker = await spawn_worker()
+    pausing = PausedAfterSignals(worker.pid)
+    config = dev_env.client.config()
+    config["interceptors"] = [pausing]
+    client = Client(**config)
+    handle = await AgentRuntime(client, settings).run(
+        agent_task(fake_openai.script([tools(shell("late")), text("done")]))
+    )
+    [request] = await pending_requests(handle)
+    deciding = asyncio.create_task(handle.approve(request, approver="alice"))
+    try:
+        await asyncio.wait_for(pausing.paused.wait(), 60)
+        await asyncio.sleep(QUERY_TIMEOUT.total_seconds() + 1)  # past a status query's bound
+        assert not deciding.done()
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    outcome = await deciding
+    assert (outcome.decision, outcome.approver, outcome.duplicate) == ("approve", "alice", False)
+    await handle.result()
+    assert side_effects(settings) == ["late"]
 
 
 async def test_conflicting_and_unknown_decisions_are_refused(
