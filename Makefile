@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TASK   ?= What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt
 
-.PHONY: setup demo test test-stress lint bench worker clean
+.PHONY: setup system-packages demo test test-stress lint bench worker clean
 
 $(BIN)/.installed: pyproject.toml
 	@echo "==> creating $(VENV) and installing waystation with its dev tools (pip, a minute at most)"
@@ -25,16 +25,20 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Debian's chromium, postgresql and git, which the tests drive, installed with apt when missing.
+system-packages:
+	@scripts/system-packages
+
 # Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers, handed
 # out one test at a time in order (testing/scheduling.py).
 TEST_WORKERS ?= 4
 
-test: lint
+test: lint system-packages
 	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"
 	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # The suite beside CPU-burning processes (BURNERS, default one per core): no test may race the clock.
-test-stress: lint
+test-stress: lint system-packages
 	@echo "==> pytest with every core kept busy (scripts/stress.py; slower than make test)"
 	$(BIN)/python scripts/stress.py $(if $(BURNERS),--burners $(BURNERS)) -- -n $(TEST_WORKERS)
 

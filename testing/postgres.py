@@ -37,7 +37,10 @@ def server_binaries() -> Path:
     found = shutil.which("initdb")
     if found is not None:
         return Path(found).resolve().parent
-    raise RuntimeError("the PostgreSQL server binaries are missing: apt-get install -y postgresql")
+    raise RuntimeError(
+        "the PostgreSQL server binaries are missing: `make test` installs them with apt"
+        " (scripts/system-packages), or run `sudo apt-get install postgresql`"
+    )
 
 
 def _free_port() -> int:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, Dialog, Error, Page, async_playwright
@@ -29,6 +30,12 @@ page_expect.set_options(timeout=30_000)
 @pytest.fixture(scope="session")
 async def browser() -> AsyncIterator[Browser]:
     """Debian's chromium (apt), never a browser Playwright downloads."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"Debian's chromium is not installed ({CHROMIUM}): `make test` installs it with apt"
+            " (scripts/system-packages), or run `sudo apt-get install chromium`",
+            pytrace=False,
+        )
     async with async_playwright() as playwright:
         chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         yield chromium
