@@ -12,6 +12,7 @@ import asyncio
 import functools
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -96,6 +97,25 @@ class TaskSummary(BaseModel):
     step: int | None = None
     started_at: datetime
     closed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    """One call's bound, shared by the queries it sends one after another."""
+
+    within: timedelta
+    at: float  # on the event loop's clock
+
+    @classmethod
+    def after(cls, within: timedelta) -> _Deadline:
+        return cls(within, asyncio.get_running_loop().time() + within.total_seconds())
+
+    def left(self) -> timedelta:
+        return timedelta(seconds=max(0.0, self.at - asyncio.get_running_loop().time()))
+
+    def bound(self, longest: timedelta) -> timedelta:
+        """The time left, but at most `longest`."""
+        return min(self.left(), longest)
 
 
 class TaskHandle:
@@ -183,9 +203,11 @@ class TaskHandle:
         within: timedelta = UPDATE_TIMEOUT,
     ) -> DecisionOutcome:
         """Decide one approval request; with no id, the only pending one (or, when none is
-        pending, a repeat of the latest decision gets its outcome back)."""
+        pending, a repeat of the latest decision gets its outcome back). As `decide`, the
+        whole call takes at most `within`."""
+        deadline = _Deadline.after(within)
         if request_id is None:
-            state = await self.state(min(within, QUERY_TIMEOUT))
+            state = await self.state(deadline.bound(QUERY_TIMEOUT))
             pending = list(state.pending_approvals)
             if len(pending) > 1:
                 raise DecisionError(
@@ -208,25 +230,30 @@ class TaskHandle:
             arguments=arguments,
             approver=approver,
         )
-        return await self.decide(decision, within=within)
+        return await self._decide(decision, deadline)
 
     async def decide(
         self, decision: Decision, *, within: timedelta = UPDATE_TIMEOUT
     ) -> DecisionOutcome:
         """Apply a decision and return the outcome that took effect (a repeat gets the first).
 
-        Before it is sent, the task is checked within a status query's bound (giving up
-        then loses nothing); once it is sent, its outcome is awaited `within`, longer: a
-        loaded worker may answer late, and giving up would report a decision the task did
-        take as if no worker had been there.
-
         The decision is checked against the task's state first, so a refused one never
         reaches the task; then it travels as a Signal and its outcome is read back. Signals
         are safe whatever moment they land in (their handler only records), unlike an
         Update right after a query a cold worker answered (docs/never-stuck.md).
+
+        The whole call takes at most `within`. The check has a status query's bound (giving
+        up then loses nothing); the read-back has the rest of `within`, and sends its query
+        again after each such bound: a loaded worker may answer late, or lose the query,
+        and giving up early would report a decision the task did take as if no worker had
+        been there. NoWorkerError after the decision was sent is safe to retry: a repeat
+        gets the first outcome.
         """
+        return await self._decide(decision, _Deadline.after(within))
+
+    async def _decide(self, decision: Decision, deadline: _Deadline) -> DecisionOutcome:
         decision = decision.model_copy(update={"decision_id": uuid.uuid4().hex})
-        state = await self.state(min(within, QUERY_TIMEOUT))
+        state = await self.state(deadline.bound(QUERY_TIMEOUT))
         if (problem := decision_problem(state, decision)) is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
         if (existing := state.decisions.get(decision.request_id)) is not None:
@@ -236,11 +263,9 @@ class TaskHandle:
             await sending(lambda: self._handle.signal(signal, decision))
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND and "completed" in err.message:
-                return await self._decision_after_close(decision, within)
+                return await self._decision_after_close(decision, deadline)
             raise _not_found(self.id, err) from err
-        outcome = await self._runtime.bounded(
-            self.id, self._outcome_of(decision.request_id, within), within, "the decision"
-        )
+        outcome = await self._outcome_of(decision.request_id, deadline)
         if outcome.decision_id == decision.decision_id:
             return outcome
         if decision.repeats(outcome):
@@ -252,19 +277,30 @@ class TaskHandle:
             errors.DECISION_CONFLICT,
         )
 
-    async def _outcome_of(self, request_id: str, within: timedelta) -> DecisionOutcome:
+    async def _outcome_of(self, request_id: str, deadline: _Deadline) -> DecisionOutcome:
+        # A query can be lost: the SDK drops the queries buffered for a run it evicts (say,
+        # after a workflow task that came back late), and the server holds a lost query
+        # until its deadline. So no one query may take the whole wait: each has a status
+        # query's bound, and after it the query is sent again.
         pause = 0.02
-        while True:
-            state = await self.state(within)  # the caller bounds the whole wait
+        while (left := deadline.left()) > timedelta(0):
+            try:
+                state = await self.state(min(left, QUERY_TIMEOUT))
+            except NoWorkerError:
+                continue
             if (outcome := state.decisions.get(request_id)) is not None:
                 return outcome
-            await asyncio.sleep(pause)
+            await asyncio.sleep(min(pause, deadline.left().total_seconds()))
             pause = min(pause * 1.5, 0.25)
+        raise await self._runtime.no_worker(self.id, "the decision", deadline.within)
 
-    async def _decision_after_close(self, decision: Decision, within: timedelta) -> DecisionOutcome:
+    async def _decision_after_close(
+        self, decision: Decision, deadline: _Deadline
+    ) -> DecisionOutcome:
         # A closed task takes no decision, but a repeat of one it applied still gets the
-        # first outcome, and anything else the same refusal as before.
-        state = await self.state(within)
+        # first outcome, and anything else the same refusal as before. One query, with all
+        # the time left: a closed run is replayed to answer it, which a long one takes a while.
+        state = await self.state(deadline.left())
         problem = decision_problem(state, decision)
         if problem is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
@@ -342,21 +378,26 @@ class AgentRuntime:
         try:
             return await asyncio.wait_for(work, limit.total_seconds())
         except TimeoutError:
-            hint = await worker_hint(self.client, self.settings.task_queue)
-            seconds = f"{limit.total_seconds():g} s"
-            raise NoWorkerError(
-                task_id,
-                f"no worker answered {what} within {seconds}: {hint}"
-                if hint
-                else f"no worker answered {what} within {seconds}, though workers poll task "
-                f"queue {self.settings.task_queue!r}: they may be busy or the task stuck "
-                f"(python starter.py status {task_id})",
-            ) from None
+            raise await self.no_worker(task_id, what, limit) from None
         except (ValueError, WorkflowQueryFailedError) as err:
             # A payload this side cannot decrypt: here, or in the worker that answers.
             if (problem := unreadable(task_id, err)) is not None:
                 raise problem from err
             raise
+
+    async def no_worker(self, task_id: str, what: str, limit: timedelta) -> NoWorkerError:
+        """The error for `what` unanswered within `limit`: whether no worker polls the task
+        queue, or workers poll but did not answer."""
+        hint = await worker_hint(self.client, self.settings.task_queue)
+        seconds = f"{limit.total_seconds():g} s"
+        return NoWorkerError(
+            task_id,
+            f"no worker answered {what} within {seconds}: {hint}"
+            if hint
+            else f"no worker answered {what} within {seconds}, though workers poll task "
+            f"queue {self.settings.task_queue!r}: they may be busy or the task stuck "
+            f"(python starter.py status {task_id})",
+        )
 
     def new_task(self, text: str, **fields: Any) -> AgentTask:
         """An AgentTask with this runtime's default model filled in."""

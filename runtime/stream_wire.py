@@ -10,6 +10,7 @@ they live here, pinned by tests/test_streaming.py::test_the_stream_wire_adapter_
 from __future__ import annotations
 
 import base64
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
@@ -27,11 +28,17 @@ def decode_data(wire: str) -> Payload:
     return payload
 
 
-async def poll(client: Client, task_id: str, offset: int) -> PollResult:
-    """The items from `offset` that the task's current run holds (clamped to its base)."""
+async def poll(
+    client: Client, task_id: str, offset: int, within: timedelta | None = None
+) -> PollResult:
+    """The items from `offset` that the task's current run holds (clamped to its base);
+    `within` is the query's RPC deadline."""
     handle = client.get_workflow_handle(task_id)
     result: PollResult = await handle.query(
-        POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult
+        POLL_QUERY,
+        PollInput(topics=[], from_offset=offset),
+        result_type=PollResult,
+        rpc_timeout=within,
     )
     return result
 

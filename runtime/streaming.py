@@ -36,6 +36,14 @@ FOLLOW_INTERVAL = timedelta(milliseconds=100)
 QUIET_INTERVAL = timedelta(milliseconds=300)
 # How often a quiet reader checks whether the task closed without a terminal event.
 CLOSED_CHECK = timedelta(seconds=2)
+# A poll's deadline. A query can be lost (the SDK drops the queries buffered for a run it
+# evicts) or come too late (a worker paused or starved); its items are still in the task,
+# so past the deadline the reader asks again, with twice the deadline each time (up to
+# LONGEST_POLL): a closed run is replayed for every query, and a long one takes a while.
+POLL_TIMEOUT = timedelta(seconds=10)
+LONGEST_POLL = timedelta(minutes=2)
+# How the SDK and the server report a query that got no answer before its deadline.
+_UNANSWERED = frozenset({RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED})
 
 
 class StreamGap(BaseModel):
@@ -129,7 +137,7 @@ class StreamHub:
             while True:
                 if offset < reader.start:
                     # Older than what the shared reader holds: read them directly.
-                    read, _, _ = await self._read(task_id, offset)
+                    read, _, _ = await self._read_through(task_id, offset)
                     batch = [i for i in read if i.offset < reader.start]
                     offset = batch[-1].offset + 1 if batch else reader.start
                     done = False
@@ -203,7 +211,7 @@ class StreamHub:
         last_check = loop.time()
         try:
             while True:
-                batch, offset, more = await self._read(reader.task_id, offset)
+                batch, offset, more = await self._read_through(reader.task_id, offset)
                 if batch:
                     async with reader.changed:
                         reader.items.extend(batch)
@@ -219,7 +227,7 @@ class StreamHub:
                         last_check = loop.time()
                         if await self._closed(reader.task_id):
                             # Read once more: the end may have been published meanwhile.
-                            batch, offset, _ = await self._read(reader.task_id, offset)
+                            batch, offset, _ = await self._read_through(reader.task_id, offset)
                             async with reader.changed:
                                 reader.items.extend(batch)
                             return
@@ -239,11 +247,31 @@ class StreamHub:
         status = (await overview(self._client, task_id)).status
         return status not in (None, WorkflowExecutionStatus.RUNNING)
 
-    async def _read(self, task_id: str, offset: int) -> tuple[list[StreamItem], int, bool]:
+    async def _read_through(self, task_id: str, offset: int) -> tuple[list[StreamItem], int, bool]:
+        """`_read`, asked again while its query goes unanswered in time: a lost or late
+        answer loses no item, and must not end a live stream. (A server that cannot be
+        reached still ends it, with its error.)"""
+        pause = FOLLOW_INTERVAL.total_seconds()
+        within = POLL_TIMEOUT
+        while True:
+            try:
+                return await self._read(task_id, offset, within)
+            except RPCError as err:
+                if err.status not in _UNANSWERED:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, QUIET_INTERVAL.total_seconds())
+            within = min(within * 2, LONGEST_POLL)
+
+    async def _read(
+        self, task_id: str, offset: int, within: timedelta
+    ) -> tuple[list[StreamItem], int, bool]:
         """One Query's worth of items from `offset`, in sequence (gaps explicit); the next
         offset; whether more are ready at once."""
         try:
-            result: PollResult = await stream_wire.poll(self._client, task_id, offset)
+            result: PollResult = await stream_wire.poll(
+                self._client, task_id, offset, within=within
+            )
         except (ValueError, WorkflowQueryFailedError) as err:
             if (problem := unreadable(task_id, err)) is not None:
                 raise problem from err

@@ -15,6 +15,7 @@ from temporalio.client import (
     Client,
     Interceptor,
     OutboundInterceptor,
+    QueryWorkflowInput,
     SignalWorkflowInput,
     WorkflowUpdateStage,
 )
@@ -173,6 +174,59 @@ async def test_a_sent_decision_waits_for_its_outcome_longer_than_a_status_query(
     assert (outcome.decision, outcome.approver, outcome.duplicate) == ("approve", "alice", False)
     await handle.result()
     assert side_effects(settings) == ["late"]
+
+
+class LosesAQueryAfterSignals(Interceptor):
+    """Client side: the first query after a signal is never delivered, and hangs until its
+    caller gives up, as a query does that the SDK dropped with the run it evicted."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self.lost = asyncio.Event()
+        self.queries_after_loss = 0
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _LoseAQuery(next, self)
+
+
+class _LoseAQuery(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, owner: LosesAQueryAfterSignals) -> None:
+        super().__init__(next)
+        self.owner = owner
+
+    async def signal_workflow(self, input: SignalWorkflowInput) -> None:
+        await super().signal_workflow(input)
+        self.owner.signalled = True
+
+    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
+        if self.owner.signalled and not self.owner.lost.is_set():
+            self.owner.lost.set()
+            await asyncio.Event().wait()  # never answered: only cancellation ends it
+        if self.owner.lost.is_set():
+            self.owner.queries_after_loss += 1
+        return await super().query_workflow(input)
+
+
+async def test_a_lost_query_does_not_lose_the_decisions_outcome(
+    dev_env: WorkflowEnvironment,
+    dev_runtime: AgentRuntime,
+    fake_openai: FakeOpenAI,
+    settings: Settings,
+) -> None:
+    """The first query after the decision goes unanswered: it is sent again after a status
+    query's bound, and the outcome comes back within the decision's 30 s."""
+    losing = LosesAQueryAfterSignals()
+    config = dev_env.client.config()
+    config["interceptors"] = [losing]
+    handle = await AgentRuntime(Client(**config), settings).run(
+        agent_task(fake_openai.script([tools(shell("kept")), text("done")]))
+    )
+    [request] = await pending_requests(handle)
+    outcome = await handle.approve(request, approver="alice")
+    assert losing.lost.is_set() and losing.queries_after_loss >= 1
+    assert (outcome.decision, outcome.approver, outcome.duplicate) == ("approve", "alice", False)
+    await handle.result()
+    assert side_effects(settings) == ["kept"]
 
 
 async def test_conflicting_and_unknown_decisions_are_refused(

@@ -52,7 +52,7 @@ class Api:
         return httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{self.port}",
             headers={"Authorization": f"Bearer {APPROVER}"},
-            timeout=30,
+            timeout=60,  # past the API's longest wait: a decision's, 30 s, then a 503
         )
 
     async def stop(self) -> None:

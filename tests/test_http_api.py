@@ -56,7 +56,7 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}",
             headers={"Authorization": f"Bearer {APPROVER}"},
-            timeout=30,
+            timeout=60,  # past the API's longest wait: a decision's, 30 s, then a 503
         ) as client:
             client._transport_runtime = runtime  # type: ignore[attr-defined]
             yield client

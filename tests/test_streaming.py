@@ -6,14 +6,18 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWorkflowInput
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
+from runtime import stream_wire
 from runtime.agent_runtime import AgentRuntime, TaskNotFoundError
 from runtime.settings import Settings
-from runtime.streaming import StreamGap, StreamItem, in_sequence
+from runtime.streaming import POLL_TIMEOUT, StreamGap, StreamItem, in_sequence
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, pending_requests
 from workflows.stream import LlmAttemptStarted, TokenDelta
@@ -89,6 +93,53 @@ async def test_reconnect_at_random_cut_points_loses_and_repeats_nothing(
     everything = await collect(AgentRuntime(dev_env.client, settings).stream(handle.id, since=0))
     assert [i.offset for i in received] == [i.offset for i in everything]
     assert received == everything
+
+
+class LosesPolls(Interceptor):
+    """Client side: the stream's polls number `first` to `first + count - 1` fail as a query
+    past its deadline does in the SDK ("Timeout expired", CANCELLED): a query the SDK lost
+    with a run it evicted, or a worker too paused to answer. Records each poll's deadline."""
+
+    def __init__(self, first: int, count: int) -> None:
+        self.lost = range(first, first + count)
+        self.deadlines: list[timedelta | None] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _LosePolls(next, self)
+
+
+class _LosePolls(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, owner: LosesPolls) -> None:
+        super().__init__(next)
+        self.owner = owner
+
+    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
+        if input.query == stream_wire.POLL_QUERY:
+            self.owner.deadlines.append(input.rpc_timeout)
+            if len(self.owner.deadlines) in self.owner.lost:
+                raise RPCError("Timeout expired", RPCStatusCode.CANCELLED, b"")
+        return await super().query_workflow(input)
+
+
+async def test_a_lost_poll_is_asked_again_and_the_live_stream_goes_on(
+    dev_env: WorkflowEnvironment,
+    dev_runtime: AgentRuntime,
+    fake_openai: FakeOpenAI,
+    settings: Settings,
+) -> None:
+    losing = LosesPolls(first=3, count=2)
+    config = dev_env.client.config()
+    config["interceptors"] = [losing]
+    viewer = AgentRuntime(Client(**config), settings)
+    handle = await dev_runtime.run(agent_task(five_step_script(fake_openai)))
+    items = await collect(viewer.stream(handle.id, since=0))
+    assert [i.offset for i in items] == list(range(len(items)))
+    assert items[-1].terminal
+    assert [i.data for i in items if i.topic == "events"] == await handle.events()
+    # Each poll lost in a row doubles the next one's deadline; an answer resets it.
+    assert losing.deadlines[:6] == [POLL_TIMEOUT] * 3 + [POLL_TIMEOUT * 2, POLL_TIMEOUT * 4] + [
+        POLL_TIMEOUT
+    ]
 
 
 async def test_a_finished_task_streams_everything_then_ends(
