@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.event_archive import read_archived
 from runtime.busy import reading, sending
-from runtime.health import Stuck, TaskOverview, overview, stuck, worker_hint
+from runtime.health import Stuck, TaskOverview, overview, polling_workers, stuck, worker_hint
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
@@ -113,10 +113,6 @@ class _Deadline:
     def left(self) -> timedelta:
         return timedelta(seconds=max(0.0, self.at - asyncio.get_running_loop().time()))
 
-    def bound(self, longest: timedelta) -> timedelta:
-        """The time left, but at most `longest`."""
-        return min(self.left(), longest)
-
 
 class TaskHandle:
     """One task, however it was reached: result, state, events, approve, cancel, stream."""
@@ -153,12 +149,40 @@ class TaskHandle:
 
     async def state(self, within: timedelta = QUERY_TIMEOUT) -> AgentState:
         """The folded state (a worker answers the query; NoWorkerError if none does `within`)."""
-        # The RPC's own deadline comes later, so the bound's sentence is what a caller gets.
-        query = self._handle.query(AgentWorkflow.state, rpc_timeout=within + RPC_GRACE)
+        return await self._runtime.bounded(
+            self.id, self._query_state(within), within, "the state query"
+        )
+
+    async def _query_state(self, within: timedelta) -> AgentState:
+        # The RPC's own deadline comes later, so the caller's bound is what ends the wait.
         try:
-            return await self._runtime.bounded(self.id, query, within, "the state query")
+            return await self._handle.query(AgentWorkflow.state, rpc_timeout=within + RPC_GRACE)
         except RPCError as err:
             raise _not_found(self.id, err) from err
+        except (ValueError, WorkflowQueryFailedError) as err:
+            if (problem := unreadable(self.id, err)) is not None:
+                raise problem from err
+            raise
+
+    async def _state_by(
+        self, deadline: _Deadline, what: str, *, wait_for_a_worker: bool
+    ) -> AgentState:
+        """The state, asked again after each query a status query's bound leaves unanswered,
+        until `deadline`. A query can be lost: the SDK drops the queries buffered for a run
+        it evicts (say, after a workflow task that came back late), and the server holds a
+        lost query until its deadline, so no one query may take the whole wait. When no
+        worker polls at all, NoWorkerError comes at once, unless `wait_for_a_worker`."""
+        while (left := deadline.left()) > timedelta(0):
+            bound = min(left, QUERY_TIMEOUT)
+            try:
+                return await asyncio.wait_for(self._query_state(bound), bound.total_seconds())
+            except TimeoutError:
+                runtime = self._runtime
+                if not wait_for_a_worker and not await polling_workers(
+                    runtime.client, runtime.settings.task_queue
+                ):
+                    raise await runtime.no_worker(self.id, what, bound) from None
+        raise await self._runtime.no_worker(self.id, what, deadline.within)
 
     async def events(
         self, since: int = 0, limit: int = 100_000, within: timedelta = QUERY_TIMEOUT
@@ -203,11 +227,11 @@ class TaskHandle:
         within: timedelta = UPDATE_TIMEOUT,
     ) -> DecisionOutcome:
         """Decide one approval request; with no id, the only pending one (or, when none is
-        pending, a repeat of the latest decision gets its outcome back). As `decide`, the
-        whole call takes at most `within`."""
+        pending, a repeat of the latest decision gets its outcome back). Its queries take
+        `within` in all, as `decide`'s."""
         deadline = _Deadline.after(within)
         if request_id is None:
-            state = await self.state(deadline.bound(QUERY_TIMEOUT))
+            state = await self._state_by(deadline, "the state query", wait_for_a_worker=False)
             pending = list(state.pending_approvals)
             if len(pending) > 1:
                 raise DecisionError(
@@ -242,18 +266,18 @@ class TaskHandle:
         are safe whatever moment they land in (their handler only records), unlike an
         Update right after a query a cold worker answered (docs/never-stuck.md).
 
-        The whole call takes at most `within`. The check has a status query's bound (giving
-        up then loses nothing); the read-back has the rest of `within`, and sends its query
-        again after each such bound: a loaded worker may answer late, or lose the query,
-        and giving up early would report a decision the task did take as if no worker had
-        been there. NoWorkerError after the decision was sent is safe to retry: a repeat
-        gets the first outcome.
+        Its queries take `within` in all (the signal between them is sent as soon as
+        Temporal takes it). Each query is sent again after a status query's bound: a loaded
+        worker may answer late, or lose the query, and giving up early would report a
+        decision the task did take as if no worker had been there. When no worker polls at
+        all, the check says so after one such bound, before anything is sent. After the
+        decision is sent, NoWorkerError is safe to retry: a repeat gets the first outcome.
         """
         return await self._decide(decision, _Deadline.after(within))
 
     async def _decide(self, decision: Decision, deadline: _Deadline) -> DecisionOutcome:
         decision = decision.model_copy(update={"decision_id": uuid.uuid4().hex})
-        state = await self.state(deadline.bound(QUERY_TIMEOUT))
+        state = await self._state_by(deadline, "the state query", wait_for_a_worker=False)
         if (problem := decision_problem(state, decision)) is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
         if (existing := state.decisions.get(decision.request_id)) is not None:
@@ -278,29 +302,23 @@ class TaskHandle:
         )
 
     async def _outcome_of(self, request_id: str, deadline: _Deadline) -> DecisionOutcome:
-        # A query can be lost: the SDK drops the queries buffered for a run it evicts (say,
-        # after a workflow task that came back late), and the server holds a lost query
-        # until its deadline. So no one query may take the whole wait: each has a status
-        # query's bound, and after it the query is sent again.
+        # The decision is sent: a worker that is gone for now may be back within the wait.
         pause = 0.02
-        while (left := deadline.left()) > timedelta(0):
-            try:
-                state = await self.state(min(left, QUERY_TIMEOUT))
-            except NoWorkerError:
-                continue
+        while True:
+            state = await self._state_by(deadline, "the decision", wait_for_a_worker=True)
             if (outcome := state.decisions.get(request_id)) is not None:
                 return outcome
             await asyncio.sleep(min(pause, deadline.left().total_seconds()))
             pause = min(pause * 1.5, 0.25)
-        raise await self._runtime.no_worker(self.id, "the decision", deadline.within)
 
     async def _decision_after_close(
         self, decision: Decision, deadline: _Deadline
     ) -> DecisionOutcome:
         # A closed task takes no decision, but a repeat of one it applied still gets the
-        # first outcome, and anything else the same refusal as before. One query, with all
-        # the time left: a closed run is replayed to answer it, which a long one takes a while.
-        state = await self.state(deadline.left())
+        # first outcome, and anything else the same refusal as before. One query, with the
+        # time left (a status query's at least): a closed run is replayed to answer it, which
+        # a long one takes a while, and each query sent again would replay it again.
+        state = await self.state(max(deadline.left(), QUERY_TIMEOUT))
         problem = decision_problem(state, decision)
         if problem is not None:
             raise DecisionError(self.id, problem.message, problem.kind)
@@ -371,7 +389,7 @@ class AgentRuntime:
             tool_names = builtin_registry().names()
         self.tool_names = frozenset(tool_names)
         self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
-        self._streams = StreamHub(client)
+        self._streams = StreamHub(client, self.settings.task_queue)
 
     async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T:
         """`work`, or NoWorkerError saying whether no worker polls or all are busy."""

@@ -14,6 +14,7 @@ import asyncio
 import getpass
 import json
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI
@@ -37,7 +38,8 @@ from workflows.models import ModelSettings, Usage
 T = TypeVar("T")
 
 QUERY_TIMEOUT_SECONDS = 10.0  # queries and Updates need a worker: never hang a client
-UPDATE_TIMEOUT_SECONDS = 30.0
+UPDATE_TIMEOUT_SECONDS = 30.0  # a decision's queries, in all (TaskHandle.approve's `within`)
+DECISION_BACKSTOP_SECONDS = 45.0  # and the signal between them, should Temporal not answer it
 MAX_EVENTS = 1_000
 CALLER_SCOPE_KEY = "waystation.caller"
 MCP_PATH = "/mcp"
@@ -226,9 +228,14 @@ class WaystationTools:
         who = self._approver(ctx)
         handle = await _guarded(self._runtime_of().find(task_id))
         decided = handle.approve(
-            request_id, reject=reject, message=message, arguments=arguments, approver=who.name
+            request_id,
+            reject=reject,
+            message=message,
+            arguments=arguments,
+            approver=who.name,
+            within=timedelta(seconds=UPDATE_TIMEOUT_SECONDS),
         )
-        outcome = await _within(UPDATE_TIMEOUT_SECONDS, _guarded(decided), "the decision")
+        outcome = await _within(DECISION_BACKSTOP_SECONDS, _guarded(decided), "the decision")
         return DecisionView(
             task_id=task_id,
             request_id=outcome.request_id,

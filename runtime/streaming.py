@@ -24,8 +24,8 @@ from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import stream_wire
-from runtime.health import overview
-from runtime.task_errors import TaskNotFoundError, unreadable
+from runtime.health import overview, worker_hint
+from runtime.task_errors import NoWorkerError, TaskNotFoundError, unreadable
 from workflows.events import TERMINAL_EVENT_TYPES, AgentEvent
 from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
 
@@ -102,6 +102,8 @@ class _TaskReader:
     error: BaseException | None = None
     subscribers: int = 0
     task: asyncio.Task[None] | None = None
+    poll_within: timedelta = POLL_TIMEOUT
+    """The deadline of the last poll answered: a long closed run needs a long one each time."""
 
     @property
     def next_offset(self) -> int:
@@ -111,8 +113,9 @@ class _TaskReader:
 class StreamHub:
     """Per-process fan-out of task streams."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, task_queue: str) -> None:
         self._client = client
+        self._task_queue = task_queue
         self._readers: dict[str, _TaskReader] = {}
         self._converter: DataConverter = client.data_converter
 
@@ -137,7 +140,7 @@ class StreamHub:
             while True:
                 if offset < reader.start:
                     # Older than what the shared reader holds: read them directly.
-                    read, _, _ = await self._read_through(task_id, offset)
+                    read, _, _ = await self._read_through(reader, offset)
                     batch = [i for i in read if i.offset < reader.start]
                     offset = batch[-1].offset + 1 if batch else reader.start
                     done = False
@@ -211,7 +214,7 @@ class StreamHub:
         last_check = loop.time()
         try:
             while True:
-                batch, offset, more = await self._read_through(reader.task_id, offset)
+                batch, offset, more = await self._read_through(reader, offset)
                 if batch:
                     async with reader.changed:
                         reader.items.extend(batch)
@@ -227,7 +230,7 @@ class StreamHub:
                         last_check = loop.time()
                         if await self._closed(reader.task_id):
                             # Read once more: the end may have been published meanwhile.
-                            batch, offset, _ = await self._read_through(reader.task_id, offset)
+                            batch, offset, _ = await self._read_through(reader, offset)
                             async with reader.changed:
                                 reader.items.extend(batch)
                             return
@@ -247,18 +250,29 @@ class StreamHub:
         status = (await overview(self._client, task_id)).status
         return status not in (None, WorkflowExecutionStatus.RUNNING)
 
-    async def _read_through(self, task_id: str, offset: int) -> tuple[list[StreamItem], int, bool]:
+    async def _read_through(
+        self, reader: _TaskReader, offset: int
+    ) -> tuple[list[StreamItem], int, bool]:
         """`_read`, asked again while its query goes unanswered in time: a lost or late
-        answer loses no item, and must not end a live stream. (A server that cannot be
-        reached still ends it, with its error.)"""
+        answer loses no item, and must not end a live stream. When no worker polls the task
+        queue at all, NoWorkerError says so; a server that cannot be reached ends the stream
+        with its error."""
         pause = FOLLOW_INTERVAL.total_seconds()
-        within = POLL_TIMEOUT
+        within = reader.poll_within
         while True:
             try:
-                return await self._read(task_id, offset, within)
+                read = await self._read(reader.task_id, offset, within)
+                reader.poll_within = within
+                return read
             except RPCError as err:
                 if err.status not in _UNANSWERED:
                     raise
+            if (hint := await worker_hint(self._client, self._task_queue)) is not None:
+                raise NoWorkerError(
+                    reader.task_id,
+                    f"no worker answered the stream's poll within {within.total_seconds():g} s:"
+                    f" {hint}",
+                )
             await asyncio.sleep(pause)
             pause = min(pause * 2, QUIET_INTERVAL.total_seconds())
             within = min(within * 2, LONGEST_POLL)

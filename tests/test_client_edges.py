@@ -59,10 +59,22 @@ async def test_queries_no_worker_answers_end_with_a_clear_error(
         with pytest.raises(NoWorkerError, match=nobody):
             await query
 
+    async def follow() -> None:
+        async for _ in runtime.stream(handle.id):
+            pass
+
+    following = asyncio.create_task(follow())  # its poll's 10 s run beside the CLI's
     code, out, err = await starter(dev_env, settings, "approve", handle.id, "--no-worker")
     assert code == 1 and out == "", err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: no worker answered"), err
+    # A stream asks again after an unanswered poll, unless no worker polls at all.
+    with pytest.raises(
+        NoWorkerError,
+        match=rf"no worker answered the stream's poll within 10 s: no worker polls task queue "
+        rf"'{settings.task_queue}'",
+    ):
+        await following
 
 
 # --- a repeated approval, and the memo after the wait ---------------------------------------

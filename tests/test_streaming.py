@@ -131,15 +131,22 @@ async def test_a_lost_poll_is_asked_again_and_the_live_stream_goes_on(
     config = dev_env.client.config()
     config["interceptors"] = [losing]
     viewer = AgentRuntime(Client(**config), settings)
-    handle = await dev_runtime.run(agent_task(five_step_script(fake_openai)))
-    items = await collect(viewer.stream(handle.id, since=0))
+    model = fake_openai.script(
+        [tools(("run_shell", {"command": "echo held"}), content="asking first"), text("done")]
+    )
+    handle = await dev_runtime.run(agent_task(model))
+    [request] = await pending_requests(handle)  # the task is held at its approval
+    following = asyncio.create_task(collect(viewer.stream(handle.id, since=0)))
+    async with asyncio.timeout(60):
+        while len(losing.deadlines) < 6 and not following.done():
+            await asyncio.sleep(0.05)
+    await handle.approve(request)
+    items = await following
     assert [i.offset for i in items] == list(range(len(items)))
     assert items[-1].terminal
     assert [i.data for i in items if i.topic == "events"] == await handle.events()
-    # Each poll lost in a row doubles the next one's deadline; an answer resets it.
-    assert losing.deadlines[:6] == [POLL_TIMEOUT] * 3 + [POLL_TIMEOUT * 2, POLL_TIMEOUT * 4] + [
-        POLL_TIMEOUT
-    ]
+    # Each poll lost in a row doubles the next one's deadline; the one answered is kept.
+    assert losing.deadlines[:6] == [POLL_TIMEOUT] * 3 + [POLL_TIMEOUT * 2] + [POLL_TIMEOUT * 4] * 2
 
 
 async def test_a_finished_task_streams_everything_then_ends(
