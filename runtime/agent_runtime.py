@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.event_archive import read_archived
 from runtime.busy import reading, sending
-from runtime.health import Stuck, TaskOverview, overview, polling_workers, stuck, worker_hint
+from runtime.health import Stuck, TaskOverview, overview, stuck, unanswered, worker_hint
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
@@ -177,11 +177,11 @@ class TaskHandle:
             try:
                 return await asyncio.wait_for(self._query_state(bound), bound.total_seconds())
             except TimeoutError:
-                runtime = self._runtime
-                if not wait_for_a_worker and not await polling_workers(
-                    runtime.client, runtime.settings.task_queue
-                ):
-                    raise await runtime.no_worker(self.id, what, bound) from None
+                if wait_for_a_worker:
+                    continue
+                queue = self._runtime.settings.task_queue
+                if (hint := await worker_hint(self._runtime.client, queue)) is not None:
+                    raise unanswered(self.id, what, bound, queue, hint) from None
         raise await self._runtime.no_worker(self.id, what, deadline.within)
 
     async def events(
@@ -406,16 +406,8 @@ class AgentRuntime:
     async def no_worker(self, task_id: str, what: str, limit: timedelta) -> NoWorkerError:
         """The error for `what` unanswered within `limit`: whether no worker polls the task
         queue, or workers poll but did not answer."""
-        hint = await worker_hint(self.client, self.settings.task_queue)
-        seconds = f"{limit.total_seconds():g} s"
-        return NoWorkerError(
-            task_id,
-            f"no worker answered {what} within {seconds}: {hint}"
-            if hint
-            else f"no worker answered {what} within {seconds}, though workers poll task "
-            f"queue {self.settings.task_queue!r}: they may be busy or the task stuck "
-            f"(python starter.py status {task_id})",
-        )
+        queue = self.settings.task_queue
+        return unanswered(task_id, what, limit, queue, await worker_hint(self.client, queue))
 
     def new_task(self, text: str, **fields: Any) -> AgentTask:
         """An AgentTask with this runtime's default model filled in."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
@@ -23,6 +24,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 
 from runtime.busy import reading
+from runtime.task_errors import NoWorkerError
 
 # A workflow task that failed this many times in a row is a task that will not move by
 # itself (one failure can be a worker that died mid-task; Temporal retries it at once).
@@ -70,6 +72,21 @@ async def worker_hint(client: Client, task_queue: str) -> str | None:
     return (
         f"no worker polls task queue {task_queue!r}: the task waits until one does; start one "
         "with `python worker.py` (or `python starter.py worker`)"
+    )
+
+
+def unanswered(
+    task_id: str, what: str, limit: timedelta, task_queue: str, hint: str | None
+) -> NoWorkerError:
+    """The error for `what` unanswered within `limit`, with `worker_hint`'s sentence, or
+    saying that workers poll but did not answer."""
+    seconds = f"{limit.total_seconds():g} s"
+    if hint is not None:
+        return NoWorkerError(task_id, f"no worker answered {what} within {seconds}: {hint}")
+    return NoWorkerError(
+        task_id,
+        f"no worker answered {what} within {seconds}, though workers poll task queue "
+        f"{task_queue!r}: they may be busy or the task stuck (python starter.py status {task_id})",
     )
 
 

@@ -24,8 +24,8 @@ from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import stream_wire
-from runtime.health import overview, worker_hint
-from runtime.task_errors import NoWorkerError, TaskNotFoundError, unreadable
+from runtime.health import overview, unanswered, worker_hint
+from runtime.task_errors import TaskNotFoundError, unreadable
 from workflows.events import TERMINAL_EVENT_TYPES, AgentEvent
 from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
 
@@ -268,11 +268,8 @@ class StreamHub:
                 if err.status not in _UNANSWERED:
                     raise
             if (hint := await worker_hint(self._client, self._task_queue)) is not None:
-                raise NoWorkerError(
-                    reader.task_id,
-                    f"no worker answered the stream's poll within {within.total_seconds():g} s:"
-                    f" {hint}",
-                )
+                what = "the stream's poll"
+                raise unanswered(reader.task_id, what, within, self._task_queue, hint)
             await asyncio.sleep(pause)
             pause = min(pause * 2, QUIET_INTERVAL.total_seconds())
             within = min(within * 2, LONGEST_POLL)

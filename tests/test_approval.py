@@ -11,19 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import (
-    Client,
-    Interceptor,
-    OutboundInterceptor,
-    QueryWorkflowInput,
-    SignalWorkflowInput,
-    WorkflowUpdateStage,
-)
+from temporalio.client import QueryWorkflowInput, SignalWorkflowInput, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import QUERY_TIMEOUT, AgentRuntime, DecisionError, TaskFailedError
 from runtime.settings import Settings
 from runtime.temporal import temporal_binary
+from testing.client_hooks import ClientHooks
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
@@ -126,46 +120,27 @@ async def test_twenty_concurrent_identical_decisions_run_the_tool_once(
     assert side_effects(settings) == ["once"]
 
 
-class PausedAfterSignals(Interceptor):
-    """Client side: once a signal is sent, SIGSTOP the worker process `pid`, so no query is
-    answered until the test resumes it (a worker too loaded to answer, made exact)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.paused = asyncio.Event()
-
-    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        return _PauseAfterSignal(next, self)
-
-
-class _PauseAfterSignal(OutboundInterceptor):
-    def __init__(self, next: OutboundInterceptor, owner: PausedAfterSignals) -> None:
-        super().__init__(next)
-        self.owner = owner
-
-    async def signal_workflow(self, input: SignalWorkflowInput) -> None:
-        await super().signal_workflow(input)
-        os.kill(self.owner.pid, signal.SIGSTOP)
-        self.owner.paused.set()
-
-
 async def test_a_sent_decision_waits_for_its_outcome_longer_than_a_status_query(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, spawn_worker: Any
 ) -> None:
     """The worker stops answering right after the decision is sent, for longer than a status
     query's bound: the decision is not reported as "no worker"; its outcome comes back."""
     worker = await spawn_worker()
-    pausing = PausedAfterSignals(worker.pid)
-    config = dev_env.client.config()
-    config["interceptors"] = [pausing]
-    client = Client(**config)
+    paused = asyncio.Event()
+
+    async def pause_the_worker(_: SignalWorkflowInput) -> None:
+        # A worker too loaded to answer, made exact: no query is answered until SIGCONT.
+        os.kill(worker.pid, signal.SIGSTOP)
+        paused.set()
+
+    client = ClientHooks(after_signal=pause_the_worker).client(dev_env.client)
     handle = await AgentRuntime(client, settings).run(
         agent_task(fake_openai.script([tools(shell("late")), text("done")]))
     )
     [request] = await pending_requests(handle)
     deciding = asyncio.create_task(handle.approve(request, approver="alice"))
     try:
-        await asyncio.wait_for(pausing.paused.wait(), 60)
+        await asyncio.wait_for(paused.wait(), 60)
         await asyncio.sleep(QUERY_TIMEOUT.total_seconds() + 1)  # past a status query's bound
         assert not deciding.done()
     finally:
@@ -176,37 +151,6 @@ async def test_a_sent_decision_waits_for_its_outcome_longer_than_a_status_query(
     assert side_effects(settings) == ["late"]
 
 
-class LosesAQueryAfterSignals(Interceptor):
-    """Client side: the first query after a signal is never delivered, and hangs until its
-    caller gives up, as a query does that the SDK dropped with the run it evicted."""
-
-    def __init__(self) -> None:
-        self.signalled = False
-        self.lost = asyncio.Event()
-        self.queries_after_loss = 0
-
-    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        return _LoseAQuery(next, self)
-
-
-class _LoseAQuery(OutboundInterceptor):
-    def __init__(self, next: OutboundInterceptor, owner: LosesAQueryAfterSignals) -> None:
-        super().__init__(next)
-        self.owner = owner
-
-    async def signal_workflow(self, input: SignalWorkflowInput) -> None:
-        await super().signal_workflow(input)
-        self.owner.signalled = True
-
-    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
-        if self.owner.signalled and not self.owner.lost.is_set():
-            self.owner.lost.set()
-            await asyncio.Event().wait()  # never answered: only cancellation ends it
-        if self.owner.lost.is_set():
-            self.owner.queries_after_loss += 1
-        return await super().query_workflow(input)
-
-
 async def test_a_lost_query_does_not_lose_the_decisions_outcome(
     dev_env: WorkflowEnvironment,
     dev_runtime: AgentRuntime,
@@ -215,15 +159,29 @@ async def test_a_lost_query_does_not_lose_the_decisions_outcome(
 ) -> None:
     """The first query after the decision goes unanswered: it is sent again after a status
     query's bound, and the outcome comes back within the decision's 30 s."""
-    losing = LosesAQueryAfterSignals()
-    config = dev_env.client.config()
-    config["interceptors"] = [losing]
-    handle = await AgentRuntime(Client(**config), settings).run(
+    signalled = asyncio.Event()
+    lost = asyncio.Event()
+    queries_after_loss = 0
+
+    async def note_the_signal(_: SignalWorkflowInput) -> None:
+        signalled.set()
+
+    async def lose_the_first_query_after_it(_: QueryWorkflowInput) -> None:
+        # As a query the SDK dropped with the run it evicted: never delivered, never answered.
+        nonlocal queries_after_loss
+        if signalled.is_set() and not lost.is_set():
+            lost.set()
+            await asyncio.Event().wait()  # only its caller giving up ends it
+        elif lost.is_set():
+            queries_after_loss += 1
+
+    hooks = ClientHooks(after_signal=note_the_signal, before_query=lose_the_first_query_after_it)
+    handle = await AgentRuntime(hooks.client(dev_env.client), settings).run(
         agent_task(fake_openai.script([tools(shell("kept")), text("done")]))
     )
     [request] = await pending_requests(handle)
     outcome = await handle.approve(request, approver="alice")
-    assert losing.lost.is_set() and losing.queries_after_loss >= 1
+    assert lost.is_set() and queries_after_loss >= 1
     assert (outcome.decision, outcome.approver, outcome.duplicate) == ("approve", "alice", False)
     await handle.result()
     assert side_effects(settings) == ["kept"]

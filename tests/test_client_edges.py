@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 from temporalio.client import (
     Client,
-    Interceptor,
-    OutboundInterceptor,
     SignalWorkflowInput,
     WorkflowExecutionStatus,
 )
@@ -26,6 +24,7 @@ from runtime.agent_runtime import AgentRuntime, NoWorkerError, TaskHandle
 from runtime.busy import BusyRetry, reading, sending
 from runtime.settings import Settings
 from runtime.temporal import temporal_binary
+from testing.client_hooks import ClientHooks
 from testing.fake_openai import FakeOpenAI, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, pending_requests
@@ -178,42 +177,27 @@ async def test_a_busy_refusal_is_sent_again_with_growing_pauses() -> None:
     assert pauses == []  # anything but busy is raised at once
 
 
-class _Busy(Interceptor):
-    """A client whose first `refusals` signals Temporal refuses as busy."""
-
-    def __init__(self, refusals: int) -> None:
-        self.left = refusals
-
-    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        owner = self
-
-        class Refusing(OutboundInterceptor):
-            async def signal_workflow(self, input: SignalWorkflowInput) -> None:
-                if owner.left > 0:
-                    owner.left -= 1
-                    raise busy()
-                await super().signal_workflow(input)
-
-        return Refusing(next)
-
-
 async def test_an_approval_refused_as_busy_is_sent_again(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
 ) -> None:
     model = fake_openai.script([tools(("run_shell", {"command": "echo ok"})), text("ran")])
-    busy_twice = _Busy(refusals=2)
-    busy_client = await Client.connect(
-        dev_env.client.service_client.config.target_host,
-        data_converter=pydantic_data_converter,
-        interceptors=[busy_twice],
+    refusals_left = 2
+
+    async def refuse_as_busy(_: SignalWorkflowInput) -> None:
+        nonlocal refusals_left
+        if refusals_left > 0:
+            refusals_left -= 1
+            raise busy()
+
+    runtime = AgentRuntime(
+        ClientHooks(before_signal=refuse_as_busy).client(dev_env.client), settings
     )
-    runtime = AgentRuntime(busy_client, settings)
     async with running_worker(dev_env.client, settings), api_over(runtime) as api:
         handle = await AgentRuntime(dev_env.client, settings).run(agent_task(model))
         [request] = await pending_requests(handle)
         answer = await api.post(f"/tasks/{handle.id}/approve")
         assert answer.status_code == 200, answer.text
-        assert answer.json()["request_id"] == request and busy_twice.left == 0
+        assert answer.json()["request_id"] == request and refusals_left == 0
         assert (await handle.result()).result == "ran"
 
 

@@ -27,8 +27,6 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import (
     Client,
-    Interceptor,
-    OutboundInterceptor,
     QueryWorkflowInput,
     WorkflowHandle,
 )
@@ -42,6 +40,7 @@ from runtime.agent_runtime import AgentRuntime, TaskHandle
 from runtime.health import Stuck
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
+from testing.client_hooks import ClientHooks
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.settings import isolated_settings
 from testing.workers import WorkerProcess, running_worker
@@ -102,28 +101,18 @@ async def until(check: Callable[[], Awaitable[Any]], what: str) -> Any:
 # --- (a) the cold-worker scenario of issue 12 -----------------------------------------------
 
 
-class _FirstAnswer(OutboundInterceptor):
-    def __init__(self, next: OutboundInterceptor, spy: StateSpy) -> None:
-        super().__init__(next)
-        self._spy = spy
-
-    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
-        answer = await super().query_workflow(input)
-        if input.query == AgentWorkflow.state.__name__ and not self._spy.answered.is_set():
-            self._spy.first = answer
-            self._spy.answered.set()
-        return answer
-
-
-class StateSpy(Interceptor):
+class StateSpy(ClientHooks):
     """Lets the test see the first `state` answer a client gets (what it acts on)."""
 
     def __init__(self) -> None:
+        super().__init__(after_query=self._note)
         self.answered = asyncio.Event()
         self.first: AgentState | None = None
 
-    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        return _FirstAnswer(next, self)
+    def _note(self, input: QueryWorkflowInput, answer: Any) -> None:
+        if input.query == AgentWorkflow.state.__name__ and not self.answered.is_set():
+            self.first = answer
+            self.answered.set()
 
 
 async def _events(workflow: WorkflowHandle[Any, Any]) -> list[Any]:
@@ -186,9 +175,7 @@ async def test_an_approval_right_after_a_cold_workers_query_completes_and_replay
     monkeypatch.setattr(agent_runtime, "WORKFLOW_TASK_TIMEOUT", timedelta(seconds=30))
     address = dev_env.client.service_client.config.target_host
     spy = StateSpy()
-    config = dev_env.client.config()
-    config["interceptors"] = [spy]
-    client = Client(**config)
+    client = spy.client(dev_env.client)
     runtime = AgentRuntime(client, settings)
     answer = threading.Event()
     shell = ("run_shell", {"command": "echo approved >> effects.txt"})

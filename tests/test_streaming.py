@@ -6,11 +6,10 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWorkflowInput
+from temporalio.client import QueryWorkflowInput
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -18,6 +17,7 @@ from runtime import stream_wire
 from runtime.agent_runtime import AgentRuntime, TaskNotFoundError
 from runtime.settings import Settings
 from runtime.streaming import POLL_TIMEOUT, StreamGap, StreamItem, in_sequence
+from testing.client_hooks import ClientHooks
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, pending_requests
 from workflows.stream import LlmAttemptStarted, TokenDelta
@@ -95,42 +95,24 @@ async def test_reconnect_at_random_cut_points_loses_and_repeats_nothing(
     assert received == everything
 
 
-class LosesPolls(Interceptor):
-    """Client side: the stream's polls number `first` to `first + count - 1` fail as a query
-    past its deadline does in the SDK ("Timeout expired", CANCELLED): a query the SDK lost
-    with a run it evicted, or a worker too paused to answer. Records each poll's deadline."""
-
-    def __init__(self, first: int, count: int) -> None:
-        self.lost = range(first, first + count)
-        self.deadlines: list[timedelta | None] = []
-
-    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        return _LosePolls(next, self)
-
-
-class _LosePolls(OutboundInterceptor):
-    def __init__(self, next: OutboundInterceptor, owner: LosesPolls) -> None:
-        super().__init__(next)
-        self.owner = owner
-
-    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
-        if input.query == stream_wire.POLL_QUERY:
-            self.owner.deadlines.append(input.rpc_timeout)
-            if len(self.owner.deadlines) in self.owner.lost:
-                raise RPCError("Timeout expired", RPCStatusCode.CANCELLED, b"")
-        return await super().query_workflow(input)
-
-
 async def test_a_lost_poll_is_asked_again_and_the_live_stream_goes_on(
     dev_env: WorkflowEnvironment,
     dev_runtime: AgentRuntime,
     fake_openai: FakeOpenAI,
     settings: Settings,
 ) -> None:
-    losing = LosesPolls(first=3, count=2)
-    config = dev_env.client.config()
-    config["interceptors"] = [losing]
-    viewer = AgentRuntime(Client(**config), settings)
+    deadlines: list[timedelta | None] = []
+
+    async def lose_polls_three_and_four(input: QueryWorkflowInput) -> None:
+        if input.query == stream_wire.POLL_QUERY:
+            deadlines.append(input.rpc_timeout)
+            if len(deadlines) in (3, 4):
+                # How the SDK fails a query past its deadline: one lost with a run the SDK
+                # evicted, or one a paused worker could not answer.
+                raise RPCError("Timeout expired", RPCStatusCode.CANCELLED, b"")
+
+    hooks = ClientHooks(before_query=lose_polls_three_and_four)
+    viewer = AgentRuntime(hooks.client(dev_env.client), settings)
     model = fake_openai.script(
         [tools(("run_shell", {"command": "echo held"}), content="asking first"), text("done")]
     )
@@ -138,7 +120,7 @@ async def test_a_lost_poll_is_asked_again_and_the_live_stream_goes_on(
     [request] = await pending_requests(handle)  # the task is held at its approval
     following = asyncio.create_task(collect(viewer.stream(handle.id, since=0)))
     async with asyncio.timeout(60):
-        while len(losing.deadlines) < 6 and not following.done():
+        while len(deadlines) < 6 and not following.done():
             await asyncio.sleep(0.05)
     await handle.approve(request)
     items = await following
@@ -146,7 +128,7 @@ async def test_a_lost_poll_is_asked_again_and_the_live_stream_goes_on(
     assert items[-1].terminal
     assert [i.data for i in items if i.topic == "events"] == await handle.events()
     # Each poll lost in a row doubles the next one's deadline; the one answered is kept.
-    assert losing.deadlines[:6] == [POLL_TIMEOUT] * 3 + [POLL_TIMEOUT * 2] + [POLL_TIMEOUT * 4] * 2
+    assert deadlines[:6] == [POLL_TIMEOUT] * 3 + [POLL_TIMEOUT * 2] + [POLL_TIMEOUT * 4] * 2
 
 
 async def test_a_finished_task_streams_everything_then_ends(
