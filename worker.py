@@ -30,6 +30,7 @@ from activities.sealed_blobs import SealedBlobs
 from activities.storage import Storage, StorageError
 from activities.storage.deployment import check_single_machine, check_workspace
 from activities.tools import ToolActivities, ToolRegistry
+from activities.turns import TurnActivities
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
@@ -173,6 +174,7 @@ def build_worker(
         mcp=mcp,
     )
     tools = ToolActivities(registry, settings.workspace_dir, storage.ledger, conversations, mcp)
+    turns = TurnActivities(storage.ledger)
     return AgentWorker(
         client,
         llm=llm,
@@ -190,6 +192,7 @@ def build_worker(
             archive.archive_events,
             tools.run_tool,
             mcp.list_tools,
+            turns.claim_turn,
         ],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,

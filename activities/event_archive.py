@@ -23,8 +23,7 @@ from activities.storage.storage import SQLITE_FILE
 from runtime.settings import Settings
 from workflows import errors
 from workflows.events import AgentEvent
-from workflows.models import AgentOutcome
-from workflows.run import ArchivedRun, ArchiveRequest, EventsRequest
+from workflows.run import AgentOutcome, ArchivedRun, ArchiveRequest, EventsRequest
 
 # Events asked per query while archiving (each answer is also capped by EVENT_PAGE_BYTES).
 EVENTS_PER_QUERY = 2_000

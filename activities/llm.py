@@ -37,7 +37,6 @@ from workflows import errors
 from workflows.conversation import assistant_message, conversation_digest, message_digest
 from workflows.models import (
     OFFLINE_MODEL,
-    AgentOutcome,
     ChatMessage,
     ConversationSnapshot,
     LlmRequest,
@@ -48,7 +47,7 @@ from workflows.models import (
     ToolCall,
     Usage,
 )
-from workflows.run import LlmContext
+from workflows.run import AgentOutcome, LlmContext
 from workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
 from workflows.tool_catalog import is_mcp_tool_name
 
@@ -299,12 +298,17 @@ class LlmActivities:
         async with watched(watchdog):
             context = await self._query_context(snapshot.message_count)
             held = {d: m for d, m in zip(context.digests, context.messages, strict=True) if m}
-            if snapshot.source_workflow_id and snapshot.source_run_id:
-                held.update(await self._content_of_source(snapshot, context.digests, held))
-            await self._store.put(held)
             rest = [d for d in context.digests if d not in held]
             stored = await self._store.get(rest)
-        if lost := [d for d in rest if d not in stored]:
+            missing = [d for d in rest if d not in stored]
+            # What this worker saw of the task spares a replay of the source run.
+            seen = self._conversations.known(activity.info().workflow_id or "")
+            held.update({d: seen[d] for d in missing if d in seen})
+            missing = [d for d in missing if d not in held]
+            if missing and snapshot.source_workflow_id and snapshot.source_run_id:
+                held.update(await self._content_of_source(snapshot, missing))
+            await self._store.put(held)
+        if lost := [d for d in missing if d not in held]:
             raise ApplicationError(
                 f"{len(lost)} message(s) of the conversation could not be found to save",
                 type=errors.CONVERSATION_LOST,
@@ -312,7 +316,7 @@ class LlmActivities:
             )
 
     async def _content_of_source(
-        self, snapshot: ConversationSnapshot, digests: list[str], held: dict[str, ChatMessage]
+        self, snapshot: ConversationSnapshot, wanted: list[str]
     ) -> dict[str, ChatMessage]:
         from workflows.agent import AgentWorkflow
 
@@ -320,7 +324,6 @@ class LlmActivities:
         source: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
             AgentWorkflow.run, snapshot.source_workflow_id or "", run_id=snapshot.source_run_id
         )
-        wanted = [d for d in digests if d not in held]
         found = await source.query(AgentWorkflow.conversation_content, wanted)
         return {d: m for d, m in found.items() if message_digest(m) == d}
 
@@ -393,7 +396,8 @@ class LlmActivities:
 
     async def _call(self, request: LlmRequest) -> LlmResult:
         backend = self._backend(request.model.name)
-        attempt = activity.info().attempt
+        # Numbered past the attempts of any call of this step a message interrupted.
+        attempt = request.first_attempt - 1 + activity.info().attempt
         watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
         with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
             async with watched(watchdog):

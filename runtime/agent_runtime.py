@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -32,11 +32,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.event_archive import read_archived
 from runtime.busy import reading, sending
 from runtime.health import Stuck, TaskOverview, overview, stuck, unanswered, worker_hint
+from runtime.messaging import Delivery, deliver
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
 from runtime.task_errors import (
     DecisionError,
+    MessageRefusedError,
     NoWorkerError,
     TaskCancelledError,
     TaskError,
@@ -50,23 +52,32 @@ from runtime.task_log import TaskLog
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
 from workflows.approval import decision_problem
-from workflows.events import AgentEvent, AgentState, TaskStarted, conversation_of, fold
+from workflows.events import (
+    AgentEvent,
+    AgentState,
+    Done,
+    TaskStarted,
+    UserMessage,
+    conversation_of,
+    fold,
+)
 from workflows.models import (
-    AgentOutcome,
     AgentTask,
     ChatMessage,
     Decision,
     DecisionOutcome,
+    Message,
     ModelSettings,
     RepairNote,
     Resumption,
 )
-from workflows.run import WORKFLOW_TYPE, AgentRun, RunCarry, RunRef
+from workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun, RunCarry, RunRef
 from workflows.tool_catalog import split_name
 
 __all__ = [
     "AgentRuntime",
     "DecisionError",
+    "MessageRefusedError",
     "NoWorkerError",
     "TaskCancelledError",
     "TaskError",
@@ -114,26 +125,95 @@ class _Deadline:
         return timedelta(seconds=max(0.0, self.at - asyncio.get_running_loop().time()))
 
 
+@dataclass(frozen=True)
+class _Awaited:
+    """The answer a handle waits for: to a message it sent, or of a turn (0 for `run`)."""
+
+    message_id: str | None = None
+    turn: int | None = None
+
+
 class TaskHandle:
-    """One task, however it was reached: result, state, events, approve, cancel, stream."""
+    """One task, however it was reached: result, state, events, approve, send, cancel,
+    stream. `run` gives a handle whose result is the task's own answer; `send` makes the
+    handle wait for the answer to that message; other handles give the latest answer."""
 
     def __init__(
         self,
         runtime: AgentRuntime,
         task_id: str,
         workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] | None = None,
+        *,
+        awaits_turn: int | None = None,
     ) -> None:
         self._runtime = runtime
         self.id = task_id
         self._handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
             workflow or runtime.client.get_workflow_handle_for(AgentWorkflow.run, task_id)
         )
+        self._awaited = _Awaited(turn=awaits_turn)
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.id!r})"
 
+    async def send(
+        self,
+        content: str,
+        *,
+        interrupt: bool = False,
+        max_steps: int | None = None,
+        sender: str | None = None,
+        message_id: str | None = None,
+    ) -> TaskHandle:
+        """Send the task a message: a steer while it works (taken at its next model call;
+        with `interrupt`, the model call in flight is cancelled for it), or a follow-up once
+        it has answered (the same task goes on). Returns this handle, whose `result()` is
+        then the answer to this message. A repeat with the same `message_id` counts once.
+
+        Raises MessageRefusedError for a failed or cancelled task (resume or fork it), and
+        ValidationError for an empty message or one longer than a task's text may be."""
+        message = Message(
+            content=content,
+            message_id=message_id or f"msg-{uuid.uuid4().hex}",
+            interrupt=interrupt,
+            max_steps=max_steps,
+            sender=sender,
+        )
+        delivery = await self._runtime.deliver(self.id, message)
+        self._handle = delivery.workflow
+        self._awaited = _Awaited(message_id=message.message_id)
+        return self
+
     async def result(self) -> AgentOutcome:
-        """Wait for the answer. Raises TaskFailedError or TaskCancelledError otherwise."""
+        """Wait for the answer (see the class docstring for which). Raises TaskFailedError
+        or TaskCancelledError if the task ends otherwise first."""
+        outcome = await self._closing_outcome()
+        awaited = self._awaited
+        if awaited.message_id is not None and awaited.message_id not in outcome.message_ids:
+            return await self._answer_in_log(outcome, lambda e: _takes(e, awaited.message_id))
+        if awaited.turn is not None and outcome.turn != awaited.turn:
+            return await self._answer_in_log(outcome, lambda e: _begins_turn(e, awaited.turn))
+        return outcome
+
+    async def _answer_in_log(
+        self, closing: AgentOutcome, begins: Callable[[AgentEvent], bool]
+    ) -> AgentOutcome:
+        """The answer the log holds after the event `begins` matches: the run went on to a
+        later turn (a message came as it answered) before it closed."""
+        began = False
+        for event in await self.events():
+            began = began or begins(event)
+            if began and isinstance(event, Done):
+                return AgentOutcome(
+                    result=event.result,
+                    steps=event.step,
+                    usage=event.usage or closing.usage,
+                    last_seq=event.seq,
+                    turn=event.turn,
+                )
+        return closing
+
+    async def _closing_outcome(self) -> AgentOutcome:
         try:
             return await self._handle.result()
         except WorkflowFailureError as err:
@@ -353,9 +433,21 @@ class TaskHandle:
             raise _not_found(self.id, err) from err
 
     def stream(
-        self, since: int = 0, topics: list[str] | None = None
+        self, since: int = 0, topics: list[str] | None = None, *, follow: bool = False
     ) -> AsyncGenerator[StreamItem, None]:
-        return self._runtime.stream(self.id, since=since, topics=topics)
+        return self._runtime.stream(self.id, since=since, topics=topics, follow=follow)
+
+
+def _takes(event: AgentEvent, message_id: str | None) -> bool:
+    return isinstance(event, UserMessage) and event.message_id == message_id
+
+
+def _begins_turn(event: AgentEvent, turn: int | None) -> bool:
+    return (
+        event.type == "task_started"
+        if turn == 0
+        else (isinstance(event, UserMessage) and event.turn == turn)
+    )
 
 
 def _summary(text: str, limit: int = 200) -> str:
@@ -464,9 +556,24 @@ class AgentRuntime:
                 task_timeout=WORKFLOW_TASK_TIMEOUT,
             )
         except WorkflowAlreadyStartedError:
-            return TaskHandle(self, task_id)  # a closed task with this id: that task
+            return TaskHandle(self, task_id, awaits_turn=0)  # a closed task with this id
         # Keep the started handle: it follows the run chain from this start.
-        return TaskHandle(self, task_id, started)
+        return TaskHandle(self, task_id, started, awaits_turn=0)
+
+    async def send(self, task_id: str, content: str, **options: Any) -> TaskHandle:
+        """`get(task_id).send(content, ...)`: see TaskHandle.send."""
+        return await self.get(task_id).send(content, **options)
+
+    async def deliver(self, task_id: str, message: Message) -> Delivery:
+        """Deliver a message to the task: see runtime/messaging.py."""
+        return await deliver(
+            self.client,
+            task_id,
+            message,
+            task_queue=self.settings.task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
+            summary=_summary(message.content),
+        )
 
     async def resume(
         self,
@@ -651,14 +758,18 @@ class AgentRuntime:
         topics: list[str] | None = None,
         *,
         wait_for_start: timedelta | None = None,
+        follow: bool = False,
     ) -> AsyncGenerator[StreamItem, None]:
-        """Items of the task's stream from offset `since`, ending after the terminal event.
+        """Items of the task's stream from offset `since`, ending after the terminal event;
+        with `follow`, across the conversation's turns, ending only when it fails or is
+        cancelled (after each answer it waits for the next message, asking Temporal, not a
+        worker).
 
         Observes only. An unknown task raises TaskNotFoundError at once, or once
         `wait_for_start` has passed without the task appearing.
         """
         return self._streams.subscribe(
-            task_id, since=since, topics=topics, wait_for_start=wait_for_start
+            task_id, since=since, topics=topics, wait_for_start=wait_for_start, follow=follow
         )
 
     async def stream_head(self, task_id: str, within: timedelta = QUERY_TIMEOUT) -> int:

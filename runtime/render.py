@@ -17,6 +17,7 @@ from workflows.events import (
     Done,
     ErrorEvent,
     Failed,
+    Interrupted,
     Observation,
     Resumed,
     TaskStarted,
@@ -52,6 +53,7 @@ class LiveView:
         self._text_shown: set[tuple[int, int]] = set()  # every (step, attempt) with text shown
         self._model_step: int | None = None  # the step whose model call is under way
         self._failures_shown: set[tuple[int | None, int]] = set()  # (step, attempt) failed
+        self._interrupted: dict[int, int] = {}  # step -> its attempts up to this are void
         self.max_attempts: int | None = None
         """Model attempts per step, for "attempt n of m"; learnt from `task_started`."""
 
@@ -82,6 +84,8 @@ class LiveView:
                 self.out.flush()
             case LlmAttemptStarted():
                 self._model_step = data.step
+                if data.attempt > self._interrupted.get(data.step, data.attempt):
+                    return  # the step starts again after an interrupt, which said so
                 void = any(
                     step == data.step and attempt < data.attempt
                     for step, attempt in self._text_shown
@@ -131,8 +135,21 @@ class LiveView:
                         "1;33",
                     )
                 )
+            case Interrupted():
+                void = any(
+                    step == data.interrupted_step and attempt <= data.attempt
+                    for step, attempt in self._text_shown
+                )
+                self._interrupted[data.interrupted_step] = data.attempt
+                note = " (the text above is void)" if void else ""
+                self._line(
+                    self._paint(
+                        f"⤫ step {data.interrupted_step}: interrupted by a message{note}", "33"
+                    )
+                )
             case UserMessage():
-                self._line(self._paint(f"▶ user: {_short(data.content, 200)}", "1"))
+                who = data.sender or "user"
+                self._line(self._paint(f"▶ {who}: {_short(data.content, 200)}", "1"))
             case ErrorEvent():
                 self._line(self._paint(f"! {data.kind}: {data.message}", "33"))
             case Done():
@@ -162,7 +179,7 @@ def render_state(state: AgentState, task_id: str) -> str:
     lines = [
         f"task      {task_id}",
         f"status    {state.status}",
-        f"step      {state.step}",
+        f"step      {state.step}" + (f" (turn {state.turn})" if state.turn else ""),
         f"tokens    {state.usage.input_tokens} in / {state.usage.output_tokens} out",
     ]
     if state.result is not None:

@@ -23,7 +23,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import sending
 from workflows.agent import AgentWorkflow
-from workflows.models import AgentOutcome, RepairNote, Resumption
+from workflows.models import RepairNote, Resumption
+from workflows.run import AgentOutcome
 
 
 def resume_point(events: list[HistoryEvent]) -> int:

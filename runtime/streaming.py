@@ -36,6 +36,9 @@ FOLLOW_INTERVAL = timedelta(milliseconds=100)
 QUIET_INTERVAL = timedelta(milliseconds=300)
 # How often a quiet reader checks whether the task closed without a terminal event.
 CLOSED_CHECK = timedelta(seconds=2)
+# A reader following a conversation past an answer asks Temporal this often at most
+# whether the next turn has begun (a message starts it).
+NEXT_TURN_INTERVAL = timedelta(seconds=1)
 # A poll's deadline. A query can be lost (the SDK drops the queries buffered for a run it
 # evicts) or come too late (a worker paused or starved); its items are still in the task,
 # so past the deadline the reader asks again, with twice the deadline each time (up to
@@ -71,11 +74,18 @@ class StreamItem(BaseModel):
     def terminal(self) -> bool:
         return self.topic == EVENTS_TOPIC and self.data.type in TERMINAL_EVENT_TYPES
 
+    def ends(self, follow: bool) -> bool:
+        """Whether a subscriber's stream ends here: after each answer, or, following the
+        conversation across its turns, only when the task fails or is cancelled."""
+        return self.terminal and not (follow and self.data.type == "done")
 
-def in_sequence(expected: int, items: Iterable[StreamItem]) -> tuple[list[StreamItem], int]:
+
+def in_sequence(
+    expected: int, items: Iterable[StreamItem], follow: bool = False
+) -> tuple[list[StreamItem], int]:
     """Items from offset `expected` on, in order: a gap item first where offsets jump (they
-    were truncated away), repeats dropped, nothing after a terminal item. Also returns the
-    next offset expected."""
+    were truncated away), repeats dropped, nothing after an item the stream ends with. Also
+    returns the next offset expected."""
     batch: list[StreamItem] = []
     for item in items:
         if item.offset < expected:
@@ -85,7 +95,7 @@ def in_sequence(expected: int, items: Iterable[StreamItem]) -> tuple[list[Stream
             batch.append(StreamItem(offset=expected, topic="gap", data=gap))
         batch.append(item)
         expected = item.offset + 1
-        if item.terminal:
+        if item.ends(follow):
             break
     return batch, expected
 
@@ -96,6 +106,7 @@ class _TaskReader:
 
     task_id: str
     start: int
+    follow: bool = False
     items: list[StreamItem] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     finished: bool = False
@@ -116,7 +127,7 @@ class StreamHub:
     def __init__(self, client: Client, task_queue: str) -> None:
         self._client = client
         self._task_queue = task_queue
-        self._readers: dict[str, _TaskReader] = {}
+        self._readers: dict[tuple[str, bool], _TaskReader] = {}
         self._converter: DataConverter = client.data_converter
 
     async def subscribe(
@@ -126,14 +137,17 @@ class StreamHub:
         topics: list[str] | None = None,
         *,
         wait_for_start: timedelta | None = None,
+        follow: bool = False,
     ) -> AsyncGenerator[StreamItem, None]:
-        """Items with offset >= since, in order, each once; ends after the terminal event.
+        """Items with offset >= since, in order, each once; ends after the terminal event
+        (with `follow`, only after `failed` or `cancelled`: it goes on across the
+        conversation's turns, waiting for the next message after each answer).
 
         A task that does not exist raises TaskNotFoundError at once, or after
         `wait_for_start` if it has not started by then.
         """
         await self._await_task(task_id, wait_for_start)
-        reader = self._reader(task_id, since)
+        reader = self._reader(task_id, since, follow)
         wanted = set(topics) if topics else None
         offset = since
         try:
@@ -155,7 +169,7 @@ class StreamHub:
                     offset = item.offset + 1
                     if wanted is None or item.topic in wanted or item.topic == "gap":
                         yield item
-                    if item.terminal:
+                    if item.ends(follow):
                         return
                 if done and not batch:
                     if reader.error is not None:
@@ -187,12 +201,13 @@ class StreamHub:
                 raise TaskNotFoundError(task_id, f"no task with id {task_id!r}{waited}")
             await asyncio.sleep(0.2)
 
-    def _reader(self, task_id: str, since: int) -> _TaskReader:
-        reader = self._readers.get(task_id)
+    def _reader(self, task_id: str, since: int, follow: bool) -> _TaskReader:
+        key = (task_id, follow)
+        reader = self._readers.get(key)
         # A finished reader has seen a terminal event; a task resumed since has more to say.
         if reader is None or reader.finished:
-            reader = _TaskReader(task_id=task_id, start=since)
-            self._readers[task_id] = reader
+            reader = _TaskReader(task_id=task_id, start=since, follow=follow)
+            self._readers[key] = reader
             reader.task = asyncio.create_task(self._pump(reader))
         reader.subscribers += 1
         return reader
@@ -201,8 +216,9 @@ class StreamHub:
         reader.subscribers -= 1
         if reader.subscribers > 0:
             return
-        if self._readers.get(reader.task_id) is reader:
-            del self._readers[reader.task_id]
+        key = (reader.task_id, reader.follow)
+        if self._readers.get(key) is reader:
+            del self._readers[key]
         if reader.task is not None and not reader.task.done():
             reader.task.cancel()
 
@@ -219,8 +235,14 @@ class StreamHub:
                     async with reader.changed:
                         reader.items.extend(batch)
                         reader.changed.notify_all()
-                    if batch[-1].terminal:
+                    if batch[-1].ends(reader.follow):
                         return
+                    if batch[-1].terminal:
+                        # An answer, followed across turns: once its run has closed, the
+                        # next turn is a new run, which only a message starts.
+                        await self._next_turn(reader.task_id)
+                        last_check = loop.time()
+                        continue
                     pause = 0.0 if more else FOLLOW_INTERVAL.total_seconds()
                 else:
                     pause = min(
@@ -228,12 +250,21 @@ class StreamHub:
                     )
                     if loop.time() - last_check > CLOSED_CHECK.total_seconds():
                         last_check = loop.time()
-                        if await self._closed(reader.task_id):
+                        status = await self._status(reader.task_id)
+                        if status not in (None, WorkflowExecutionStatus.RUNNING):
                             # Read once more: the end may have been published meanwhile.
                             batch, offset, _ = await self._read_through(reader, offset)
                             async with reader.changed:
                                 reader.items.extend(batch)
-                            return
+                                reader.changed.notify_all()
+                            ended = bool(batch) and batch[-1].ends(reader.follow)
+                            if ended or not reader.follow:
+                                return
+                            if status != WorkflowExecutionStatus.COMPLETED:
+                                return  # closed without an answer a message may follow
+                            await self._next_turn(reader.task_id)
+                            last_check = loop.time()
+                            continue
                 await asyncio.sleep(pause)
         except asyncio.CancelledError:
             raise
@@ -245,10 +276,27 @@ class StreamHub:
                 async with reader.changed:
                     reader.changed.notify_all()
 
-    async def _closed(self, task_id: str) -> bool:
-        """Whether the task's latest run has closed (a run continued as new has not)."""
-        status = (await overview(self._client, task_id)).status
-        return status not in (None, WorkflowExecutionStatus.RUNNING)
+    async def _next_turn(self, task_id: str) -> None:
+        """After an answer: return once the task has a run that may say more, that is the
+        answer's run still open (a message came as it answered) or the next turn's run.
+        Asks Temporal, not a worker: a closed run answers a query only by a replay."""
+        answered: str | None = None
+        pause = FOLLOW_INTERVAL.total_seconds()
+        while True:
+            seen = await overview(self._client, task_id)
+            if seen.status == WorkflowExecutionStatus.RUNNING or (
+                answered is not None and seen.run_id != answered
+            ):
+                return
+            if seen.status != WorkflowExecutionStatus.COMPLETED:
+                return  # failed or cancelled since (a reset, a resume): read on
+            answered = answered or seen.run_id
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, NEXT_TURN_INTERVAL.total_seconds())
+
+    async def _status(self, task_id: str) -> WorkflowExecutionStatus | None:
+        """The status of the task's latest run (a run continued as new is not the latest)."""
+        return (await overview(self._client, task_id)).status
 
     async def _read_through(
         self, reader: _TaskReader, offset: int
@@ -261,7 +309,7 @@ class StreamHub:
         within = reader.poll_within
         while True:
             try:
-                read = await self._read(reader.task_id, offset, within)
+                read = await self._read(reader.task_id, offset, within, reader.follow)
                 reader.poll_within = within
                 return read
             except RPCError as err:
@@ -275,7 +323,7 @@ class StreamHub:
             within = min(within * 2, LONGEST_POLL)
 
     async def _read(
-        self, task_id: str, offset: int, within: timedelta
+        self, task_id: str, offset: int, within: timedelta, follow: bool = False
     ) -> tuple[list[StreamItem], int, bool]:
         """One Query's worth of items from `offset`, in sequence (gaps explicit); the next
         offset; whether more are ready at once."""
@@ -296,5 +344,5 @@ class StreamHub:
             )
             for wire in result.items
         )
-        batch, offset = in_sequence(offset, items)
+        batch, offset = in_sequence(offset, items, follow)
         return batch, offset, result.more_ready

@@ -35,6 +35,15 @@ class DecisionError(TaskError):
         self.kind = kind
 
 
+class MessageRefusedError(TaskError):
+    """A message was refused: the task failed or was cancelled (`kind` says which way on:
+    resume or fork), it has too many messages waiting, or it is unknown."""
+
+    def __init__(self, task_id: str, message: str, kind: str | None) -> None:
+        super().__init__(task_id, message)
+        self.kind = kind
+
+
 class NoWorkerError(TaskError):
     """A query or Update that needs a worker got no answer in time (none runs, or all busy)."""
 

@@ -22,8 +22,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from runtime.health import overview
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentEvent
-from workflows.models import AgentOutcome
-from workflows.run import AgentRun, ArchivedRun, EventsRequest, RunRef
+from workflows.run import AgentOutcome, AgentRun, ArchivedRun, EventsRequest, RunRef
 
 # A closed run's events, read from the archive: (workflow id, run id) -> None if not kept.
 ArchiveReader = Callable[[str, str], Awaitable[ArchivedRun | None]]

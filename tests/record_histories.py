@@ -28,7 +28,8 @@ from testing.settings import isolated_settings
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentState
-from workflows.models import AgentOutcome, AgentTask, ApprovalSettings, Decision, ModelSettings
+from workflows.models import AgentTask, ApprovalSettings, Decision, ModelSettings
+from workflows.run import AgentOutcome
 
 HISTORIES = Path(__file__).parent / "histories"
 

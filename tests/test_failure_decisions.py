@@ -35,14 +35,11 @@ def test_an_overflow_compacts_while_it_shrinks_then_fails_with_a_sentence() -> N
     assert "does not fit the model's context even after compacting" in again.reason
 
 
-def test_a_resumption_raises_only_the_limits_it_names_and_brings_its_message() -> None:
+def test_a_resumption_raises_only_the_limits_it_names() -> None:
     resumption = Resumption(failure="step limit", failure_kind="max_steps", max_steps=9)
-    task, message, event = resumed(TASK, None, resumption, step=5)
+    task, event = resumed(TASK, resumption, step=5)
     assert (task.max_steps, task.token_budget) == (9, TASK.token_budget)
-    assert message is None and event.failure_kind == "max_steps" and event.max_steps == 9
-    with_message = resumption.model_copy(update={"message": "try the other file"})
-    assert resumed(TASK, "older", with_message, 5)[1] == "try the other file"
-    assert resumed(TASK, "older", resumption, 5)[1] == "older"
+    assert event.failure_kind == "max_steps" and event.max_steps == 9
 
 
 def test_calls_split_into_runs_and_answers_and_a_lost_call_says_it_may_have_run() -> None:

@@ -34,7 +34,16 @@ from workflows.events import (
     draft,
     fold,
 )
-from workflows.models import AgentTask, ApprovalSettings, Decision, ToolCall, ToolResult, Usage
+from workflows.messages import QueuedMessage
+from workflows.models import (
+    AgentTask,
+    ApprovalSettings,
+    Decision,
+    Message,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
 from workflows.plan import (
     AddMessage,
     Announce,
@@ -139,7 +148,8 @@ def test_limits_end_the_task_and_a_waiting_message_goes_first() -> None:
     )
     budget = log.move(AgentTask(task="x", token_budget=1))
     assert isinstance(budget, Fail) and budget.kind == "token_budget"
-    assert log.move(message="try again") == AddMessage("try again")
+    waiting = QueuedMessage(message=Message(content="try again"), via="resume")
+    assert log.move(messages=[waiting]) == AddMessage(waiting)
 
 
 def test_an_identical_call_in_consecutive_steps_is_noted_then_stops_the_task() -> None:

@@ -16,6 +16,7 @@ from activities.event_archive import ArchiveActivities
 from activities.llm import LlmActivities
 from activities.mcp.activities import McpActivities
 from activities.tools import ToolActivities
+from activities.turns import TurnActivities
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
@@ -30,7 +31,7 @@ from workflows.models import (
     SummaryResult,
     ToolResult,
 )
-from workflows.run import ArchiveRequest
+from workflows.run import ArchiveRequest, ClaimedTurn, TurnClaim
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 
@@ -58,11 +59,33 @@ def cancel_wins() -> Iterator[None]:
         raise
 
 
-async def call_model(task: AgentTask, request: LlmRequest) -> LlmResult:
-    with cancel_wins():
-        return await workflow.execute_activity_method(
-            LlmActivities.call_llm, request, **options.model_call(task)
-        )
+def start_model_call(task: AgentTask, request: LlmRequest) -> workflow.ActivityHandle[LlmResult]:
+    """The model call as a handle the loop can cancel (a message that interrupts it)."""
+    return workflow.start_activity_method(
+        LlmActivities.call_llm, request, **options.model_call(task)
+    )
+
+
+def cancelled_by_request(err: ActivityError) -> bool:
+    """The activity ended because the workflow cancelled it (not the task's own cancel)."""
+    task = asyncio.current_task()
+    own_cancel = task is not None and task.cancelling() > 0
+    return isinstance(err.cause, CancelledError) and not own_cancel
+
+
+async def cancelled_call(call: workflow.ActivityHandle[LlmResult]) -> None:
+    """Cancel a call as the task itself is cancelled, and wait until it has stopped."""
+    call.cancel()
+    try:
+        await call
+    except (ActivityError, asyncio.CancelledError):
+        pass
+
+
+async def claim_turn(task: AgentTask, claim: TurnClaim) -> ClaimedTurn:
+    return await workflow.execute_activity_method(
+        TurnActivities.claim_turn, claim, **options.turn_claim(task)
+    )
 
 
 async def summarize(task: AgentTask, request: SummaryRequest) -> SummaryResult:

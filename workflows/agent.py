@@ -11,9 +11,10 @@ I/O in activities.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -21,7 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
-    from workflows import activity_calls, approval, errors, search
+    from workflows import activity_calls, approval, errors, messages, search
     from workflows.calls import verdicts
     from workflows.conversation import (
         ConversationDigest,
@@ -36,23 +37,27 @@ with workflow.unsafe.imports_passed_through():
         Done,
         ErrorEvent,
         Failed,
+        Interrupted,
         Observation,
         Repaired,
         TaskStarted,
-        UserMessage,
         action_of,
         apply,
         draft,
         messages_of,
         thought_of,
     )
+    from workflows.messages import QueuedMessage
     from workflows.models import (
-        AgentOutcome,
+        AgentTask,
         ChatMessage,
         ConversationSnapshot,
         Decision,
         DecisionOutcome,
         LlmRequest,
+        LlmResult,
+        Message,
+        MessageReceipt,
         RepairNote,
         Resumption,
         SummaryRequest,
@@ -61,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.plan import (
         AddMessage,
         Announce,
+        Answered,
         AwaitDecisions,
         CallModel,
         Compact,
@@ -78,10 +84,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.run import (
         APPROVE_SIGNAL,
         DECIDE_UPDATE,
+        MESSAGE_SIGNAL,
         REJECT_SIGNAL,
         REPAIRED_SIGNAL,
         RESUME_SIGNAL,
+        SEND_MESSAGE_UPDATE,
         WORKFLOW_TYPE,
+        AgentOutcome,
         AgentRun,
         ArchiveRequest,
         EventPage,
@@ -89,6 +98,7 @@ with workflow.unsafe.imports_passed_through():
         LlmContext,
         RunCarry,
         RunRef,
+        TurnClaim,
         event_page,
     )
     from workflows.stream import EVENTS_TOPIC, carried_from
@@ -100,6 +110,9 @@ RESUME_GRACE = timedelta(seconds=3)
 # A last run this large archives its events as it ends: a replay to read them takes seconds.
 ARCHIVE_LAST_RUN_BYTES = 256 * 1024
 ARCHIVE_PATCH = "archive-events"
+# The task of a run started with nothing in it (a follow-up from the Temporal CLI): the run
+# only finds the answer it follows and continues as new from it, never reading this.
+_FOLLOW_UP_PLACEHOLDER = AgentTask(task="(a follow-up: the task is the one it follows)")
 
 
 @dataclass(frozen=True)
@@ -131,7 +144,7 @@ class AgentWorkflow:
     @workflow.init
     def __init__(self, run: AgentRun) -> None:
         carry = run.carry or RunCarry(state=AgentState())
-        self._task = run.task
+        self._task = run.task or _FOLLOW_UP_PLACEHOLDER
         self._state = carry.state
         self._log: list[AgentEvent] = []
         self._first_seq = self._state.last_seq + 1
@@ -142,7 +155,17 @@ class AgentWorkflow:
         self._early: list[approval.RecordedDecision] = []
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
-        self._message = carry.message
+        self._incoming: list[QueuedMessage] = list(carry.messages)
+        if carry.message is not None:  # a fork's or a resume's, told to the model first
+            via = "fork" if carry.forked else "resume"
+            self._incoming.insert(0, QueuedMessage(message=Message(content=carry.message), via=via))
+        self._message_signals = 0
+        # Messages whose model call was cancelled for them (their user_message says so).
+        self._interrupters: set[str] = set()
+        self._turn_messages: list[str] = []
+        # A follow-up run waits for its claim on the turn before it answers a send_message.
+        self._claiming = run.task is None or carry.follow_up
+        self._refusal: ApplicationError | None = None
         self._messages = RunMessages(task_messages(self._task.system_prompt, self._task.task))
         self._digest = ConversationDigest()
         self._visibility = search.Visibility()
@@ -154,11 +177,14 @@ class AgentWorkflow:
 
     @workflow.run
     async def run(self, run: AgentRun) -> AgentOutcome:
-        """Run the loop until an answer, a limit, a non-retryable error or a cancellation."""
+        """Run the loop until an answer no message follows, a limit, a non-retryable error
+        or a cancellation."""
         try:
-            if run.carry is None:
-                started = draft(TaskStarted, 0, task_id=workflow.info().workflow_id, task=run.task)
-                self._append(started)
+            if run.task is None or (run.carry is not None and run.carry.follow_up):
+                await self._claim_turn(run.carry)
+            elif run.carry is None:
+                task_id = workflow.info().workflow_id
+                self._append(draft(TaskStarted, 0, task_id=task_id, task=self._task))
             elif run.carry.forked and self._earlier is not None:
                 await self._save_conversation(source=self._earlier)
             return await self._loop()
@@ -177,7 +203,7 @@ class AgentWorkflow:
                 self._task,
                 limit=context_budget(self._state, self._task),
                 progress=self._progress(),
-                message=self._message,
+                messages=self._incoming,
                 unlisted=self._unlisted,
             )
             match move:
@@ -193,9 +219,11 @@ class AgentWorkflow:
                     await self._await_decisions(ids, deadline)
                 case RunCalls(step=step, calls=calls):
                     await self._run_calls(step, calls)
-                case AddMessage(content=content):
-                    self._message = None
-                    self._append(draft(UserMessage, self._state.step, content=content))
+                case AddMessage(queued=queued):
+                    self._take(queued)
+                case Answered():
+                    if (outcome := await self._close_turn()) is not None:
+                        return outcome
                 case HandOver():
                     await self._hand_over()
                 case Compact(step=step, start=start, end=end):
@@ -203,8 +231,7 @@ class AgentWorkflow:
                 case ListTools(servers=servers):
                     await self._list_tools(servers)
                 case CallModel(step=step):
-                    if (outcome := await self._call_model(step)) is not None:
-                        return outcome
+                    await self._call_model(step)
                 case Fail(kind=kind, reason=reason):
                     await self._fail(kind, reason)
 
@@ -270,31 +297,159 @@ class AgentWorkflow:
         for problem in listed.problems():
             self._append(draft(ErrorEvent, self._state.step, kind="mcp_server", message=problem))
 
-    async def _call_model(self, step: int) -> AgentOutcome | None:
-        """One model call; an answer ends the task, tool calls open a step."""
+    async def _call_model(self, step: int) -> None:
+        """One model call; an answer ends the turn, tool calls open a step. A message that
+        asks to interrupt cancels the call, and the step starts again with it."""
         request = LlmRequest(
             step=step,
             message_count=len(self._state.conversation),
             model=self._task.model,
             conversation_digest=self._conversation_digest(),
             catalog_digest=catalog_digest(self._catalog) if self._catalog else None,
+            first_attempt=1 + self._state.interrupts * self._task.model.max_attempts,
         )
+        call = activity_calls.start_model_call(self._task, request)
         try:
-            result = await activity_calls.call_model(self._task, request)
+            await workflow.wait_condition(
+                lambda: call.done() or messages.interrupting(self._incoming)
+            )
+        except asyncio.CancelledError:
+            await activity_calls.cancelled_call(call)
+            raise
+        interrupting = not call.done()
+        if interrupting:
+            call.cancel()
+        try:
+            result: LlmResult = await call
         except ActivityError as err:
             self._clock = _sample()
+            if interrupting and activity_calls.cancelled_by_request(err):
+                self._interrupted(step, request)
+                return
+            if activity_calls.cancelled(err):
+                raise asyncio.CancelledError() from None
             await self._model_failed(step, err)
-            return None
+            return
         self._clock = _sample()
         self._append(thought_of(step, result))
-        if result.tool_calls:
+        if not result.tool_calls:
+            usage = self._state.usage
+            self._append(
+                draft(Done, step, result=result.content, turn=self._state.turn, usage=usage)
+            )
+
+    def _interrupted(self, step: int, request: LlmRequest) -> None:
+        """The model call was cancelled for a message: its streamed text is void."""
+        waiting = [q.message.message_id for q in self._incoming if q.message.interrupt]
+        self._interrupters.update(i for i in waiting if i is not None)
+        last_attempt = request.first_attempt + request.model.max_attempts - 1
+        self._append(
+            draft(
+                Interrupted,
+                self._state.step,
+                interrupted_step=step,
+                attempt=last_attempt,
+                message_id=waiting[0] if waiting else None,
+            )
+        )
+
+    def _take(self, queued: QueuedMessage) -> None:
+        """Take the first waiting message into the conversation (a new turn after an answer)."""
+        self._incoming.remove(queued)
+        message = queued.message
+        if message.max_steps is not None:
+            self._task = self._task.model_copy(update={"max_steps": message.max_steps})
+        interrupted = message.message_id in self._interrupters
+        self._interrupters.discard(message.message_id or "")
+        event = messages.taken(self._state, queued, interrupted=interrupted)
+        if event.turn != self._state.turn:
+            self._turn_messages = []
+        if message.message_id is not None:
+            self._turn_messages.append(message.message_id)
+        self._append(event)
+
+    async def _close_turn(self) -> AgentOutcome | None:
+        """End the run with the turn's answer, unless a message came meanwhile: then the
+        conversation goes on in this run."""
+        if self._incoming:
             return None
-        self._append(draft(Done, step, result=result.content))
         if self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES:
             await self._archive_events()
         await self._close_stream()
-        usage, last_seq = self._state.usage, self._state.last_seq
-        return AgentOutcome(result=result.content, steps=step, usage=usage, last_seq=last_seq)
+        if self._incoming:  # landed while the run was closing
+            return None
+        state = self._state
+        return AgentOutcome(
+            result=state.result or "",
+            steps=state.step,
+            usage=state.usage,
+            last_seq=state.last_seq,
+            turn=state.turn,
+            message_ids=self._turn_messages,
+            continuation=self._continuation(),
+        )
+
+    def _continuation(self) -> RunCarry:
+        """What a follow-up continues from: this run's state (its answer is in the outcome
+        and the log already), the latest stream items (so offsets go on), and this run as
+        the one before it. The task is this run's input's."""
+        stream = self._stream.get_state()
+        kept = carried_from(stream) - stream.base_offset
+        tail = dataclasses.replace(
+            stream, log=stream.log[kept:], base_offset=stream.base_offset + kept
+        )
+        info = workflow.info()
+        earlier = RunRef(
+            workflow_id=info.workflow_id, run_id=info.run_id, last_seq=self._state.last_seq
+        )
+        state = self._state.model_copy(update={"result": None})
+        return RunCarry(state=state, stream=tail, earlier=earlier, follow_up=True)
+
+    async def _claim_turn(self, carry: RunCarry | None) -> None:
+        """A follow-up run first claims the turn after the answer it follows: when another
+        run got there first (a stale start) or this run began with nothing (the Temporal
+        CLI), it continues as new from the latest answer, keeping its messages."""
+        info = workflow.info()
+        after = carry.earlier.run_id if carry is not None and carry.earlier else None
+        claim = TurnClaim(
+            task_id=info.workflow_id, after_run_id=after, chain_id=info.first_execution_run_id
+        )
+        try:
+            claimed = await activity_calls.claim_turn(self._task, claim)
+        except ActivityError as err:
+            await self._refuse(activity_calls.detail(err), err)
+        self._clock = _sample()
+        if claimed.continuation is not None:
+            await self._start_from(claimed.continuation)
+        self._claiming = False
+        await self._save_conversation(source=claimed.follows)
+
+    async def _refuse(self, reason: str, err: ActivityError) -> NoReturn:
+        """The run has nothing to follow: the messages sent to it are refused, and it ends."""
+        cause = err.cause
+        kind = (
+            cause.type
+            if isinstance(cause, ApplicationError) and cause.type
+            else errors.NOTHING_TO_FOLLOW
+        )
+        self._refusal = ApplicationError(reason, type=kind, non_retryable=True)
+        self._claiming = False
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        raise self._refusal
+
+    async def _start_from(self, continuation: AgentRun) -> NoReturn:
+        """Continue as new from another run's answer, with the messages this run received."""
+        carry = continuation.carry or RunCarry(state=AgentState())
+        mine = [
+            q
+            for q in self._incoming
+            if not messages.known(carry.state, carry.messages, q.message.message_id or "")
+        ]
+        carry = carry.model_copy(update={"messages": [*carry.messages, *mine], "follow_up": True})
+        self._claiming = False
+        await self._stream.continue_as_new(
+            lambda _: [AgentRun(task=continuation.task, carry=carry)]
+        )
 
     async def _model_failed(self, step: int, err: ActivityError) -> None:
         cause = err.cause
@@ -336,12 +491,14 @@ class AgentWorkflow:
         except TimeoutError:
             await self._close_stream()
             raise ApplicationError(
-                reason, kind, type=errors.AGENT_FAILED, non_retryable=True
+                reason, kind, self._continuation(), type=errors.AGENT_FAILED, non_retryable=True
             ) from None
         self._clock = _sample()
         resumption = self._resumptions.pop(0)
-        step = self._state.step
-        self._task, self._message, event = resumed(self._task, self._message, resumption, step)
+        self._task, event = resumed(self._task, resumption, self._state.step)
+        if resumption.message is not None:
+            told = QueuedMessage(message=Message(content=resumption.message), via="resume")
+            self._incoming.insert(0, told)
         self._append(event)
 
     async def _save_conversation(self, source: RunRef | None = None) -> None:
@@ -374,7 +531,7 @@ class AgentWorkflow:
                 state=self._state,
                 stream=stream,
                 decisions=decisions,
-                message=self._message,
+                messages=self._incoming,
                 earlier=earlier,
             )
             return [AgentRun(task=self._task, carry=carry)]
@@ -422,6 +579,36 @@ class AgentWorkflow:
     def reject(self, decision: Decision) -> None:
         """Reject a request (for `temporal workflow signal --name reject`)."""
         self._inbox.append(approval.signalled(decision, "reject"))
+
+    @workflow.update(name=SEND_MESSAGE_UPDATE)
+    async def send_message(self, message: Message) -> MessageReceipt:
+        """Send the task a message: a follow-up once it has answered, a steer while it works.
+        A repeat (same message_id) gets the first receipt. Answers once the message is kept."""
+        update = workflow.current_update_info()
+        fallback = f"update-{update.id}" if update is not None else self._signal_message_id()
+        receipt = messages.record(self._incoming, self._state, message, "update", fallback)
+        await workflow.wait_condition(lambda: not self._claiming)
+        if self._refusal is not None:
+            raise self._refusal
+        return receipt
+
+    @send_message.validator
+    def _validate_message(self, message: Message) -> None:
+        if (refused := messages.refusal(self._state, self._incoming)) is not None:
+            kind, sentence = refused
+            raise ApplicationError(sentence, type=kind, non_retryable=True)
+
+    @workflow.signal(name=MESSAGE_SIGNAL)
+    def message(self, message: Message) -> None:
+        """Send the task a message (for tools that can only signal; a repeat counts once)."""
+        messages.record(self._incoming, self._state, message, "signal", self._signal_message_id())
+
+    def _signal_message_id(self) -> str:
+        # Deterministic: the same history gives the same ids in the same order.
+        self._message_signals += 1
+        info = workflow.info()
+        length = info.get_current_history_length()
+        return f"signal-{info.run_id[:12]}-{length}-{self._message_signals}"
 
     @workflow.signal(name=RESUME_SIGNAL)
     def resume_after_failure(self, resumption: Resumption) -> None:

@@ -23,6 +23,12 @@ UNKNOWN_REQUEST = "UnknownApprovalRequest"
 DECISION_CONFLICT = "DecisionConflict"
 TASK_NOT_WAITING = "TaskNotWaiting"
 
+# Messages that are refused before they enter history.
+TASK_NOT_TAKING_MESSAGES = "TaskNotTakingMessages"
+TOO_MANY_MESSAGES = "TooManyMessages"
+# A follow-up run found no earlier run to continue (a Temporal CLI start for an unknown id).
+NOTHING_TO_FOLLOW = "NothingToFollow"
+
 NON_RETRYABLE_LLM_ERRORS = [
     LLM_REQUEST_REJECTED,
     LLM_NOT_CONFIGURED,

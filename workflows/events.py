@@ -45,6 +45,7 @@ RESULT_EXCERPT_CHARS = 500  # of each output of the recent steps, for the repeat
 # A call identical to one of the latest steps is a repeat: this catches a model that
 # alternates between a few calls (A, B, A, B), not only one that repeats the last.
 REPEAT_WINDOW_STEPS = 3
+MESSAGE_IDS_KEPT = 200
 
 
 class EventBase(Contract):
@@ -145,11 +146,33 @@ class Repaired(EventBase):
     by: str = Field(description="Who repaired it: a person's command or the worker.")
 
 
+MessageVia = Literal["fork", "resume", "update", "signal"]
+
+
 class UserMessage(EventBase):
-    """A message from the user added to the conversation (a fork's or a resume's)."""
+    """A person's message taken into the conversation: a follow-up after an answer (it
+    begins a new turn), a steer while the task works, a fork's or a resume's."""
 
     type: Literal["user_message"] = "user_message"
     content: str
+    message_id: str | None = None
+    sender: str | None = None
+    via: MessageVia | None = None
+    turn: int = Field(default=0, description="The turn it belongs to: 0 is the task's own.")
+    max_steps: int | None = Field(default=None, description="The turn's max_steps from now on.")
+    interrupted: bool = Field(
+        default=False, description="It cancelled the model call in flight (see `interrupted`)."
+    )
+
+
+class Interrupted(EventBase):
+    """A message cancelled the model call of `interrupted_step`: the text its attempts up to
+    `attempt` streamed is void, and the step starts again with the message."""
+
+    type: Literal["interrupted"] = "interrupted"
+    interrupted_step: int
+    attempt: int
+    message_id: str | None = None
 
 
 class ContextCompacted(EventBase):
@@ -163,8 +186,12 @@ class ContextCompacted(EventBase):
 
 
 class Done(EventBase):
+    """The answer of a turn (the task's own, turn 0, or a follow-up's)."""
+
     type: Literal["done"] = "done"
     result: str
+    turn: int = 0
+    usage: Usage | None = Field(default=None, description="The task's usage so far.")
 
 
 class Failed(EventBase):
@@ -189,6 +216,7 @@ AgentEvent = Annotated[
     | Resumed
     | Repaired
     | UserMessage
+    | Interrupted
     | ContextCompacted
     | Done
     | Failed
@@ -332,6 +360,17 @@ class AgentState(Contract):
     context_limit_cap: int | None = Field(
         default=None, description="Tokens the model's endpoint said it takes, when it said so."
     )
+    turn: int = Field(default=0, description="Turns begun: 0 is the task's own, then follow-ups.")
+    turn_first_step: int = Field(
+        default=0, description="The step count when the turn began (max_steps is per turn)."
+    )
+    message_ids: list[str] = Field(
+        default_factory=list,
+        description="Ids of the latest messages taken: a repeated send of one counts once.",
+    )
+    interrupts: int = Field(
+        default=0, description="Model calls of the next step that messages interrupted."
+    )
 
     @property
     def finished(self) -> bool:
@@ -363,6 +402,7 @@ def _thought(state: AgentState, event: Thought) -> Changes:
         "step_usage": {**recent, event.step: event.usage},
         "repeated_steps": state.repeated_steps + 1 if repeats else 0,
         "open_step": None,
+        "interrupts": 0,
     }
     if event.tool_calls:
         changes["open_step"] = OpenStep(
@@ -483,12 +523,22 @@ def _context_compacted(state: AgentState, event: ContextCompacted) -> Changes:
 
 
 def _user_message(state: AgentState, event: UserMessage) -> Changes:
-    return {
+    changes: Changes = {
         "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))],
         "status": "running",
         "result": None,
         "repeated_steps": 0,
     }
+    if event.turn > state.turn:
+        changes["turn"] = event.turn
+        changes["turn_first_step"] = state.step
+    if event.message_id is not None:
+        changes["message_ids"] = [*state.message_ids, event.message_id][-MESSAGE_IDS_KEPT:]
+    return changes
+
+
+def _interrupted(state: AgentState, event: Interrupted) -> Changes:
+    return {"interrupts": state.interrupts + 1}
 
 
 def _done(state: AgentState, event: Done) -> Changes:
@@ -518,6 +568,7 @@ _APPLY: dict[str, Callable[[AgentState, Any], Changes]] = {
     "resumed": _resumed,
     "repaired": _nothing,
     "user_message": _user_message,
+    "interrupted": _interrupted,
     "context_compacted": _context_compacted,
     "done": _done,
     "failed": _failed,

@@ -244,6 +244,13 @@ class LlmRequest(Contract):
     catalog_digest: str | None = Field(
         default=None, description="The MCP tools listed for this run, by digest."
     )
+    first_attempt: int = Field(
+        default=1,
+        ge=1,
+        description="The attempt number this call's first attempt streams as: past every "
+        "attempt of a call of the same step that a message interrupted, so their void text "
+        "is told apart.",
+    )
 
 
 class SummaryRequest(Contract):
@@ -371,11 +378,39 @@ class DecisionOutcome(Contract):
     duplicate: bool = Field(default=False, description="True when an earlier call decided it.")
 
 
-class AgentOutcome(Contract):
-    """The workflow's result when the task ends with an answer."""
+TASK_TEXT_CHARS = 200_000
+MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_.:/-]+$"
 
-    status: Literal["done"] = "done"
-    result: str
-    steps: int
-    usage: Usage
-    last_seq: int
+
+class Message(Contract):
+    """A person's message to a task (Update `send_message`, Signal `message`): a follow-up
+    once it has answered, or a steer while it works. Each reaches the model once, in the
+    order the task received them, at its next model call."""
+
+    content: str = Field(min_length=1, max_length=TASK_TEXT_CHARS)
+    message_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        pattern=MESSAGE_ID_PATTERN,
+        description="Makes a repeat of the same message (a retried send) count once; clients "
+        "set one; a Temporal CLI user may leave it out.",
+    )
+    interrupt: bool = Field(
+        default=False,
+        description="Cancel the model call in flight (its streamed text is void) and start the "
+        "step again with this message. A tool call in flight is never interrupted.",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=100_000, description="The max_steps of the turn from now on."
+    )
+    sender: str | None = Field(default=None, max_length=200)
+
+    _content_not_blank = field_validator("content")(_not_blank)
+
+
+class MessageReceipt(Contract):
+    """What `send_message` answers: the message's id, and whether it was already there."""
+
+    message_id: str
+    duplicate: bool = Field(default=False, description="An earlier send delivered it.")

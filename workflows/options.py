@@ -125,3 +125,19 @@ def events_archive() -> workflow.ActivityConfig:
     return workflow.ActivityConfig(
         start_to_close_timeout=timedelta(minutes=1), retry_policy=ARCHIVE_RETRY
     )
+
+
+def turn_claim(task: AgentTask) -> workflow.ActivityConfig:
+    """Claiming a follow-up's turn: a read of the answer it follows and one row in the
+    ledger, retried while the storage or Temporal is away (the turn waits for them)."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(minutes=1),
+        heartbeat_timeout=heartbeat_timeout(task),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(milliseconds=200),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=10),
+            maximum_attempts=100,
+            non_retryable_error_types=[errors.NOTHING_TO_FOLLOW, errors.TASK_NOT_TAKING_MESSAGES],
+        ),
+    )

@@ -13,6 +13,7 @@ from datetime import datetime
 from workflows.approval import deadline, to_request, undecided
 from workflows.conversation import compaction_range, context_limit
 from workflows.events import AgentState
+from workflows.messages import QueuedMessage
 from workflows.models import AgentTask, ToolCall
 
 # A run continues as new once its history passes this (as the workflow sees it, which
@@ -62,7 +63,14 @@ class RunCalls:
 
 @dataclass(frozen=True)
 class AddMessage:
-    content: str
+    """Take the first waiting message into the conversation."""
+
+    queued: QueuedMessage
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The turn has its answer and no message waits: the run ends with it."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,7 @@ Move = (
     | AwaitDecisions
     | RunCalls
     | AddMessage
+    | Answered
     | Compact
     | ListTools
     | CallModel
@@ -123,12 +132,15 @@ def next_move(
     *,
     limit: int,
     progress: RunProgress,
-    message: str | None = None,
+    messages: list[QueuedMessage] | None = None,
     unlisted: list[str] | None = None,
 ) -> Move:
-    """The one thing to do next. `message` is a user message waiting to be added (a fork's
-    or a resume's); `limit` the tokens the conversation may take; `unlisted` the MCP servers
-    this run has yet to list (or list again: their tools changed)."""
+    """The one thing to do next. `messages` wait to be taken into the conversation (a
+    person's, a fork's or a resume's), in arrival order; `limit` the tokens the conversation
+    may take; `unlisted` the MCP servers this run has yet to list (or list again: their tools
+    changed)."""
+    if state.status == "done" and not messages:
+        return Answered()
     step = state.open_step
     if step is not None:
         if state.repeated_steps > task.max_repeated_calls:
@@ -146,15 +158,16 @@ def next_move(
                 "go on without the calls nobody approved",
             )
         return RunCalls(step.step, step.unobserved())
-    if message is not None:
-        return AddMessage(message)
+    if messages:
+        return AddMessage(messages[0])
     if due_for_hand_over(state, task, progress):
         return HandOver()
-    if state.step >= task.max_steps:
+    if state.step - state.turn_first_step >= task.max_steps:
+        turn = f" in turn {state.turn}" if state.turn else ""
         return Fail(
             "max_steps",
-            f"reached max_steps={task.max_steps} without a final answer; every thought and "
-            "observation so far is kept, resume with a higher max_steps to go on",
+            f"reached max_steps={task.max_steps}{turn} without a final answer; every thought "
+            "and observation so far is kept, resume with a higher max_steps to go on",
         )
     used = state.usage.total
     if task.token_budget is not None and used >= task.token_budget:

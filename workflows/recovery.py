@@ -35,10 +35,8 @@ def after_context_overflow(state: AgentState, step: int, message: str) -> ErrorE
     )
 
 
-def resumed(
-    task: AgentTask, message: str | None, resumption: Resumption, step: int
-) -> tuple[AgentTask, str | None, Resumed]:
-    """(the task with the raised limits, the message to add next, the `resumed` event)."""
+def resumed(task: AgentTask, resumption: Resumption, step: int) -> tuple[AgentTask, Resumed]:
+    """(the task with the raised limits, the `resumed` event)."""
     limits = {"max_steps": resumption.max_steps, "token_budget": resumption.token_budget}
     task = task.model_copy(update={k: v for k, v in limits.items() if v})
     event = draft(
@@ -49,4 +47,4 @@ def resumed(
         max_steps=task.max_steps,
         token_budget=task.token_budget,
     )
-    return task, resumption.message or message, event
+    return task, event

@@ -1,16 +1,22 @@
 """The workflow's input and query contracts, and the names the Temporal CLI uses.
 
 A task is a chain of runs (continue-as-new) and, for a fork, the origin's runs before
-it: each run holds the events it wrote and names the run before it (`earlier`).
+it: each run holds the events it wrote and names the run before it (`earlier`). A
+conversation goes on across answers: a run that answered closes, and a follow-up message
+starts a new chain whose first run names the answer's run as `earlier`.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from workflows.approval import RecordedDecision
 from workflows.events import AgentEvent, AgentState
-from workflows.models import AgentTask, ApprovalRule, ChatMessage, Contract
+from workflows.messages import QueuedMessage
+from workflows.models import AgentTask, ApprovalRule, ChatMessage, Contract, Usage
 from workflows.tool_catalog import ToolCatalog
 
 # Names the Temporal CLI and Web UI use (`temporal workflow signal --name approve`).
@@ -20,6 +26,8 @@ APPROVE_SIGNAL = "approve"
 REJECT_SIGNAL = "reject"
 RESUME_SIGNAL = "resume_after_failure"
 REPAIRED_SIGNAL = "repaired"
+SEND_MESSAGE_UPDATE = "send_message"
+MESSAGE_SIGNAL = "message"
 # One `events` answer stays far below gRPC's 4 MB message limit.
 EVENT_PAGE_BYTES = 1_000_000
 
@@ -44,13 +52,59 @@ class RunCarry(Contract):
     """A user message to add once no step is open (a fork's or a resume's)."""
     earlier: RunRef | None = None
     forked: bool = False
+    messages: list[QueuedMessage] = []
+    """Messages received and not yet taken into the conversation, in arrival order."""
+    follow_up: bool = False
+    """This run begins the turn after `earlier`, a run that answered and closed: it claims
+    that turn (so no two runs ever follow one answer) before it goes on."""
 
 
 class AgentRun(Contract):
-    """The workflow's one input: the task, and what an earlier run (or a fork) carries."""
+    """The workflow's one input: the task, and what an earlier run (or a fork) carries.
 
-    task: AgentTask
+    With neither (`{}`), the run is a follow-up sent from the Temporal CLI
+    (update-with-start or signal-with-start on a task whose run has closed): it finds the
+    task's latest answer and continues from it."""
+
+    task: AgentTask | None = None
     carry: RunCarry | None = None
+
+
+class AgentOutcome(Contract):
+    """The workflow's result when a run ends with an answer: the answer of its last turn,
+    and what a follow-up continues from."""
+
+    status: Literal["done"] = "done"
+    result: str
+    steps: int
+    usage: Usage
+    last_seq: int
+    turn: int = 0
+    message_ids: list[str] = Field(
+        default_factory=list, description="The messages this turn took (a follow-up's, steers)."
+    )
+    continuation: RunCarry | None = Field(
+        default=None,
+        description="What the next run carries, should a message follow this answer (its "
+        "task is this run's: it is not repeated here).",
+    )
+
+
+class TurnClaim(Contract):
+    """Input of `claim_turn`: the run whose chain begins at `chain_id` takes the turn after
+    the run `after_run_id` (None: after the task's latest closed run)."""
+
+    task_id: str
+    after_run_id: str | None = None
+    chain_id: str
+
+
+class ClaimedTurn(Contract):
+    """The run a follow-up turn follows, and, when the claiming run did not start from that
+    run's answer (a stale start, or one with nothing in it), the input to start from."""
+
+    follows: RunRef
+    continuation: AgentRun | None = None
 
 
 class LlmContext(Contract):

@@ -47,6 +47,23 @@ class Ledger:
     async def lookup(self, key: str) -> LedgerEntry | None:
         return await self._backend.ledger_get(key)
 
+    async def claim_once(self, key: str, tool: str, claimant: str) -> str:
+        """Record `claimant` under `key` unless someone is recorded there; who is. A claim
+        that was never contended is settled at once (its row is finished, so it is pruned
+        like any other after the retention period)."""
+        while True:
+            if await self._backend.ledger_insert(
+                key, tool, claimant, HOST, self.lease.total_seconds()
+            ):
+                await self._backend.ledger_finish(key, claimant, False)
+                return claimant
+            entry = await self._backend.ledger_get(key)
+            if entry is None:
+                continue  # pruned in between
+            if entry.state != "done" and entry.owner == claimant:
+                await self._backend.ledger_finish(key, claimant, False)  # a retry of ours
+            return entry.result if entry.state == "done" and entry.result else entry.owner
+
     async def prune(self, older_than: timedelta) -> int:
         """Delete finished entries last changed more than `older_than` ago; how many."""
         return await self._backend.ledger_prune(older_than.total_seconds())

@@ -49,7 +49,8 @@ from tests.chaos.workload import (
 )
 from tests.helpers import wait_for_state
 from workflows.agent import AgentWorkflow
-from workflows.models import AgentOutcome, Decision
+from workflows.models import Decision
+from workflows.run import AgentOutcome
 
 TASKS = 10
 HELD_STREAM = 0  # its first model answer is held open until a worker dies under it

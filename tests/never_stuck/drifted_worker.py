@@ -17,8 +17,7 @@ from temporalio import workflow
 import worker
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentEvent
-from workflows.models import AgentOutcome
-from workflows.run import WORKFLOW_TYPE, AgentRun
+from workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun
 
 DRIFT_MEMO = "drifted_build"
 

@@ -1,0 +1,142 @@
+"""Delivering a person's message to a task, wherever the task is in its conversation.
+
+A task that works (or waits for a person) gets the message as the `message` Signal: kept
+durably the moment Temporal accepts it, whether or not a worker runs, and taken at the
+task's next model call. A task whose run answered and closed is continued: the message
+starts the next run of the same workflow id with signal-with-start, from what the answer's
+outcome carries (state, the stream's latest items, the run it follows), so the id, the
+event log and the stream's offsets go on. A failed or cancelled task takes no message:
+resume or fork it.
+
+Signals, not the `send_message` Update: a Signal is safe whatever moment it lands in
+(docs/never-stuck.md), and two senders at once are both kept, in the order Temporal took
+them. The Update is for Temporal CLI users who want an answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from runtime.busy import sending
+from runtime.health import overview
+from runtime.task_errors import MessageRefusedError, TaskNotFoundError
+from workflows import errors, search
+from workflows.agent import AgentWorkflow
+from workflows.models import Message
+from workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
+
+# Delivery looks again when the task's run changes under it (it closed as the Signal
+# went out); more changes than this in a row mean something keeps closing it.
+MOST_LOOKS = 10
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where a message went: the run chain that holds it (its result is the answer, unless
+    a later message took the conversation further in the same chain)."""
+
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome]
+    started: bool
+    """A new run was started for it: the task had answered and its run had closed."""
+
+
+async def deliver(
+    client: Client,
+    task_id: str,
+    message: Message,
+    *,
+    task_queue: str,
+    task_timeout: timedelta,
+    summary: str,
+) -> Delivery:
+    """Deliver `message` to the task (see the module's docstring), or raise
+    MessageRefusedError / TaskNotFoundError with a sentence."""
+    for _ in range(MOST_LOOKS):
+        try:
+            seen = await overview(client, task_id)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise TaskNotFoundError(task_id, f"no task with id {task_id!r}") from err
+            raise
+        if seen.status == WorkflowExecutionStatus.RUNNING:
+            refuse_unless_taking(task_id, str(seen.memo.get(search.MEMO_STATUS) or "running"))
+            handle = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=seen.run_id)
+            try:
+                await _signal(handle, message)
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    continue  # the run closed as the Signal went out: look again
+                raise
+            return Delivery(handle, started=False)
+        if seen.status == WorkflowExecutionStatus.COMPLETED:
+            run = await _continuation(client, task_id, seen.run_id)
+            started = await client.start_workflow(
+                AgentWorkflow.run,
+                run,
+                id=task_id,
+                task_queue=task_queue,
+                start_signal=MESSAGE_SIGNAL,
+                start_signal_args=[message],
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                static_summary=summary,
+                task_timeout=task_timeout,
+            )
+            return Delivery(started, started=True)
+        status = seen.status.name.lower() if seen.status else "unknown"
+        refuse_unless_taking(task_id, "cancelled" if status == "canceled" else "failed")
+    raise MessageRefusedError(
+        task_id,
+        f"task {task_id} kept changing its run while the message was sent: send it again",
+        None,
+    )
+
+
+async def _signal(handle: WorkflowHandle[AgentWorkflow, AgentOutcome], message: Message) -> None:
+    await sending(lambda: handle.signal(AgentWorkflow.message, message))
+
+
+def refuse_unless_taking(task_id: str, status: str) -> None:
+    """A failed or cancelled task takes no message: say which way goes on."""
+    if status == "failed":
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} failed: a message cannot continue it; resume it, with a message "
+            f"if you like (ws resume {task_id} --message '...')",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+    if status == "cancelled":
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} was cancelled: a message cannot continue it; fork it to go on "
+            f"(ws fork {task_id} --at SEQ --message '...')",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+
+
+async def _continuation(client: Client, task_id: str, run_id: str) -> AgentRun:
+    """The input of the run that follows the answer of closed run `run_id`: its task (from
+    its input) and what its outcome carries."""
+    closed = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=run_id)
+    outcome = await closed.result(follow_runs=False)
+    if outcome.continuation is None:
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} answered before this version of waystation kept conversations "
+            f"going: fork it to go on (ws fork {task_id} --at {outcome.last_seq} --message ...)",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+    async for start in closed.fetch_history_events(page_size=1):
+        payloads = start.workflow_execution_started_event_attributes.input.payloads
+        [run] = await client.data_converter.decode(payloads, [AgentRun])
+        if isinstance(run, AgentRun) and run.task is not None:
+            return AgentRun(task=run.task, carry=outcome.continuation)
+        break
+    raise MessageRefusedError(
+        task_id, f"run {run_id} of task {task_id} has no task in its input", None
+    )

@@ -1,0 +1,270 @@
+"""A task is a conversation: follow-ups after an answer, and messages that steer it while
+it works, each reaching the model once, in order (real dev server, the real `openai`
+client against the fake server, workers in this process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field, ValidationError
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+
+from activities.builtin_tools import builtin_registry
+from activities.tools import Tool, ToolContext
+from runtime.agent_runtime import AgentRuntime, MessageRefusedError, TaskNotFoundError
+from runtime.settings import Settings
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.workers import running_worker
+from tests.helpers import agent_task, of_type, wait_for_state
+from workflows.agent import AgentWorkflow
+from workflows.events import UserMessage
+from workflows.models import Message
+from workflows.run import AgentRun
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "user"]
+
+
+async def test_a_follow_up_goes_on_with_the_same_id_log_and_offsets(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(
+        [text("Paris."), tools(("calculator", {"expression": "2 + 2"})), text("It is 4.")]
+    )
+    handle = await dev_runtime.run(agent_task(model, task="Capital of France?"))
+    first = await handle.result()
+    assert first.result == "Paris." and first.turn == 0
+    before = await handle.events()
+    last_offset = [i async for i in dev_runtime.stream(handle.id)][-1].offset
+
+    same = await handle.send("And what is 2 + 2?")
+    assert same is handle
+    second = await handle.result()
+    assert second.result == "It is 4." and second.turn == 1
+
+    # The same task: one id, one log whose seq goes on, one stream whose offsets go on.
+    events = await dev_runtime.get(handle.id).events()
+    assert events[: len(before)] == before
+    assert [e.seq for e in events] == list(range(len(events)))
+    [follow_up] = of_type(events, "user_message")
+    assert follow_up.turn == 1 and follow_up.via == "signal"
+    assert [e.type for e in events].count("done") == 2
+    items = [i async for i in dev_runtime.stream(handle.id, since=last_offset + 1)]
+    assert items[0].offset == last_offset + 1
+    assert items[-1].data.type == "done" and items[-1].data.result == "It is 4."
+    # The model saw the whole conversation, the first answer included.
+    last = fake_openai.requests[model][-1]
+    assert user_texts(last) == ["Capital of France?", "And what is 2 + 2?"]
+    assert any(m["role"] == "assistant" and m.get("content") == "Paris." for m in last["messages"])
+    # The first handle still gives the task's own answer; a fresh one the latest.
+    assert (await dev_runtime.get(handle.id).result()).result == "It is 4."
+    state = await dev_runtime.get(handle.id).state()
+    assert (state.status, state.turn, state.step) == ("done", 1, 3)
+
+
+async def test_max_steps_is_per_turn_and_a_message_may_give_new_ones(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(("calculator", {"expression": "1 + 1"})),
+            text("two"),
+            tools(("calculator", {"expression": "3 - 1"})),
+            text("two again"),
+        ]
+    )
+    handle = await dev_runtime.run(agent_task(model, max_steps=2))
+    assert (await handle.result()).result == "two"
+    # Two more steps are allowed in the next turn although the task has used two already.
+    await handle.send("once more, please", max_steps=2)
+    assert (await handle.result()).result == "two again"
+    events = await handle.events()
+    [message] = of_type(events, "user_message")
+    assert message.max_steps == 2
+
+
+async def test_a_message_while_a_tool_runs_reaches_the_next_model_call_once(
+    dev_env: Any, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    registry = builtin_registry()
+    registry.register(held_tool(started, release))
+    model = fake_openai.script([tools(("hold", {})), text("done, with the note")])
+    async with running_worker(dev_env.client, settings, registry=registry):
+        runtime = AgentRuntime(dev_env.client, settings, tool_names=registry.names())
+        handle = await runtime.run(agent_task(model, task="hold on"))
+        assert await asyncio.to_thread(started.wait, 60)
+        # Sent while the tool runs; a repeat of the same message counts once.
+        await runtime.send(handle.id, "also mention the weather", message_id="note-1")
+        await runtime.send(handle.id, "also mention the weather", message_id="note-1")
+        release.set()
+        outcome = await handle.result()
+        messages = of_type(await handle.events(), "user_message")
+    assert outcome.result == "done, with the note"
+    [first, second] = fake_openai.requests[model]
+    assert user_texts(first) == ["hold on"]
+    # After the step's tool result, before the next model call, exactly once.
+    roles = [m["role"] for m in second["messages"]]
+    assert roles[-2:] == ["tool", "user"]
+    assert user_texts(second) == ["hold on", "also mention the weather"]
+    assert [(m.message_id, m.turn) for m in messages] == [("note-1", 0)]
+
+
+async def test_concurrent_senders_after_an_answer_are_all_kept_in_order(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(lambda body: text(f"heard {len(user_texts(body))}"))
+    handle = await dev_runtime.run(agent_task(model, task="start"))
+    await handle.result()
+    sends = [dev_runtime.send(handle.id, f"message {n}", message_id=f"m{n}") for n in range(3)]
+    await asyncio.gather(*sends)
+    state = await wait_for_state(
+        dev_runtime.get(handle.id),
+        lambda s: s.status == "done" and len(s.message_ids) == 3,
+    )
+    events = await dev_runtime.get(handle.id).events()
+    taken = [e.message_id for e in events if isinstance(e, UserMessage)]
+    assert sorted(taken) == ["m0", "m1", "m2"] and len(set(taken)) == 3
+    # The order the model read them in is the order the task took them in.
+    last = fake_openai.requests[model][-1]
+    assert user_texts(last) == ["start", *(f"message {t[-1]}" for t in taken)]
+    assert state.message_ids == taken
+
+
+async def test_the_send_message_update_and_a_temporal_cli_follow_up_with_an_empty_input(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("first"), text("second")])
+    handle = await dev_runtime.run(agent_task(model))
+    await handle.result()
+    client = dev_runtime.client
+    # What `temporal workflow execute-update-with-start --input '{}'` sends: a run with
+    # nothing in it finds the answer it follows and goes on from it.
+    start = client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    receipt = await client.execute_update_with_start_workflow(
+        AgentWorkflow.send_message,
+        Message(content="go on"),
+        start_workflow_operation=_with_start(handle.id, dev_runtime.settings),
+    )
+    assert receipt.message_id.startswith("update-") and not receipt.duplicate
+    state = await wait_for_state(
+        dev_runtime.get(handle.id), lambda s: s.turn == 1 and s.status == "done"
+    )
+    assert state.result is not None or (await start.result()).result == "second"
+    assert (await dev_runtime.get(handle.id).result()).result == "second"
+    # An empty message is refused before anything is sent.
+    with pytest.raises(ValidationError):
+        Message(content="   ")
+
+
+def _with_start(task_id: str, settings: Settings) -> Any:
+    from temporalio.client import WithStartWorkflowOperation
+
+    return WithStartWorkflowOperation(
+        AgentWorkflow.run,
+        AgentRun(),
+        id=task_id,
+        task_queue=settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+
+
+async def test_messages_that_cannot_be_taken_are_refused_with_a_sentence(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    with pytest.raises(TaskNotFoundError, match="no task with id"):
+        await dev_runtime.send("no-such-task", "hello")
+    with pytest.raises(ValidationError):
+        await dev_runtime.send("no-such-task", "x" * 200_001)
+    model = fake_openai.script([tools(("calculator", {"expression": "1+1"}))] * 3)
+    failed = await dev_runtime.run(agent_task(model, max_steps=1))
+    await wait_for_state(failed, lambda s: s.status == "failed")
+    with pytest.raises(MessageRefusedError, match="resume it"):
+        await failed.send("go on")
+    # The Update says so too, before anything enters history.
+    with pytest.raises(WorkflowUpdateFailedError):
+        workflow = dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, failed.id)
+        await workflow.execute_update(AgentWorkflow.send_message, Message(content="go on"))
+
+
+class _Nothing(BaseModel):
+    pass
+
+
+class _Wait(BaseModel):
+    seconds: float = Field(default=0, ge=0)
+
+
+def held_tool(started: threading.Event, release: threading.Event) -> Tool:
+    """A tool that runs until the test releases it (the test knows it is running)."""
+
+    def hold(args: _Nothing, context: ToolContext) -> str:
+        started.set()
+        release.wait(120)
+        return json.dumps({"held": True})
+
+    return Tool(name="hold", description="waits for the test", arguments=_Nothing, function=hold)
+
+
+async def test_an_interrupting_message_cancels_the_model_call_and_voids_its_text(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    gate = threading.Event()
+    model = fake_openai.script(
+        [
+            Reply(content="one two three four five", hold_after_chunks=3, gate=gate),
+            text("hi"),
+        ]
+    )
+    try:
+        handle = await dev_runtime.run(agent_task(model, task="tell me a long story"))
+        await fake_openai.until_streaming(model, 3, request=0)
+        await handle.send("stop that, just say hi", interrupt=True)
+        outcome = await handle.result()
+    finally:
+        gate.set()
+    assert outcome.result == "hi" and outcome.steps == 1
+    events = await handle.events()
+    types = [e.type for e in events]
+    assert types == ["task_started", "interrupted", "user_message", "thought", "done"]
+    interrupted, message, thought = events[1], events[2], events[3]
+    assert interrupted.interrupted_step == 1 and message.interrupted
+    # The step started again with the message: its attempts are numbered past the void ones.
+    assert thought.step == 1 and thought.attempt > interrupted.attempt
+    [_, second] = fake_openai.requests[model]
+    assert user_texts(second) == ["tell me a long story", "stop that, just say hi"]
+    items = [i async for i in dev_runtime.stream(handle.id)]
+    cut = next(i.offset for i in items if i.data.type == "interrupted")
+    void = [i for i in items if i.data.type == "token" and i.data.attempt <= interrupted.attempt]
+    # Text streamed before the cut is void; a viewer drops it at the `interrupted` event.
+    assert void and all(i.offset < cut for i in void)
+
+
+async def test_an_interrupting_message_lets_a_tool_call_in_flight_finish(
+    dev_env: Any, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    registry = builtin_registry()
+    registry.register(held_tool(started, release))
+    model = fake_openai.script([tools(("hold", {})), text("finished")])
+    async with running_worker(dev_env.client, settings, registry=registry):
+        runtime = AgentRuntime(dev_env.client, settings, tool_names=registry.names())
+        handle = await runtime.run(agent_task(model, task="hold on"))
+        assert await asyncio.to_thread(started.wait, 60)
+        await runtime.send(handle.id, "hurry up", interrupt=True)
+        release.set()
+        outcome = await handle.result()
+        events = await handle.events()
+    assert outcome.result == "finished"
+    observation = of_type(events, "observation")[0]
+    assert json.loads(observation.output) == {"held": True}
+    assert not of_type(events, "interrupted")
+    assert [e.type for e in events].index("observation") < [e.type for e in events].index(
+        "user_message"
+    )
