@@ -21,10 +21,11 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from activities.storage.errors import StorageError
@@ -42,8 +43,13 @@ from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
 from runtime.temporal import DevServer, TemporalUnavailableError, connect
-from workflows.events import ApprovalRequested
+from workflows.events import ApprovalRequested, UserMessage
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
+
+
+class UsageError(Exception):
+    """A command given wrongly: one sentence, exit code 2, nothing sent."""
+
 
 EXIT_FAILED = 1
 EXIT_WAITING = 3
@@ -99,15 +105,23 @@ async def follow(
     as_json: bool,
     interactive: bool,
     on_approval: str,
+    answer_to: str | None = None,
 ) -> int:
-    """Show the task's stream until it ends (or waits, as `on_approval` says)."""
+    """Show the task's stream until it ends (or waits, as `on_approval` says); with
+    `answer_to`, until the answer to that message (earlier answers are shown and passed)."""
     view = LiveView()
+    taken = answer_to is None
+    following = answer_to is not None
     with shows_failed_attempts(view, handle.id, enabled=not as_json):
-        async for item in runtime.stream(handle.id, since=since):
+        async for item in runtime.stream(handle.id, since=since, follow=following):
             if as_json:
                 print(item.model_dump_json(), flush=True)
             else:
                 view.show(item)
+            if isinstance(item.data, UserMessage) and item.data.message_id == answer_to:
+                taken = True
+            if item.terminal and (taken or item.data.type != "done"):
+                break
             if isinstance(item.data, ApprovalRequested):
                 request = item.data
                 if not await _still_pending(handle, request.request_id):
@@ -266,6 +280,98 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             interactive=interactive,
             on_approval="wait" if args.on_approval == "wait" else "exit",
         )
+
+
+def _message_text(args: argparse.Namespace) -> str:
+    """The message of `say`: the argument, `-` for standard input, or --file PATH."""
+    if args.file is not None:
+        if args.message is not None:
+            raise UsageError("give the message as an argument or with --file, not both")
+        try:
+            return Path(args.file).read_text(encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot read {args.file}: {err.strerror}") from err
+    if args.message is None:
+        raise UsageError("give the message as an argument, - for standard input, or --file")
+    return sys.stdin.read() if args.message == "-" else str(args.message)
+
+
+async def _send_and_follow(
+    runtime: AgentRuntime,
+    handle: TaskHandle,
+    content: str,
+    args: argparse.Namespace,
+    *,
+    interactive: bool,
+) -> int:
+    """Send a message, then show the task live until the answer to it."""
+    running = (await handle.overview()).status == WorkflowExecutionStatus.RUNNING
+    head = await runtime.stream_head(handle.id) if running and args.follow else None
+    await handle.send(
+        content,
+        interrupt=args.interrupt,
+        max_steps=args.max_steps,
+        sender=_approver(),
+    )
+    turn = " (it had answered: a new turn)" if handle.began_turn else ""
+    _say(f"message {handle.awaited_message} sent to task {handle.id}{turn}")
+    if not args.follow:
+        return 0
+    since = head if head is not None else handle.stream_from or 0
+    return await follow(
+        runtime,
+        handle,
+        since=since,
+        as_json=args.json,
+        interactive=interactive,
+        on_approval="ask" if interactive else "exit",
+        answer_to=handle.awaited_message,
+    )
+
+
+async def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
+    content = _message_text(args)
+    async with session(settings, args.worker) as runtime:
+        handle = await runtime.find(args.id)
+        interactive = sys.stdin.isatty() and not args.json and args.message != "-"
+        return await _send_and_follow(runtime, handle, content, args, interactive=interactive)
+
+
+async def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
+    if not sys.stdin.isatty():
+        raise UsageError("ws chat needs a terminal; from a script, use: ws say TASK_ID MESSAGE")
+    args.follow, args.json, args.interrupt = True, False, False
+    async with session(settings, args.worker) as runtime:
+        handle = await runtime.find(args.id) if args.id else None
+        if handle is not None:
+            state = await handle.state()
+            _say(f"task {handle.id}: {state.status}, turn {state.turn}, step {state.step}")
+            if state.result:
+                _say(f"its last answer: {state.result}")
+        _say("type a message and Enter; Ctrl-D leaves (the task stays)")
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "you> ")
+            except EOFError:
+                print(file=sys.stderr)
+                where = f": continue with  ws chat {handle.id}" if handle is not None else ""
+                _say(f"left the conversation; the task stays{where}")
+                return 0
+            if not line.strip():
+                continue
+            if handle is None:
+                task = runtime.new_task(line, max_steps=args.max_steps or 20)
+                if args.model:
+                    task = task.model_copy(update={"model": ModelSettings(name=args.model)})
+                handle = await runtime.run(task)
+                _say(f"task {handle.id} started (model: {task.model.name})")
+                code = await follow(
+                    runtime, handle, since=0, as_json=False, interactive=True, on_approval="ask"
+                )
+            else:
+                code = await _send_and_follow(runtime, handle, line, args, interactive=True)
+            if code not in (0, EXIT_WAITING):
+                return code
 
 
 async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
@@ -551,6 +657,7 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
 
     _task_commands(commands)
+    _conversation_commands(commands)
     _reading_commands(commands)
     _admin_commands(commands)
     for command in commands.choices.values():
@@ -634,6 +741,31 @@ def _task_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     _add_worker_flag(fork)
 
 
+def _conversation_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that talk with a task: a follow-up after its answer, or a steer while it works."""
+    say = commands.add_parser("say", help="send a task a message and follow it live to the answer")
+    say.add_argument("id")
+    say.add_argument("message", nargs="?", help="the message; - reads it from standard input")
+    say.add_argument("--file", help="read the message from this file")
+    say.add_argument(
+        "--interrupt",
+        action="store_true",
+        help="cancel the model call in flight and start the step again with the message",
+    )
+    say.add_argument("--max-steps", type=int, help="the turn's step limit from now on")
+    say.add_argument("--json", action="store_true", help="stream items as JSON lines")
+    say.add_argument("--no-follow", dest="follow", action="store_false")
+    _add_worker_flag(say)
+
+    chat = commands.add_parser(
+        "chat", help="a conversation in the terminal: prompt, live view, answer (Ctrl-D leaves)"
+    )
+    chat.add_argument("id", nargs="?", help="the task to talk with (default: a new one)")
+    chat.add_argument("--model", help="model of a new task, or 'offline'")
+    chat.add_argument("--max-steps", type=int, help="step limit of each turn")
+    _add_worker_flag(chat)
+
+
 def _reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Commands that read tasks (and cancel one)."""
     stream = commands.add_parser("stream", help="follow a task's events and tokens")
@@ -695,6 +827,8 @@ def _admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser
 COMMANDS = {
     "run": cmd_run,
     "approve": cmd_approve,
+    "say": cmd_say,
+    "chat": cmd_chat,
     "stream": cmd_stream,
     "resume": cmd_resume,
     "repair": cmd_repair,
@@ -739,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as err:
         _say(f"error: {_validation_sentence(err)}")
         return 2
-    except UnknownToolsError as err:
+    except (UnknownToolsError, UsageError) as err:
         _say(f"error: {err}")
         return 2
     except KeyboardInterrupt:

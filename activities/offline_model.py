@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activities.chat import ChatDelta
+from workflows.conversation import SUMMARY_PREFIX
 from workflows.models import ChatMessage, ModelSettings, Usage
 
 LABEL = "[offline model]"
@@ -80,6 +81,10 @@ def _outcomes(messages: list[ChatMessage]) -> list[_Outcome]:
     return outcomes
 
 
+def _summary(message: ChatMessage) -> bool:
+    return (message.content or "").startswith(SUMMARY_PREFIX)
+
+
 def _looks_failed(output: str) -> bool:
     lowered = output.lower()
     return any(w in lowered for w in ("rejected", "error", "refused", "failed", "invalid"))
@@ -112,9 +117,15 @@ class OfflineModel:
     def respond(
         self, messages: list[ChatMessage], offered: set[str]
     ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
-        task = next((m.content or "" for m in messages if m.role == "user"), "")
+        # The latest message a person wrote is the task at hand (a follow-up's, a steer's):
+        # what came before it was answered already.
+        latest = max(
+            (i for i, m in enumerate(messages) if m.role == "user" and not _summary(m)),
+            default=0,
+        )
+        task = messages[latest].content or "" if messages else ""
         plan = _plan(task)
-        done = _outcomes(messages)
+        done = _outcomes(messages[latest:])
         used = {o.tool for o in done}
 
         if plan.expressions and "calculator" in offered and "calculator" not in used:

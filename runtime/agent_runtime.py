@@ -152,6 +152,10 @@ class TaskHandle:
             workflow or runtime.client.get_workflow_handle_for(AgentWorkflow.run, task_id)
         )
         self._awaited = _Awaited(turn=awaits_turn)
+        self.began_turn = False
+        """The last message sent began a new turn (the task had answered and its run closed)."""
+        self.stream_from: int | None = None
+        """Where that new turn's stream items start (a follow-up's live view starts there)."""
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.id!r})"
@@ -182,7 +186,14 @@ class TaskHandle:
         delivery = await self._runtime.deliver(self.id, message)
         self._handle = delivery.workflow
         self._awaited = _Awaited(message_id=message.message_id)
+        self.began_turn = delivery.started
+        self.stream_from = delivery.stream_from
         return self
+
+    @property
+    def awaited_message(self) -> str | None:
+        """The id of the message whose answer `result()` waits for (the last one sent)."""
+        return self._awaited.message_id
 
     async def result(self) -> AgentOutcome:
         """Wait for the answer (see the class docstring for which). Raises TaskFailedError

@@ -43,6 +43,8 @@ class Delivery:
     workflow: WorkflowHandle[AgentWorkflow, AgentOutcome]
     started: bool
     """A new run was started for it: the task had answered and its run had closed."""
+    stream_from: int | None = None
+    """With `started`: the stream offset the new turn's items start at."""
 
 
 async def deliver(
@@ -75,6 +77,14 @@ async def deliver(
             return Delivery(handle, started=False)
         if seen.status == WorkflowExecutionStatus.COMPLETED:
             run = await _continuation(client, task_id, seen.run_id)
+            carry = run.carry
+            if carry is not None and message.message_id in carry.state.message_ids:
+                # A repeat of a message the answer already took (a retried send).
+                closed = client.get_workflow_handle_for(
+                    AgentWorkflow.run, task_id, run_id=seen.run_id
+                )
+                return Delivery(closed, started=False)
+            stream = carry.stream if carry is not None else None
             started = await client.start_workflow(
                 AgentWorkflow.run,
                 run,
@@ -87,7 +97,8 @@ async def deliver(
                 static_summary=summary,
                 task_timeout=task_timeout,
             )
-            return Delivery(started, started=True)
+            end = stream.base_offset + len(stream.log) if stream is not None else None
+            return Delivery(started, started=True, stream_from=end)
         status = seen.status.name.lower() if seen.status else "unknown"
         refuse_unless_taking(task_id, "cancelled" if status == "canceled" else "failed")
     raise MessageRefusedError(

@@ -144,7 +144,7 @@ class LiveView:
                 note = " (the text above is void)" if void else ""
                 self._line(
                     self._paint(
-                        f"⤫ step {data.interrupted_step}: interrupted by a message{note}", "33"
+                        f"✂ step {data.interrupted_step}: interrupted by a message{note}", "33"
                     )
                 )
             case UserMessage():

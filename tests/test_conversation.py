@@ -22,9 +22,10 @@ from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from workflows.agent import AgentWorkflow
-from workflows.events import UserMessage
-from workflows.models import Message
+from workflows.events import Interrupted, Thought, UserMessage
+from workflows.models import Message, MessageReceipt
 from workflows.run import AgentRun
+from workflows.stream import TokenDelta
 
 
 def user_texts(body: dict[str, Any]) -> list[str]:
@@ -129,7 +130,7 @@ async def test_concurrent_senders_after_an_answer_are_all_kept_in_order(
         lambda s: s.status == "done" and len(s.message_ids) == 3,
     )
     events = await dev_runtime.get(handle.id).events()
-    taken = [e.message_id for e in events if isinstance(e, UserMessage)]
+    taken = [e.message_id or "" for e in events if isinstance(e, UserMessage)]
     assert sorted(taken) == ["m0", "m1", "m2"] and len(set(taken)) == 3
     # The order the model read them in is the order the task took them in.
     last = fake_openai.requests[model][-1]
@@ -147,8 +148,9 @@ async def test_the_send_message_update_and_a_temporal_cli_follow_up_with_an_empt
     # What `temporal workflow execute-update-with-start --input '{}'` sends: a run with
     # nothing in it finds the answer it follows and goes on from it.
     start = client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
-    receipt = await client.execute_update_with_start_workflow(
-        AgentWorkflow.send_message,
+    # The SDK types an async update method's result as its coroutine: hence the ignores.
+    receipt: MessageReceipt = await client.execute_update_with_start_workflow(  # type: ignore[assignment]
+        AgentWorkflow.send_message,  # type: ignore[arg-type]
         Message(content="go on"),
         start_workflow_operation=_with_start(handle.id, dev_runtime.settings),
     )
@@ -190,7 +192,7 @@ async def test_messages_that_cannot_be_taken_are_refused_with_a_sentence(
     # The Update says so too, before anything enters history.
     with pytest.raises(WorkflowUpdateFailedError):
         workflow = dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, failed.id)
-        await workflow.execute_update(AgentWorkflow.send_message, Message(content="go on"))
+        _ = await workflow.execute_update(AgentWorkflow.send_message, Message(content="go on"))
 
 
 class _Nothing(BaseModel):
@@ -234,6 +236,8 @@ async def test_an_interrupting_message_cancels_the_model_call_and_voids_its_text
     types = [e.type for e in events]
     assert types == ["task_started", "interrupted", "user_message", "thought", "done"]
     interrupted, message, thought = events[1], events[2], events[3]
+    assert isinstance(interrupted, Interrupted) and isinstance(message, UserMessage)
+    assert isinstance(thought, Thought)
     assert interrupted.interrupted_step == 1 and message.interrupted
     # The step started again with the message: its attempts are numbered past the void ones.
     assert thought.step == 1 and thought.attempt > interrupted.attempt
@@ -241,7 +245,9 @@ async def test_an_interrupting_message_cancels_the_model_call_and_voids_its_text
     assert user_texts(second) == ["tell me a long story", "stop that, just say hi"]
     items = [i async for i in dev_runtime.stream(handle.id)]
     cut = next(i.offset for i in items if i.data.type == "interrupted")
-    void = [i for i in items if i.data.type == "token" and i.data.attempt <= interrupted.attempt]
+    void = [
+        i for i in items if isinstance(i.data, TokenDelta) and i.data.attempt <= interrupted.attempt
+    ]
     # Text streamed before the cut is void; a viewer drops it at the `interrupted` event.
     assert void and all(i.offset < cut for i in void)
 

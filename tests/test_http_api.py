@@ -468,3 +468,94 @@ async def test_reading_a_failed_task_leaves_it_failed(
     # Only an explicit resume resets a failed task; reading and deciding never do.
     described = await workflow.describe()
     assert described.status == WorkflowExecutionStatus.FAILED and described.run_id == first_run
+
+
+async def test_messages_follow_up_a_task_over_http_and_the_stream_follows_the_turns(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("first answer"), text("second answer"), text("third")])
+    created = await api.post("/tasks", json={"task": "hello", "model": {"name": model}})
+    task_id = created.json()["id"]
+    first = await sse_items(api, f"/tasks/{task_id}/events")
+    assert first[-1]["event"] == "done"
+    last = int(first[-1]["id"])
+
+    # A follower across turns: it goes on past each answer.
+    async def follow_two_answers() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        path = f"/tasks/{task_id}/events?follow=true&since={last + 1}"
+        async with api.stream("GET", path) as response:
+            current: dict[str, Any] = {}
+            async for line in response.aiter_lines():
+                if not line and "data" in current:
+                    items.append(current)
+                    current = {}
+                    if sum(i["event"] == "done" for i in items) == 2:
+                        return items
+                elif line and not line.startswith(":"):
+                    field, _, value = line.partition(":")
+                    value = value.removeprefix(" ")
+                    current[field] = json.loads(value) if field == "data" else value
+        return items
+
+    follower = asyncio.create_task(follow_two_answers())
+    sent = await api.post(
+        f"/tasks/{task_id}/messages",
+        json={"content": "and then?"},
+        headers={"Idempotency-Key": "msg-1"},
+    )
+    assert sent.status_code == 202, sent.text
+    body = sent.json()
+    assert body["follow_up"] is True and body["message_id"].startswith("key-")
+    # A retried POST with the same key sends the message once.
+    again = await api.post(
+        f"/tasks/{task_id}/messages",
+        json={"content": "and then?"},
+        headers={"Idempotency-Key": "msg-1"},
+    )
+    assert again.status_code == 202 and again.json()["message_id"] == body["message_id"]
+    # Without follow, a client resubscribes from the last offset + 1 and gets one turn.
+    second = await sse_items(api, f"/tasks/{task_id}/events?since={last + 1}")
+    assert second[0]["event"] == "user_message" and second[-1]["data"]["result"] == "second answer"
+    assert second[0]["data"]["sender"] == "alice" and second[0]["data"]["turn"] == 1
+    await api.post(f"/tasks/{task_id}/messages", json={"content": "one more"})
+    followed = await asyncio.wait_for(follower, 60)
+    answers = [i["data"]["result"] for i in followed if i["event"] == "done"]
+    assert answers == ["second answer", "third"]
+    offsets = [int(i["id"]) for i in followed]
+    assert offsets == list(range(last + 1, last + 1 + len(offsets)))
+    state = (await api.get(f"/tasks/{task_id}")).json()["state"]
+    assert (state["status"], state["turn"], state["result"]) == ("done", 2, "third")
+    messages = [
+        e
+        for e in (await api.get(f"/tasks/{task_id}/log")).json()["events"]
+        if e["type"] == "user_message"
+    ]
+    assert [m["content"] for m in messages] == ["and then?", "one more"]
+
+
+async def test_bad_messages_are_refused_with_a_sentence(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    unknown = await api.post("/tasks/no-such-task/messages", json={"content": "hi"})
+    assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
+    for content in ("", "   ", "x" * 200_001):
+        bad = await api.post("/tasks/no-such-task/messages", json={"content": content})
+        assert bad.status_code == 422, content[:10]
+    model = fake_openai.script([tools(("calculator", {"expression": "1+1"}))] * 3)
+    created = await api.post(
+        "/tasks", json={"task": "loop", "model": {"name": model}, "max_steps": 1}
+    )
+    task_id = created.json()["id"]
+    ended = await sse_items(api, f"/tasks/{task_id}/events")
+    assert ended[-1]["event"] == "failed"
+    refused = await api.post(f"/tasks/{task_id}/messages", json={"content": "go on"})
+    assert refused.status_code == 409
+    assert refused.json()["error"] == "task_not_taking_messages"
+    assert "resume" in refused.json()["detail"]
+    reader = await api.post(
+        f"/tasks/{task_id}/messages",
+        json={"content": "go on"},
+        headers={"Authorization": f"Bearer {READER}"},
+    )
+    assert reader.status_code == 403

@@ -26,7 +26,7 @@ class Contract(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-def _not_blank(value: str) -> str:
+def not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must contain something other than whitespace")
     return value
@@ -162,7 +162,7 @@ class AgentTask(Contract):
         "is retried elsewhere. Default 5 s (see README, Performance).",
     )
 
-    _task_not_blank = field_validator("task")(_not_blank)
+    _task_not_blank = field_validator("task")(not_blank)
 
 
 class ToolCallRequest(Contract):
@@ -406,7 +406,7 @@ class Message(Contract):
     )
     sender: str | None = Field(default=None, max_length=200)
 
-    _content_not_blank = field_validator("content")(_not_blank)
+    _content_not_blank = field_validator("content")(not_blank)
 
 
 class MessageReceipt(Contract):

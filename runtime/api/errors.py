@@ -12,6 +12,7 @@ from temporalio.service import RPCError
 
 from runtime.task_errors import (
     DecisionError,
+    MessageRefusedError,
     NoWorkerError,
     TaskError,
     TaskNotFoundError,
@@ -77,6 +78,8 @@ def install_error_handlers(app: FastAPI) -> None:
             status, kind = 409, "stuck"
         elif isinstance(err, UnreadableTaskError):
             status, kind = 500, "unreadable_task"
+        elif isinstance(err, MessageRefusedError):
+            status, kind = 409, "task_not_taking_messages"
         elif isinstance(err, DecisionError):
             status, kind = {
                 errors.UNKNOWN_REQUEST: (404, "unknown_request"),

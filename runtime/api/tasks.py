@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from temporalio.service import RPCError
 
@@ -18,7 +18,7 @@ from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
 from runtime.task_errors import NoWorkerError, TaskStuckError
 from workflows.events import AgentEvent, AgentState, TaskStarted
-from workflows.models import AgentTask, ModelSettings
+from workflows.models import TASK_TEXT_CHARS, AgentTask, Message, ModelSettings, not_blank
 
 router = APIRouter(tags=["tasks"])
 
@@ -84,9 +84,40 @@ class ForkBody(BaseModel):
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
 
 
+class MessageBody(BaseModel):
+    """A message to a task: a steer while it works, a follow-up once it has answered."""
+
+    content: str = Field(min_length=1, max_length=TASK_TEXT_CHARS)
+    interrupt: bool = Field(
+        default=False,
+        description="Cancel the model call in flight (its streamed text is void) and start "
+        "the step again with this message; a tool call in flight is never interrupted.",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=100_000, description="The turn's max_steps from now on."
+    )
+
+    _content_not_blank = field_validator("content")(not_blank)
+
+
+class MessageAccepted(BaseModel):
+    """The message is kept durably; its `user_message` event carries its id once the task
+    takes it (at its next model call)."""
+
+    task_id: str
+    message_id: str
+    follow_up: bool = Field(description="The task had answered: the message began a new turn.")
+    links: Links
+
+
 class EventLogPage(BaseModel):
     events: list[AgentEvent]
     next_seq: int
+
+
+def message_id_for(key: str) -> str:
+    """The message id an Idempotency-Key stands for: a retried POST sends it once."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def task_id_for(key: str) -> str:
@@ -242,6 +273,41 @@ async def reject(
     )
 
 
+@router.post("/tasks/{task_id}/messages", status_code=202, response_model=MessageAccepted)
+async def send_message(
+    task_id: str,
+    body: MessageBody,
+    runtime: Runtime,
+    who: Approver,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> MessageAccepted:
+    """Send the task a message. While it works, the message reaches the model at its next
+    call (after the step's tool calls); once it has answered, the same task goes on with it
+    (same id, same event log, offsets going on). 409 for a failed task (resume it) or a
+    cancelled one (fork it). With an Idempotency-Key a retried POST sends it once."""
+    message = Message(
+        content=body.content,
+        message_id=message_id_for(idempotency_key) if idempotency_key else None,
+        interrupt=body.interrupt,
+        max_steps=body.max_steps,
+        sender=who.name,
+    )
+    handle = runtime.get(task_id)
+    await handle.send(
+        message.content,
+        interrupt=message.interrupt,
+        max_steps=message.max_steps,
+        sender=message.sender,
+        message_id=message.message_id,
+    )
+    return MessageAccepted(
+        task_id=task_id,
+        message_id=handle.awaited_message or "",
+        follow_up=handle.began_turn,
+        links=links(task_id),
+    )
+
+
 @router.post("/tasks/{task_id}/resume", response_model=TaskView)
 async def resume(
     task_id: str, runtime: Runtime, who: Approver, body: ResumeBody | None = None
@@ -309,13 +375,18 @@ async def events(
     who: Reader,
     since: Annotated[int | None, Query(ge=0)] = None,
     topics: Annotated[str | None, Query(pattern=r"^(events|tokens)(,(events|tokens))*$")] = None,
+    follow: Annotated[
+        bool, Query(description="Go on across the conversation's turns, past each answer.")
+    ] = False,
     # An offset this stream sent: bounded like `since`, so both refuse a negative one alike.
     last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: `id` is the stream offset, `event` the item's type.
 
     Reconnect with `Last-Event-ID` (or `?since=`) to get exactly what was missed. The
-    stream ends after the task's terminal event; comments keep proxies from timing out.
+    stream ends after the task's terminal event (an answer, a failure, a cancellation); with
+    `?follow=true` it goes on across the conversation's turns and ends only when the task
+    fails or is cancelled. Comments keep proxies from timing out.
     """
     start = last_event_id + 1 if last_event_id is not None else since or 0
     # Unknown or unreadable (encrypted with a key this side lacks): an error, not a stream.
@@ -323,7 +394,7 @@ async def events(
     wanted = topics.split(",") if topics else None
 
     async def items() -> AsyncIterator[ServerSentEvent]:
-        async for item in runtime.stream(task_id, since=start, topics=wanted):
+        async for item in runtime.stream(task_id, since=start, topics=wanted, follow=follow):
             yield ServerSentEvent(
                 data=item.data.model_dump_json(), event=item.data.type, id=str(item.offset)
             )
