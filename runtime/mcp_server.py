@@ -46,7 +46,9 @@ MCP_PATH = "/mcp"
 INSTRUCTIONS = (
     "Durable AI-agent tasks on Temporal. run_task starts one and returns its id; "
     "task_status shows its state and the tool calls waiting for approval; task_events "
-    "pages through its event log; approve / reject decide a pending call; cancel stops it."
+    "pages through its event log; approve / reject decide a pending call; send_message "
+    "follows up a task that answered (the same task goes on) or steers one that works; "
+    "cancel stops it."
 )
 
 
@@ -75,6 +77,12 @@ class TaskStatusView(BaseModel):
 class EventPage(BaseModel):
     events: list[dict[str, Any]] = Field(description="AgentEvent objects, oldest first.")
     next_seq: int = Field(description="Pass as `since` to read on.")
+
+
+class MessageView(BaseModel):
+    task_id: str
+    message_id: str
+    follow_up: bool = Field(description="The task had answered: the message began a new turn.")
 
 
 class DecisionView(BaseModel):
@@ -203,6 +211,36 @@ class WaystationTools:
         """Reject a pending tool call; `message` tells the model why."""
         return await self._decide(ctx, task_id, request_id, True, message)
 
+    async def send_message(
+        self,
+        task_id: str,
+        content: str,
+        ctx: Context,
+        interrupt: bool = False,
+        max_steps: int | None = None,
+        message_id: str | None = None,
+    ) -> MessageView:
+        """Send a task a message: once it has answered, the same task goes on with it (a
+        follow-up); while it works, it reaches the model at its next call (with `interrupt`,
+        the model call in flight is cancelled for it). Follow it with task_status or
+        task_events. A repeat with the same message_id counts once."""
+        who = self._approver(ctx)
+        handle = self._runtime_of().get(task_id)
+        sent = handle.send(
+            content,
+            interrupt=interrupt,
+            max_steps=max_steps,
+            sender=who.name,
+            message_id=message_id,
+        )
+        try:
+            await _guarded(sent)
+        except ValidationError as err:
+            raise ToolError(f"invalid message: {_problems(err)}") from None
+        return MessageView(
+            task_id=task_id, message_id=handle.awaited_message or "", follow_up=handle.began_turn
+        )
+
     async def cancel(self, task_id: str, ctx: Context) -> TaskRef:
         """Cancel a task: its running call is cancelled and a `cancelled` event ends it."""
         self._approver(ctx)
@@ -213,7 +251,9 @@ class WaystationTools:
     def _approver(self, ctx: Context) -> Caller:
         who = self._caller_of(ctx)
         if who.role != "approver":
-            raise ToolError(f"{who.name} may read and start tasks, not decide or cancel")
+            raise ToolError(
+                f"{who.name} may read and start tasks, not decide, send messages or cancel"
+            )
         return who
 
     async def _decide(
@@ -262,6 +302,7 @@ def build_mcp_server(runtime_of: Callable[[], AgentRuntime], caller_of: CallerOf
     server.add_tool(
         tools.reject, annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True)
     )
+    server.add_tool(tools.send_message, annotations=ToolAnnotations(destructive_hint=False))
     server.add_tool(tools.cancel, annotations=decide)
     return server
 

@@ -14,11 +14,13 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecution, WorkflowHandle
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecution, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
 
 from activities.mcp.config import McpServerConfig
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
@@ -28,8 +30,8 @@ from testing.settings import isolated_settings
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentState
-from workflows.models import AgentTask, ApprovalSettings, Decision, ModelSettings
-from workflows.run import AgentOutcome
+from workflows.models import AgentTask, ApprovalSettings, Decision, Message, ModelSettings
+from workflows.run import AgentOutcome, AgentRun
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -239,6 +241,63 @@ async def mcp_tools(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def three_turn_conversation(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """An answer, a follow-up by Signal (a new run), and one from the Temporal CLI's
+    update-with-start with an empty input (a run that continues as new from the answer)."""
+    model = fake.script(
+        [
+            text("turn zero"),
+            tools(("calculator", {"expression": "2 * 21"})),
+            text("turn one: 42"),
+            text("turn two"),
+        ]
+    )
+    task = AgentTask(task="talk with me", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="conversation")
+    await handle.result()
+    await handle.send("now compute 2 * 21", message_id="follow-up-1")
+    await handle.result()
+    start = WithStartWorkflowOperation(
+        AgentWorkflow.run,
+        AgentRun(),
+        id=handle.id,
+        task_queue=runtime.settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    _ = await runtime.client.execute_update_with_start_workflow(
+        AgentWorkflow.send_message,  # type: ignore[arg-type]
+        Message(content="and finally?"),
+        start_workflow_operation=start,
+    )
+    await until(handle, lambda s: s.turn == 2 and s.status == "done")
+    return handle.id
+
+
+async def steered_task(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A model call interrupted by a message, then a message sent while a call waits for
+    approval (kept for after the decision)."""
+    gate = threading.Event()
+    model = fake.script(
+        [
+            Reply(content=" ".join(["musing"] * 30), hold_after_chunks=3, gate=gate),
+            tools(("run_shell", {"command": "echo steered"})),
+            text("steered and done"),
+        ]
+    )
+    task = AgentTask(task="think aloud", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="steered")
+    try:
+        await fake.until_streaming(model, 3, request=0)
+        await runtime.send(handle.id, "stop musing: run echo", interrupt=True, message_id="stop")
+        await until(handle, lambda s: bool(s.pending_approvals))
+        await runtime.send(handle.id, "then finish", message_id="then")
+        await handle.approve(approver="alice")
+        await handle.result()
+    finally:
+        gate.set()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -251,6 +310,8 @@ SCENARIOS: dict[str, Scenario] = {
     "compacted_context": compacted_context,
     "mcp_tools": mcp_tools,
     "archived_runs": archived_runs,
+    "three_turn_conversation": three_turn_conversation,
+    "steered_task": steered_task,
 }
 
 

@@ -28,7 +28,7 @@ from testing.workers import REPO, running_worker, worker_environment
 
 READER = "reader-token"
 APPROVER = "approver-token"
-TOOLS = {"run_task", "task_status", "task_events", "approve", "reject", "cancel"}
+TOOLS = {"run_task", "task_status", "task_events", "approve", "reject", "send_message", "cancel"}
 
 
 def shell_then_answer(fake_openai: FakeOpenAI) -> str:
@@ -197,3 +197,26 @@ async def test_over_http_an_approver_rejects_one_task_and_cancels_another(
         bad_page = await client.call_tool("task_events", {"task_id": first["task_id"], "limit": 0})
         assert bad_page.is_error and "limit 1..1000" in str(bad_page.content)
     assert not (settings.workspace_dir / "effects.txt").exists()  # neither command ran
+
+
+async def test_over_http_send_message_follows_up_a_task_that_answered(
+    api: str, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("first"), text("the follow-up's answer")])
+    async with mcp_client(api, APPROVER) as client:
+        started = await call(client, "run_task", task="hello", model=model)
+        task_id = started["task_id"]
+        await status_when(client, task_id, "done")
+        sent = await call(client, "send_message", task_id=task_id, content="and then?")
+        assert sent["follow_up"] is True and sent["message_id"]
+        async with asyncio.timeout(60):
+            while (view := await call(client, "task_status", task_id=task_id))[
+                "result"
+            ] != "the follow-up's answer":
+                await asyncio.sleep(0.1)
+        assert view["status"] == "done"
+        empty = await client.call_tool("send_message", {"task_id": task_id, "content": " "})
+        assert empty.is_error and "invalid message" in str(empty.content)
+    async with mcp_client(api, READER) as reader:
+        refused = await reader.call_tool("send_message", {"task_id": task_id, "content": "hi"})
+        assert refused.is_error and "not decide, send messages or cancel" in str(refused.content)
