@@ -17,6 +17,8 @@ export class InboxFeed {
     this.error = null;
     this.timer = null;
     this.running = false;
+    this.reading = null; // the poll under way
+    this.again = false; // a poll was asked for while one was under way
   }
 
   subscribe(listener) {
@@ -36,8 +38,24 @@ export class InboxFeed {
     clearTimeout(this.timer);
   }
 
-  /** Poll now (after a decision, say) instead of waiting for the next tick. */
-  async poll() {
+  /** Poll now (after a decision, say) instead of waiting for the next tick; asked while a
+   * poll is under way, polls again right after it (its answer may predate the decision). */
+  poll() {
+    if (this.reading) {
+      this.again = true;
+      return this.reading;
+    }
+    this.reading = this.read().finally(() => {
+      this.reading = null;
+      if (this.again) {
+        this.again = false;
+        this.poll();
+      }
+    });
+    return this.reading;
+  }
+
+  async read() {
     clearTimeout(this.timer);
     if (!this.running) return;
     try {
@@ -61,12 +79,13 @@ export function mountInbox(main, { session, feed }) {
   const canDecide = session.role === "approver";
   const cards = new Map(); // key -> card, pending ones in the order shown
   const list = h("div", { class: "inbox-list", role: "list", "aria-label": "Pending approvals" });
-  const empty = h("p", { class: "empty muted" }, "Nothing waits for a decision.");
+  const empty = h("p", { class: "empty muted", hidden: true }, "Nothing waits for a decision.");
   const summary = h("p", { class: "summary", role: "status", "aria-live": "polite" });
   const trouble = h("p", { class: "error", role: "alert" });
   const decidedList = h("ol", { class: "decided-list", "aria-label": "Decided" });
   const decidedTitle = h("h2", { hidden: true }, "Decided");
   let selected = null; // key of the selected card
+  let answered = false; // until the first answer the page knows nothing, not "nothing waits"
   // Requests this page has seen settled, with when they were asked: a poll that was already
   // under way when one was decided must not bring it back.
   const settled = new Map();
@@ -144,6 +163,11 @@ export function mountInbox(main, { session, feed }) {
   }
 
   function render() {
+    list.setAttribute("aria-busy", String(!answered));
+    if (!answered) {
+      summary.textContent = "Reading the inbox…";
+      return;
+    }
     const open = pending();
     empty.hidden = open.length > 0;
     summary.textContent = open.length === 1 ? "1 request waits for a decision." : `${open.length} requests wait for a decision.`;
@@ -153,6 +177,7 @@ export function mountInbox(main, { session, feed }) {
   function update(inbox, error) {
     trouble.textContent = error ? `The inbox could not be read: ${error.message}` : "";
     if (error) return;
+    answered = true;
     const wanted = new Set(inbox.approvals.map(key));
     const unreachable = new Set(inbox.unreachable ?? []);
     for (const [cardKey, card] of cards) {
