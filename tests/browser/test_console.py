@@ -95,12 +95,9 @@ async def test_a_rejection_message_reaches_the_model(
     await page.locator(f'.decided-item[data-task-id="{handle.id}"] a').click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-approval_resolved")).to_contain_text("by alice")
-    await expect(page.locator('li.type-thought[data-step="2"]')).to_contain_text(
-        "The reviewer said:"
-    )
-    await expect(page.locator('li.type-thought[data-step="2"]')).to_contain_text(
-        "use a dry run first"
-    )
+    # The model's answer (its step 2 thought) is shown once, under Result.
+    await expect(page.locator("section.result")).to_contain_text("The reviewer said:")
+    await expect(page.locator("section.result")).to_contain_text("use a dry run first")
 
 
 async def test_the_stream_reconnects_after_the_api_restarts_mid_stream(
@@ -131,7 +128,7 @@ async def test_the_stream_reconnects_after_the_api_restarts_mid_stream(
     )
     assert shown == [event["seq"] for event in log]  # each line once, none missing
     thought = page.locator("li.type-thought")
-    await expect(thought.locator(".event-body > p.text")).to_have_text(words)
+    await expect(page.locator("section.result .result-text")).to_have_text(words)
     # The tokens the page put together are exactly the thought's text: no token twice or lost.
     await expect(thought).to_have_attribute("data-streamed", "match")
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -17,6 +19,40 @@ from tests.browser.conftest import OpenConsole, sign_in
 from tests.browser.pages import card, said, start
 from tests.browser.stack import ALICE, ConsoleStack
 from tests.helpers import pending_requests
+
+
+async def test_a_finished_task_shows_its_answer_once_in_full(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    gate = threading.Event()
+    answer = f"The answer is 42 (mark {uuid.uuid4().hex})"
+
+    def model(body: dict[str, Any]) -> Reply:
+        if said(body):  # streamed, and held after a few words until the page shows them
+            return text(answer, gate=gate, hold_after_chunks=3)
+        return tools(("calculator", {"expression": "6 * 7"}), content="Computing")
+
+    handle = await start(stack, fake_openai.script(model), "What is six times seven?")
+    page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+    await expect(page.locator(".live-step .live-text")).to_contain_text("The answer")
+    gate.set()
+    await expect(page.locator(".task-status")).to_have_text("done")
+    mark = answer.rsplit(" ", 1)[1]
+
+    async def shown_once() -> None:
+        await expect(page.locator("section.result")).to_contain_text(answer)
+        assert (await page.locator("main").inner_text()).count(mark) == 1
+        final_thought = page.locator('li.type-thought[data-step="2"]')
+        await expect(final_thought).to_contain_text("shown under Result")
+        done = page.locator("li.type-done")
+        await expect(done).to_contain_text("shown under Result")
+        await done.get_by_role("button", name="Go to the result").click()
+        await expect(page.locator("section.result")).to_be_focused()
+
+    await shown_once()  # as it came in live
+    await page.reload()
+    await expect(page.locator(".task-status")).to_have_text("done")
+    await shown_once()  # and as read from the log
 
 
 async def test_the_inbox_says_it_is_reading_until_its_first_answer(
