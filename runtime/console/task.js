@@ -98,7 +98,7 @@ class TaskPage {
 
   /** The page's skeleton, then the rows of the latest events. */
   build() {
-    this.title = h("h1", { class: "task-title" });
+    this.title = h("h1", { class: "task-title text" });
     this.figures = h("dl", { class: "figures" });
     this.streamState = h("span", { class: "stream-state", role: "status", "aria-live": "polite" });
     this.controls = h("div", { class: "controls" });

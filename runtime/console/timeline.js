@@ -105,7 +105,7 @@ const BODIES = {
   ],
   observation: (e) => [
     h("p", {}, h("span", { class: "tool" }, e.tool), e.is_error ? h("span", { class: "badge status-failed" }, "error") : null),
-    longText(e.output, "output"),
+    longText(e.output, "code output"),
   ],
   approval_requested: (e) => [
     h("p", {}, h("span", { class: "tool" }, e.tool), h("span", { class: "muted" }, ` request ${e.request_id}`)),
@@ -129,7 +129,7 @@ const BODIES = {
   user_message: (e) => [h("p", { class: "text" }, e.content)],
   context_compacted: (e) => [
     h("p", { class: "muted" }, `messages ${e.start}–${e.end - 1} replaced by a summary`),
-    longText(e.summary, "output"),
+    longText(e.summary, "code output"),
   ],
   done: (e, { answer, onShowAnswer }) => [
     answerReference(e, answer, onShowAnswer) ?? h("p", { class: "text" }, e.result),
@@ -145,7 +145,7 @@ const BODIES = {
  */
 export function eventRow(event, { streamed, answer, onShowAnswer, onFork }) {
   const slot = h("div", { class: "fork-slot" });
-  const render = BODIES[event.type] ?? ((e) => [h("pre", {}, pretty(e))]);
+  const render = BODIES[event.type] ?? ((e) => [h("pre", { class: "code" }, pretty(e))]);
   const body = render(event, { streamed, answer, onShowAnswer });
   const row = h(
     "li",

@@ -11,14 +11,95 @@ import threading
 import uuid
 from typing import Any
 
+import httpx
 import pytest
-from playwright.async_api import Route, expect
+from playwright.async_api import Page, Route, expect
 
+from runtime.agent_runtime import TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole, sign_in
-from tests.browser.pages import card, said, start
+from tests.browser.pages import card, decided, said, start
 from tests.browser.stack import ALICE, ConsoleStack
 from tests.helpers import pending_requests
+
+
+def long_word(label: str) -> str:
+    """3,000-odd characters without a break opportunity: a URL, a hash, base64."""
+    return f"https://example.com/{label}/" + "Zm9vYmFyYmF6" * 250
+
+
+async def finished(handle: TaskHandle) -> None:
+    async with asyncio.timeout(60):
+        await handle.result()
+
+
+# Code blocks (tool output) keep their lines and may scroll sideways inside themselves, and a
+# one-line preview may end in an ellipsis; nothing else may be wider than its box.
+CODE_BLOCKS = "pre.code"
+MEASURE_WIDTHS = """(codeBlocks) => {
+  const root = document.documentElement;
+  const wide = [];
+  for (const element of document.querySelectorAll("body *")) {
+    if (element.closest(codeBlocks) || element.clientWidth === 0) continue;
+    if (getComputedStyle(element).textOverflow === "ellipsis") continue;
+    if (element.scrollWidth > element.clientWidth + 1) {
+      const name = `${element.tagName.toLowerCase()}.${element.className}`;
+      wide.push(`${name}: ${element.scrollWidth} px in ${element.clientWidth} px`);
+    }
+  }
+  return { page: root.scrollWidth, window: root.clientWidth, wide };
+}"""
+
+
+async def assert_fits(page: Page, where: str) -> None:
+    widths = await page.evaluate(MEASURE_WIDTHS, CODE_BLOCKS)
+    assert widths["page"] <= widths["window"], f"{where}: {widths}"
+    assert widths["wide"] == [], f"{where}: {widths}"
+
+
+async def test_long_unbroken_words_never_widen_a_page(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    argument, reason, answer = long_word("argument"), long_word("reason"), long_word("answer")
+
+    def model(body: dict[str, Any]) -> Reply:
+        if said(body):
+            return text(f"Fetched: {answer}")
+        return tools(("run_shell", {"command": f"echo {argument}"}), content=f"Fetching {reason}")
+
+    task = f"Fetch {long_word('task')} and say what it holds"
+    handle = await start(stack, fake_openai.script(model), task)
+    [request] = await pending_requests(handle)
+    page = await open_console(ALICE, viewport={"width": 1280, "height": 900})
+    pending = card(page, handle.id)
+    await expect(pending.locator("pre.arguments")).to_contain_text(argument)
+    await expect(pending.locator(".model-reason")).to_contain_text(reason)
+    await assert_fits(page, "the inbox with a request waiting")
+
+    async with httpx.AsyncClient(
+        base_url=stack.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as http:
+        message = long_word("message")
+        approved = await http.post(
+            f"/tasks/{handle.id}/approve", json={"request_id": request, "message": message}
+        )
+        assert approved.status_code == 200
+    await expect(decided(page, handle.id)).to_contain_text(message)
+    await assert_fits(page, "the inbox with the request decided")
+
+    await finished(handle)
+    await page.goto(f"{stack.url}/#/tasks/{handle.id}")
+    await expect(page.locator(".task-status")).to_have_text("done")
+    output = page.locator("li.type-observation")
+    await output.get_by_role("button", name=re.compile("^show all")).click()
+    await expect(output.locator("pre")).to_contain_text(argument)
+    await expect(page.locator("li.type-approval_resolved")).to_contain_text(message)
+    await expect(page.locator("section.result")).to_contain_text(answer)
+    await assert_fits(page, "the task page")
+
+    await page.get_by_role("link", name="Tasks", exact=True).click()
+    await expect(page.locator(f'tr[data-task-id="{handle.id}"] a')).to_contain_text("Fetch https")
+    await assert_fits(page, "the task list")
 
 
 async def test_a_finished_task_shows_its_answer_once_in_full(
