@@ -8,6 +8,7 @@ import { h, moment, replace, typing } from "./dom.js";
 
 const POLL_MS = 1000;
 const DECIDED_SHOWN = 20;
+const DENSITY_KEY = "waystation.inbox.density"; // "compact" or "comfortable", kept per browser
 
 /** Polls GET /approvals for every view that subscribes (one poll at a time). */
 export class InboxFeed {
@@ -86,6 +87,7 @@ export function mountInbox(main, { session, feed }) {
   const decidedTitle = h("h2", { hidden: true }, "Decided");
   let selected = null; // key of the selected card
   let answered = false; // until the first answer the page knows nothing, not "nothing waits"
+  let compact = localStorage.getItem(DENSITY_KEY) === "compact";
   // Requests this page has seen settled, with when they were asked: a poll that was already
   // under way when one was decided must not bring it back.
   const settled = new Map();
@@ -97,18 +99,28 @@ export function mountInbox(main, { session, feed }) {
          h("kbd", {}, "e"), " edit the arguments and approve · "]
       : []),
     h("kbd", {}, "o"), " open the task");
+  const density = h("button", { type: "button", class: "density", onclick: () => setCompact(!compact) },
+    "Compact cards");
 
   replace(
     main,
     h("h1", {}, "Inbox"),
     summary,
     trouble,
-    help,
+    h("div", { class: "inbox-tools" }, help, density),
     list,
     empty,
     decidedTitle,
     decidedList,
   );
+
+  /** Compact: each card but the selected one shrinks to a line or two (kept per browser). */
+  function setCompact(on) {
+    compact = on;
+    list.classList.toggle("compact", on);
+    density.setAttribute("aria-pressed", String(on));
+    localStorage.setItem(DENSITY_KEY, on ? "compact" : "comfortable");
+  }
 
   function pending() {
     return [...cards.values()].filter((card) => !card.decided);
@@ -256,6 +268,7 @@ export function mountInbox(main, { session, feed }) {
     event.preventDefault();
   }
 
+  setCompact(compact);
   document.addEventListener("keydown", onKey);
   const unsubscribe = feed.subscribe(update);
   feed.poll();

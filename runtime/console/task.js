@@ -115,8 +115,8 @@ class TaskPage {
         h("p", { class: "muted ids" }, h("span", { class: "task-id" }, this.taskId), " · stream ", this.streamState),
         this.figures),
       this.notice,
+      this.outcome, // a failure's reason first, then what can be done about it
       this.controls,
-      this.outcome,
       this.pendingList,
       h("h2", {}, "Timeline"),
       this.earlier,
