@@ -21,6 +21,7 @@ from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 SHARED_SETUP_MODULES = frozenset(
     {
         "tests/browser/test_console.py",
+        "tests/browser/test_console_looks.py",
         "tests/test_mcp_tools.py",
         "tests/sdk/test_sdk_query_then_update.py",
     }

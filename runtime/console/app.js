@@ -13,6 +13,12 @@ const ROUTES = [
   [/^#\/tasks\/([^/]+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
 ];
 
+// Without WAYSTATION_API_TOKENS nobody signs in: the API listens on localhost only and lets
+// every local caller approve (the header says so; "tokens" alone read like an LLM's).
+const OPEN_ACCESS =
+  "The API runs without API tokens (WAYSTATION_API_TOKENS is not set): it listens on localhost " +
+  "only, and everyone on this machine may start tasks and decide approvals.";
+
 const main = document.getElementById("main");
 const who = document.getElementById("who");
 const inboxCount = document.getElementById("inbox-count");
@@ -35,7 +41,7 @@ async function start() {
     h("span", { class: `badge role-${session.role}` }, session.role),
     session.tokens_required
       ? h("button", { type: "button", class: "link", onclick: signOut }, "Sign out")
-      : h("span", { class: "muted", title: "the API runs without tokens: localhost only" }, "no tokens"),
+      : h("span", { class: "muted open-access", title: OPEN_ACCESS }, "no sign-in · localhost only"),
   );
   feed?.stop();
   feed = new InboxFeed();

@@ -18,6 +18,11 @@ export function describeOutcome(outcome, me) {
   return text;
 }
 
+/** Arguments on one line, for a compact card: `command="ls -l" timeout_seconds=30`. */
+function oneLine(args) {
+  return Object.entries(args ?? {}).map(([name, value]) => `${name}=${JSON.stringify(value)}`).join(" ");
+}
+
 /** How the request ended, read from the task's state (for requests decided elsewhere). */
 export async function lookUpOutcome(taskId, requestId) {
   try {
@@ -65,7 +70,8 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
     },
     h("header", {},
       h("h3", {}, h("span", { class: "tool" }, item.tool), h("span", { class: "muted request-id" }, item.request_id)),
-      h("p", { class: "waiting" }, "waiting ", age, " · since ", moment(item.requested_at), ` · step ${item.step}`)),
+      h("p", { class: "waiting" }, "waiting ", age,
+        h("span", { class: "waiting-detail" }, " · since ", moment(item.requested_at), ` · step ${item.step}`))),
     showTask
       ? h("p", { class: "task-line" }, "Task ",
           h("a", { href: `#/tasks/${seg(item.task_id)}`, class: "task-link" }, item.task || item.task_id))
@@ -73,6 +79,7 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
     item.reason ? h("p", { class: "reason" }, h("strong", {}, "Policy: "), item.reason) : null,
     item.model_reason ? h("blockquote", { class: "model-reason" }, h("strong", {}, "Model: "), item.model_reason) : null,
     h("pre", { class: "arguments", "aria-label": "arguments" }, pretty(item.arguments)),
+    h("p", { class: "arguments-line" }, oneLine(item.arguments)), // what a compact card shows
     buttons,
     formSlot,
     outcomeLine,

@@ -42,16 +42,25 @@ export function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
-const clock = new Intl.DateTimeFormat(undefined, {
-  year: "numeric", month: "short", day: "numeric",
-  hour: "2-digit", minute: "2-digit", second: "2-digit",
-});
+// Short enough for one line in a table cell, with the zone it is in; the year only when it
+// is not this one.
+const COMPACT = {
+  month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+  timeZoneName: "short",
+};
+const clockThisYear = new Intl.DateTimeFormat(undefined, COMPACT);
+const clockOtherYear = new Intl.DateTimeFormat(undefined, { ...COMPACT, year: "numeric" });
+const clockInFull = new Intl.DateTimeFormat(undefined, { dateStyle: "full", timeStyle: "long" });
 
-/** A <time> element showing a moment, with the full date in its title. */
+/** A <time> element showing a moment compactly, with its zone; in full in its title. */
 export function moment(iso) {
   if (!iso) return h("span", { class: "muted" }, "—");
   const date = new Date(iso);
-  return h("time", { datetime: date.toISOString(), title: date.toISOString() }, clock.format(date));
+  const clock = date.getFullYear() === new Date().getFullYear() ? clockThisYear : clockOtherYear;
+  return h("time", {
+    datetime: date.toISOString(),
+    title: `${clockInFull.format(date)} (${date.toISOString()})`,
+  }, clock.format(date));
 }
 
 /** "4 s", "3 min", "2 h 5 min", "3 d 4 h": how long ago `iso` was. */

@@ -12,6 +12,7 @@ export class TaskFold {
     this.tokenBudget = null;
     this.pending = new Map();
     this.result = null;
+    this.resultSeq = null; // the `done` event whose answer is the result
     this.failure = null;
     this.failureKind = null;
   }
@@ -40,17 +41,18 @@ export class TaskFold {
         break;
       case "resumed":
         this.status = "running";
-        this.failure = this.failureKind = this.result = null;
+        this.failure = this.failureKind = this.result = this.resultSeq = null;
         this.maxSteps = e.max_steps ?? this.maxSteps;
         this.tokenBudget = e.token_budget ?? this.tokenBudget;
         break;
       case "user_message":
         this.status = "running";
-        this.result = null;
+        this.result = this.resultSeq = null;
         break;
       case "done":
         this.status = "done";
         this.result = e.result;
+        this.resultSeq = e.seq;
         break;
       case "failed":
         this.status = "failed";

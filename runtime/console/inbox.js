@@ -8,6 +8,7 @@ import { h, moment, replace, typing } from "./dom.js";
 
 const POLL_MS = 1000;
 const DECIDED_SHOWN = 20;
+const DENSITY_KEY = "waystation.inbox.density"; // "compact" or "comfortable", kept per browser
 
 /** Polls GET /approvals for every view that subscribes (one poll at a time). */
 export class InboxFeed {
@@ -17,6 +18,8 @@ export class InboxFeed {
     this.error = null;
     this.timer = null;
     this.running = false;
+    this.reading = null; // the poll under way
+    this.again = false; // a poll was asked for while one was under way
   }
 
   subscribe(listener) {
@@ -36,8 +39,24 @@ export class InboxFeed {
     clearTimeout(this.timer);
   }
 
-  /** Poll now (after a decision, say) instead of waiting for the next tick. */
-  async poll() {
+  /** Poll now (after a decision, say) instead of waiting for the next tick; asked while a
+   * poll is under way, polls again right after it (its answer may predate the decision). */
+  poll() {
+    if (this.reading) {
+      this.again = true;
+      return this.reading;
+    }
+    this.reading = this.read().finally(() => {
+      this.reading = null;
+      if (this.again) {
+        this.again = false;
+        this.poll();
+      }
+    });
+    return this.reading;
+  }
+
+  async read() {
     clearTimeout(this.timer);
     if (!this.running) return;
     try {
@@ -61,12 +80,14 @@ export function mountInbox(main, { session, feed }) {
   const canDecide = session.role === "approver";
   const cards = new Map(); // key -> card, pending ones in the order shown
   const list = h("div", { class: "inbox-list", role: "list", "aria-label": "Pending approvals" });
-  const empty = h("p", { class: "empty muted" }, "Nothing waits for a decision.");
+  const empty = h("p", { class: "empty muted", hidden: true }, "Nothing waits for a decision.");
   const summary = h("p", { class: "summary", role: "status", "aria-live": "polite" });
   const trouble = h("p", { class: "error", role: "alert" });
   const decidedList = h("ol", { class: "decided-list", "aria-label": "Decided" });
   const decidedTitle = h("h2", { hidden: true }, "Decided");
   let selected = null; // key of the selected card
+  let answered = false; // until the first answer the page knows nothing, not "nothing waits"
+  let compact = localStorage.getItem(DENSITY_KEY) === "compact";
   // Requests this page has seen settled, with when they were asked: a poll that was already
   // under way when one was decided must not bring it back.
   const settled = new Map();
@@ -78,18 +99,28 @@ export function mountInbox(main, { session, feed }) {
          h("kbd", {}, "e"), " edit the arguments and approve · "]
       : []),
     h("kbd", {}, "o"), " open the task");
+  const density = h("button", { type: "button", class: "density", onclick: () => setCompact(!compact) },
+    "Compact cards");
 
   replace(
     main,
     h("h1", {}, "Inbox"),
     summary,
     trouble,
-    help,
+    h("div", { class: "inbox-tools" }, help, density),
     list,
     empty,
     decidedTitle,
     decidedList,
   );
+
+  /** Compact: each card but the selected one shrinks to a line or two (kept per browser). */
+  function setCompact(on) {
+    compact = on;
+    list.classList.toggle("compact", on);
+    density.setAttribute("aria-pressed", String(on));
+    localStorage.setItem(DENSITY_KEY, on ? "compact" : "comfortable");
+  }
 
   function pending() {
     return [...cards.values()].filter((card) => !card.decided);
@@ -144,6 +175,11 @@ export function mountInbox(main, { session, feed }) {
   }
 
   function render() {
+    list.setAttribute("aria-busy", String(!answered));
+    if (!answered) {
+      summary.textContent = "Reading the inbox…";
+      return;
+    }
     const open = pending();
     empty.hidden = open.length > 0;
     summary.textContent = open.length === 1 ? "1 request waits for a decision." : `${open.length} requests wait for a decision.`;
@@ -153,6 +189,7 @@ export function mountInbox(main, { session, feed }) {
   function update(inbox, error) {
     trouble.textContent = error ? `The inbox could not be read: ${error.message}` : "";
     if (error) return;
+    answered = true;
     const wanted = new Set(inbox.approvals.map(key));
     const unreachable = new Set(inbox.unreachable ?? []);
     for (const [cardKey, card] of cards) {
@@ -231,6 +268,7 @@ export function mountInbox(main, { session, feed }) {
     event.preventDefault();
   }
 
+  setCompact(compact);
   document.addEventListener("keydown", onKey);
   const unsubscribe = feed.subscribe(update);
   feed.poll();

@@ -50,12 +50,14 @@ class TaskPage {
     this.streams = new Map(); // step -> {attempts: Map(attempt -> {text, node}), top}
     this.finished = new Map(); // step -> what was streamed for it: {retracted, differs}
     this.thoughts = new Map(); // step -> its thought event
-    this.rerender = new Set(); // seqs of rows to draw again (void text came in late)
+    this.rerender = new Set(); // seqs of rows to draw again (void text came late, the answer moved)
     this.cards = new Map(); // request id -> approval card
     this.firstShown = 0;
     this.catchingUp = null;
     this.headQueued = false;
     this.controlsKey = null;
+    this.outcomeKey = null;
+    this.resultBox = null;
     this.watchingFailure = false;
   }
 
@@ -96,7 +98,7 @@ class TaskPage {
 
   /** The page's skeleton, then the rows of the latest events. */
   build() {
-    this.title = h("h1", { class: "task-title" });
+    this.title = h("h1", { class: "task-title text" });
     this.figures = h("dl", { class: "figures" });
     this.streamState = h("span", { class: "stream-state", role: "status", "aria-live": "polite" });
     this.controls = h("div", { class: "controls" });
@@ -113,8 +115,8 @@ class TaskPage {
         h("p", { class: "muted ids" }, h("span", { class: "task-id" }, this.taskId), " · stream ", this.streamState),
         this.figures),
       this.notice,
+      this.outcome, // a failure's reason first, then what can be done about it
       this.controls,
-      this.outcome,
       this.pendingList,
       h("h2", {}, "Timeline"),
       this.earlier,
@@ -132,8 +134,30 @@ class TaskPage {
   row(event) {
     return eventRow(event, {
       streamed: event.type === "thought" ? this.finished.get(event.step) : null,
+      answer: this.answerPlace(event),
+      onShowAnswer: () => this.showResult(),
       onFork: (e, slot) => this.openFork(e, slot),
     });
+  }
+
+  /** Where `event`'s answer is shown instead of in its row (the answer is shown once in
+   * full): the Result box holds the task's answer; an earlier answer (a message came after
+   * it) stays in its thought, and its `done` row points there. */
+  answerPlace(event) {
+    const f = this.fold;
+    const next = event.type === "thought" ? this.events[event.seq + 1] : null;
+    const done = event.type === "done" ? event : next;
+    if (done?.type !== "done") return null;
+    const thought = this.events[done.seq - 1];
+    const sameText = thought?.type === "thought" && thought.content === done.result;
+    if (f.resultSeq === done.seq && (event === done || sameText)) return { at: "result" };
+    if (event === done && sameText) return { at: "thought", seq: thought.seq };
+    return null;
+  }
+
+  showResult() {
+    this.resultBox?.scrollIntoView({ block: "start" });
+    this.resultBox?.focus({ preventScroll: true });
   }
 
   showEarlier() {
@@ -191,7 +215,14 @@ class TaskPage {
       return;
     }
     this.events.push(event);
+    const answerWas = this.fold.resultSeq;
     this.fold.apply(event);
+    if (live && this.fold.resultSeq !== answerWas) {
+      // The answer moved (the task ended, or a message reopened it): its rows are drawn again.
+      for (const seq of [answerWas, this.fold.resultSeq]) {
+        if (seq !== null) this.rerender.add(seq - 1).add(seq);
+      }
+    }
     if (event.type === "thought") {
       this.thoughts.set(event.step, event);
       this.closeStream(event);
@@ -441,8 +472,14 @@ class TaskPage {
 
   renderOutcome() {
     const f = this.fold;
+    const key = JSON.stringify([f.status, f.resultSeq, f.failureKind, f.failure]);
+    if (this.outcomeKey === key) return; // keep focus on the Result box
+    this.outcomeKey = key;
+    this.resultBox = null;
     if (f.status === "done") {
-      replace(this.outcome, h("section", { class: "result" }, h("h2", {}, "Result"), h("pre", { class: "result-text text" }, f.result ?? "")));
+      this.resultBox = h("section", { class: "result", tabindex: "-1" },
+        h("h2", {}, "Result"), h("div", { class: "result-text text" }, f.result ?? ""));
+      replace(this.outcome, this.resultBox);
     } else if (f.status === "failed" || f.status === "cancelled") {
       replace(this.outcome, h("section", { class: `failure status-${f.status}` }, h("h2", {}, f.status === "failed" ? "Failed" : "Cancelled"),
         h("p", { class: "text" }, f.failureKind ? h("strong", {}, `${f.failureKind}: `) : null, f.failure ?? "")));

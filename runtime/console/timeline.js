@@ -1,5 +1,6 @@
 // The rows of a task's timeline: one per event, each rendered from the event's data as
-// text. Long outputs fold; retried attempts of a step show their void text struck through.
+// text. Long outputs fold; retried attempts of a step show their void text struck through;
+// the answer the Result box shows in full is referred to, not repeated.
 
 import { h, moment, pretty } from "./dom.js";
 
@@ -50,16 +51,32 @@ export function retractedBlock(retracted) {
       h("del", {}, text || "(no text)"))));
 }
 
-function thoughtBody(event, streamed) {
+/** Where a row's answer is shown instead of in the row: under Result, or in the thought above. */
+function answerReference(event, answer, onShowAnswer) {
+  if (answer?.at === "result" && event.type === "thought") {
+    return h("p", { class: "answer-ref muted" }, "This is the answer, shown under Result above.");
+  }
+  if (answer?.at === "result") {
+    return h("p", { class: "answer-ref muted" }, "Finished: the answer is shown under Result, above. ",
+      h("button", { type: "button", class: "link", onclick: onShowAnswer }, "Go to the result"));
+  }
+  if (answer?.at === "thought") {
+    return h("p", { class: "answer-ref muted" }, `Finished: the answer is the thought just above (#${answer.seq}).`);
+  }
+  return null;
+}
+
+function thoughtBody(event, { streamed, answer, onShowAnswer }) {
   const parts = [];
   if (event.attempt > 1) {
     parts.push(h("p", { class: "retry-mark" }, `attempt ${event.attempt}: ${event.attempt - 1} earlier attempt${event.attempt > 2 ? "s" : ""} failed and ${event.attempt > 2 ? "were" : "was"} retried`));
   }
   parts.push(retractedBlock(streamed?.retracted));
-  if (event.content) parts.push(h("p", { class: "text" }, event.content));
+  if (answer) parts.push(answerReference(event, answer, onShowAnswer));
+  else if (event.content) parts.push(h("p", { class: "text" }, event.content));
   else if (!event.tool_calls.length) parts.push(h("p", { class: "muted" }, "(no text)"));
   if (streamed?.differs) {
-    parts.push(h("p", { class: "muted note" }, "the streamed text differed from the final text shown here"));
+    parts.push(h("p", { class: "muted note" }, "the streamed text differed from the final text"));
   }
   if (event.tool_calls.length) {
     parts.push(h("ul", { class: "calls" }, event.tool_calls.map((call) =>
@@ -88,7 +105,7 @@ const BODIES = {
   ],
   observation: (e) => [
     h("p", {}, h("span", { class: "tool" }, e.tool), e.is_error ? h("span", { class: "badge status-failed" }, "error") : null),
-    longText(e.output, "output"),
+    longText(e.output, "code output"),
   ],
   approval_requested: (e) => [
     h("p", {}, h("span", { class: "tool" }, e.tool), h("span", { class: "muted" }, ` request ${e.request_id}`)),
@@ -112,17 +129,24 @@ const BODIES = {
   user_message: (e) => [h("p", { class: "text" }, e.content)],
   context_compacted: (e) => [
     h("p", { class: "muted" }, `messages ${e.start}–${e.end - 1} replaced by a summary`),
-    longText(e.summary, "output"),
+    longText(e.summary, "code output"),
   ],
-  done: (e) => [h("p", { class: "text" }, e.result)],
+  done: (e, { answer, onShowAnswer }) => [
+    answerReference(e, answer, onShowAnswer) ?? h("p", { class: "text" }, e.result),
+  ],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
   cancelled: (e) => [h("p", { class: "text" }, e.reason)],
 };
 
-/** One timeline row for `event`; `fork(seq, slot)` opens the fork form in the row. */
-export function eventRow(event, { streamed, onFork }) {
+/**
+ * One timeline row for `event`. `streamed`: what a thought's step streamed; `answer`: where
+ * its answer is shown instead ({at: "result"} or {at: "thought", seq}), null to show it here;
+ * `onShowAnswer()` brings the Result box into view; `onFork(event, slot)` opens the fork form.
+ */
+export function eventRow(event, { streamed, answer, onShowAnswer, onFork }) {
   const slot = h("div", { class: "fork-slot" });
-  const body = (BODIES[event.type] ?? ((e) => [h("pre", {}, pretty(e))]))(event, streamed);
+  const render = BODIES[event.type] ?? ((e) => [h("pre", { class: "code" }, pretty(e))]);
+  const body = render(event, { streamed, answer, onShowAnswer });
   const row = h(
     "li",
     {

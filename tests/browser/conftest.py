@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.async_api import Browser, Dialog, Error, Page, async_playwright
@@ -127,9 +128,14 @@ async def open_console(browser: Browser, stack: ConsoleStack) -> AsyncIterator[O
         await dialog.dismiss()
 
     async def open_page(
-        token: str | None = None, path: str = "/", at: ConsoleStack | None = None
+        token: str | None = None,
+        path: str = "/",
+        at: ConsoleStack | None = None,
+        **context_options: Any,
     ) -> Page:
-        context = await browser.new_context(viewport={"width": 1200, "height": 900})
+        """`context_options` go to the browser context (color_scheme, timezone_id, ...)."""
+        context_options.setdefault("viewport", {"width": 1200, "height": 900})
+        context = await browser.new_context(**context_options)
         contexts.append(context)
         page = await context.new_page()
         page.on("dialog", on_dialog)

@@ -5,7 +5,6 @@ on a state the page or the task shows, never on the clock."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import threading
 from pathlib import Path
@@ -13,46 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Locator, Page, expect
+from playwright.async_api import expect
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole
+from tests.browser.pages import card, decided, said, shoot, start, task_id_of
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
-from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
-
-# `CONSOLE_SCREENSHOTS=docs pytest tests/browser` refreshes the screenshots in README.
-SCREENSHOTS = os.environ.get("CONSOLE_SCREENSHOTS")
-
-
-def said(body: dict[str, Any]) -> list[str]:
-    """What the tools answered so far in the conversation the model is sent."""
-    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
-
-
-def card(page: Page, task_id: str) -> Locator:
-    return page.locator(f'article.approval[data-task-id="{task_id}"]')
-
-
-def decided(page: Page, task_id: str) -> Locator:
-    return page.locator(f'.decided-item[data-task-id="{task_id}"] .decided-text')
-
-
-def task_id_of(page: Page) -> str:
-    return page.url.split("#/tasks/", 1)[1]
-
-
-async def shoot(page: Page, name: str, tmp_path: Path) -> None:
-    folder = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
-    await page.screenshot(path=folder / name, full_page=True, animations="disabled")
-
-
-async def start(stack: ConsoleStack, model: str, task: str, **kw: Any) -> TaskHandle:
-    kw.setdefault("timeout", 120)  # a gated stream must not time out and retry
-    return await stack.runtime.run(agent_task(model, task, **kw))
+from tests.helpers import of_type, pending_requests, wait_for_state
 
 
 async def test_start_from_the_form_watch_tokens_and_a_retry_approve_in_the_inbox(
@@ -126,12 +95,9 @@ async def test_a_rejection_message_reaches_the_model(
     await page.locator(f'.decided-item[data-task-id="{handle.id}"] a').click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-approval_resolved")).to_contain_text("by alice")
-    await expect(page.locator('li.type-thought[data-step="2"]')).to_contain_text(
-        "The reviewer said:"
-    )
-    await expect(page.locator('li.type-thought[data-step="2"]')).to_contain_text(
-        "use a dry run first"
-    )
+    # The model's answer (its step 2 thought) is shown once, under Result.
+    await expect(page.locator("section.result")).to_contain_text("The reviewer said:")
+    await expect(page.locator("section.result")).to_contain_text("use a dry run first")
 
 
 async def test_the_stream_reconnects_after_the_api_restarts_mid_stream(
@@ -162,7 +128,7 @@ async def test_the_stream_reconnects_after_the_api_restarts_mid_stream(
     )
     assert shown == [event["seq"] for event in log]  # each line once, none missing
     thought = page.locator("li.type-thought")
-    await expect(thought.locator(".event-body > p.text")).to_have_text(words)
+    await expect(page.locator("section.result .result-text")).to_have_text(words)
     # The tokens the page put together are exactly the thought's text: no token twice or lost.
     await expect(thought).to_have_attribute("data-streamed", "match")
 

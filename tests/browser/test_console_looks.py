@@ -1,0 +1,397 @@
+"""How the console reads, in a real browser against the real API and worker processes: long
+unbroken words, a finished task's answer, the inbox before its first answer, the dark theme,
+compact inbox cards, the task list's timestamps, a failed task's reason, the header without
+tokens. Every wait is on a state the page or the task shows, never on the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.async_api import Page, Route, expect
+
+from runtime.agent_runtime import TaskHandle
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from tests.browser.conftest import OpenConsole, sign_in
+from tests.browser.pages import card, decided, said, start
+from tests.browser.stack import ALICE, ApiProcess, ConsoleStack, free_port
+from tests.helpers import pending_requests
+
+
+def long_word(label: str) -> str:
+    """3,000-odd characters without a break opportunity: a URL, a hash, base64."""
+    return f"https://example.com/{label}/" + "Zm9vYmFyYmF6" * 250
+
+
+async def finished(handle: TaskHandle) -> None:
+    async with asyncio.timeout(60):
+        await handle.result()
+
+
+# Code blocks (tool output) keep their lines and may scroll sideways inside themselves, and a
+# one-line preview may end in an ellipsis; nothing else may be wider than its box.
+CODE_BLOCKS = "pre.code"
+MEASURE_WIDTHS = """(codeBlocks) => {
+  const root = document.documentElement;
+  const wide = [];
+  for (const element of document.querySelectorAll("body *")) {
+    if (element.closest(codeBlocks) || element.clientWidth === 0) continue;
+    if (getComputedStyle(element).textOverflow === "ellipsis") continue;
+    if (element.scrollWidth > element.clientWidth + 1) {
+      const name = `${element.tagName.toLowerCase()}.${element.className}`;
+      wide.push(`${name}: ${element.scrollWidth} px in ${element.clientWidth} px`);
+    }
+  }
+  return { page: root.scrollWidth, window: root.clientWidth, wide };
+}"""
+
+
+async def assert_fits(page: Page, where: str) -> None:
+    widths = await page.evaluate(MEASURE_WIDTHS, CODE_BLOCKS)
+    assert widths["page"] <= widths["window"], f"{where}: {widths}"
+    assert widths["wide"] == [], f"{where}: {widths}"
+
+
+async def test_long_unbroken_words_never_widen_a_page(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    argument, reason, answer = long_word("argument"), long_word("reason"), long_word("answer")
+
+    def model(body: dict[str, Any]) -> Reply:
+        if said(body):
+            return text(f"Fetched: {answer}")
+        return tools(("run_shell", {"command": f"echo {argument}"}), content=f"Fetching {reason}")
+
+    task = f"Fetch {long_word('task')} and say what it holds"
+    handle = await start(stack, fake_openai.script(model), task)
+    [request] = await pending_requests(handle)
+    page = await open_console(ALICE, viewport={"width": 1280, "height": 900})
+    pending = card(page, handle.id)
+    await expect(pending.locator("pre.arguments")).to_contain_text(argument)
+    await expect(pending.locator(".model-reason")).to_contain_text(reason)
+    await assert_fits(page, "the inbox with a request waiting")
+
+    async with httpx.AsyncClient(
+        base_url=stack.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as http:
+        message = long_word("message")
+        approved = await http.post(
+            f"/tasks/{handle.id}/approve", json={"request_id": request, "message": message}
+        )
+        assert approved.status_code == 200
+    await expect(decided(page, handle.id)).to_contain_text(message)
+    await assert_fits(page, "the inbox with the request decided")
+
+    await finished(handle)
+    await page.goto(f"{stack.url}/#/tasks/{handle.id}")
+    await expect(page.locator(".task-status")).to_have_text("done")
+    output = page.locator("li.type-observation")
+    await output.get_by_role("button", name=re.compile("^show all")).click()
+    await expect(output.locator("pre")).to_contain_text(argument)
+    await expect(page.locator("li.type-approval_resolved")).to_contain_text(message)
+    await expect(page.locator("section.result")).to_contain_text(answer)
+    await assert_fits(page, "the task page")
+
+    await page.get_by_role("link", name="Tasks", exact=True).click()
+    await expect(page.locator(f'tr[data-task-id="{handle.id}"] a')).to_contain_text("Fetch https")
+    await assert_fits(page, "the task list")
+
+
+async def test_a_finished_task_shows_its_answer_once_in_full(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    gate = threading.Event()
+    answer = f"The answer is 42 (mark {uuid.uuid4().hex})"
+
+    def model(body: dict[str, Any]) -> Reply:
+        if said(body):  # streamed, and held after a few words until the page shows them
+            return text(answer, gate=gate, hold_after_chunks=3)
+        return tools(("calculator", {"expression": "6 * 7"}), content="Computing")
+
+    handle = await start(stack, fake_openai.script(model), "What is six times seven?")
+    page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+    await expect(page.locator(".live-step .live-text")).to_contain_text("The answer")
+    gate.set()
+    await expect(page.locator(".task-status")).to_have_text("done")
+    mark = answer.rsplit(" ", 1)[1]
+
+    async def shown_once() -> None:
+        await expect(page.locator("section.result")).to_contain_text(answer)
+        final_thought = page.locator('li.type-thought[data-step="2"]')
+        await expect(final_thought).to_contain_text("shown under Result")
+        done = page.locator("li.type-done")
+        await expect(done).to_contain_text("shown under Result")
+        assert (await page.locator("main").inner_text()).count(mark) == 1
+        await done.get_by_role("button", name="Go to the result").click()
+        await expect(page.locator("section.result")).to_be_focused()
+
+    await shown_once()  # as it came in live
+    await page.reload()
+    await expect(page.locator(".task-status")).to_have_text("done")
+    await shown_once()  # and as read from the log
+
+
+async def test_the_inbox_says_it_is_reading_until_its_first_answer(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    def model(body: dict[str, Any]) -> Reply:
+        return text("ok") if said(body) else tools(("run_shell", {"command": "true"}))
+
+    handle = await start(stack, fake_openai.script(model), "Wait for a decision")
+    await pending_requests(handle)
+    answer = asyncio.Event()
+
+    async def held(route: Route) -> None:  # every read of the inbox waits for the test
+        await answer.wait()
+        await route.continue_()
+
+    page = await open_console()
+    await page.route(re.compile(r"/approvals$"), held)
+    await sign_in(page, ALICE)
+    await expect(page.locator(".summary")).to_have_text("Reading the inbox…")
+    await expect(page.locator(".inbox-list")).to_have_attribute("aria-busy", "true")
+    await expect(page.locator(".empty")).to_be_hidden()
+    answer.set()
+    await expect(page.locator(".summary")).to_have_text("1 request waits for a decision.")
+    await expect(card(page, handle.id)).to_be_visible()
+    await expect(page.locator(".inbox-list")).to_have_attribute("aria-busy", "false")
+    await expect(page.locator("#inbox-count")).to_have_text("1")
+
+
+# The text of every visible element that holds text, with its colour and the background it
+# is drawn on (semi-transparent layers and opacity composed), and the WCAG contrast ratio.
+CONTRAST = """() => {
+  const parse = (value) => {
+    const [r, g, b, a = 1] = value.match(/[\\d.]+/g).map(Number);
+    return { r, g, b, a };
+  };
+  const over = (top, bottom) => ({
+    r: top.r * top.a + bottom.r * (1 - top.a),
+    g: top.g * top.a + bottom.g * (1 - top.a),
+    b: top.b * top.a + bottom.b * (1 - top.a),
+    a: 1,
+  });
+  const luminance = ({ r, g, b }) => {
+    const linear = (c) =>
+      c / 255 <= 0.03928 ? c / 255 / 12.92 : ((c / 255 + 0.055) / 1.055) ** 2.4;
+    return 0.2126 * linear(r) + 0.7152 * linear(g) + 0.0722 * linear(b);
+  };
+  const backdrop = (element) => {
+    const layers = [];
+    for (let at = element; at; at = at.parentElement) {
+      const colour = parse(getComputedStyle(at).backgroundColor);
+      if (colour.a > 0) layers.push(colour);
+      if (colour.a >= 1) break;
+    }
+    const white = { r: 255, g: 255, b: 255, a: 1 };
+    return layers.reverse().reduce((below, layer) => over(layer, below), white);
+  };
+  const found = [];
+  for (const element of document.querySelectorAll("body *")) {
+    const own = [...element.childNodes]
+      .some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim());
+    if (!own || !element.getClientRects().length || element.closest("button:disabled")) continue;
+    const style = getComputedStyle(element);
+    if (style.visibility === "hidden") continue;
+    let opacity = 1;
+    for (let at = element; at; at = at.parentElement) {
+      opacity *= Number(getComputedStyle(at).opacity);
+    }
+    const background = backdrop(element);
+    const colour = parse(style.color);
+    const ink = over({ ...colour, a: colour.a * opacity }, background);
+    const [light, dark] = [luminance(ink), luminance(background)].sort((x, y) => y - x);
+    const size = parseFloat(style.fontSize);
+    const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+    found.push({
+      text: element.textContent.trim().slice(0, 40),
+      selector: `${element.tagName.toLowerCase()}.${element.className}`,
+      ratio: Math.round(((light + 0.05) / (dark + 0.05)) * 100) / 100,
+      needed: large ? 3 : 4.5,
+    });
+  }
+  return { background: getComputedStyle(document.documentElement).backgroundColor,
+           paper: luminance(backdrop(document.body)), texts: found };
+}"""
+
+
+async def readable(page: Page, where: str) -> dict[str, Any]:
+    """The page's background and its text colours; fails on text below WCAG AA contrast."""
+    measured: dict[str, Any] = await page.evaluate(CONTRAST)
+    faint = [t for t in measured["texts"] if t["ratio"] < t["needed"]]
+    assert measured["texts"], f"{where}: no text measured"
+    assert faint == [], f"{where}: text too faint to read: {faint}"
+    return measured
+
+
+async def test_the_dark_theme_follows_the_system_and_every_text_stays_readable(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole, tmp_path: Path
+) -> None:
+    def model(body: dict[str, Any]) -> Reply:
+        task = body["messages"][1]["content"]
+        if said(body):
+            return text(f"Checked: {said(body)[0]}")
+        if task.startswith("Rotate"):
+            return tools(("run_shell", {"command": "logrotate -f web-1.conf"}), content="Rotating")
+        return tools(("calculator", {"expression": "12 * 7"}), content="Multiplying")
+
+    name = fake_openai.script(model)
+    waiting = await start(stack, name, "Rotate the logs on web-1")
+    done = await start(stack, name, "Multiply twelve by seven")
+    failed = await start(stack, name, "Multiply, with one step only", max_steps=1)
+    await pending_requests(waiting)
+    await finished(done)
+
+    seen: dict[str, dict[str, Any]] = {}
+    for scheme in ("light", "dark"):
+        # No transitions mid-measure: the arrival highlight is a colour too.
+        page = await open_console(ALICE, color_scheme=scheme, reduced_motion="reduce")
+        await expect(card(page, waiting.id)).to_be_visible()
+        seen[scheme] = await readable(page, f"the inbox, {scheme}")
+        await shoot(page, f"inbox-{scheme}.png", tmp_path)
+        await page.goto(f"{stack.url}/#/tasks/{done.id}")
+        await expect(page.locator("section.result")).to_contain_text("Checked:")
+        await readable(page, f"a finished task, {scheme}")
+        await shoot(page, f"task-{scheme}.png", tmp_path)
+        await page.goto(f"{stack.url}/#/tasks/{failed.id}")
+        await expect(page.locator("form.resume")).to_be_visible()
+        await readable(page, f"a failed task, {scheme}")
+        await shoot(page, f"failed-{scheme}.png", tmp_path)
+        await page.get_by_role("link", name="Tasks", exact=True).click()
+        await expect(page.locator(f'tr[data-task-id="{done.id}"]')).to_be_visible()
+        await readable(page, f"the task list, {scheme}")
+        await shoot(page, f"tasks-{scheme}.png", tmp_path)
+    assert seen["dark"]["background"] != seen["light"]["background"]
+    assert seen["dark"]["paper"] < 0.05 < seen["light"]["paper"]
+
+
+async def shoot(page: Page, name: str, tmp_path: Path) -> None:
+    """Screenshots to look at go to the test's own folder (`pytest --basetemp=DIR`)."""
+    await page.screenshot(path=tmp_path / name, full_page=True, animations="disabled")
+
+
+async def heights(page: Page) -> list[float]:
+    """The inbox's cards' heights, in px, top to bottom."""
+    measured: list[float] = await page.locator("article.approval").evaluate_all(
+        "cards => cards.map((card) => card.getBoundingClientRect().height)"
+    )
+    return measured
+
+
+async def test_compact_inbox_cards_are_kept_and_worked_from_the_keyboard(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole, tmp_path: Path
+) -> None:
+    def model(body: dict[str, Any]) -> Reply:
+        if said(body):
+            return text("done")
+        task = body["messages"][1]["content"]
+        return tools(("run_shell", {"command": f"echo {task}"}), content=f"Running {task}")
+
+    name = fake_openai.script(model)
+    handles = []
+    for chore in ["Rotate the logs on web-1", "Clear the build cache on ci-2", "Restart db-3"]:
+        handles.append(await start(stack, name, chore))  # one after the other: oldest first
+        await pending_requests(handles[-1])
+    page = await open_console(ALICE)
+    cards = page.locator("article.approval")
+    await expect(cards).to_have_count(3)
+    roomy = await heights(page)
+
+    toggle = page.get_by_role("button", name="Compact cards")
+    await expect(toggle).to_have_attribute("aria-pressed", "false")
+    for _ in range(30):  # Tab to the toggle, as a keyboard user would
+        if await toggle.evaluate("button => button === document.activeElement"):
+            break
+        await page.keyboard.press("Tab")
+    await page.keyboard.press("Enter")
+    await expect(toggle).to_have_attribute("aria-pressed", "true")
+
+    async def compact_but_the_selected(selected: int) -> None:
+        approve = cards.nth(selected).get_by_role("button", name=re.compile("^Approve"))
+        await expect(approve).to_be_visible()
+        tight = await heights(page)
+        for at, (before, now) in enumerate(zip(roomy, tight, strict=True)):
+            if at != selected:
+                assert now <= before / 3, f"card {at}: {now} px, was {before} px"
+                await expect(cards.nth(at).get_by_role("button")).to_have_count(0)
+                await expect(cards.nth(at).locator(".arguments-line")).to_contain_text("echo")
+
+    await compact_but_the_selected(0)
+    await shoot(page, "inbox-compact.png", tmp_path)
+    await page.keyboard.press("j")  # the first key goes to the selected card itself
+    await expect(cards.first).to_be_focused()
+    await page.keyboard.press("j")
+    await expect(cards.nth(1)).to_be_focused()
+    await compact_but_the_selected(1)
+    await page.keyboard.press("a")
+    await expect(decided(page, handles[1].id)).to_have_text("approved by you (alice)")
+
+    await page.reload()  # the choice is kept
+    await expect(cards).to_have_count(2)
+    await expect(toggle).to_have_attribute("aria-pressed", "true")
+    roomy = [roomy[0], roomy[2]]
+    await compact_but_the_selected(0)
+    await toggle.click()
+    await expect(toggle).to_have_attribute("aria-pressed", "false")
+    assert await heights(page) == pytest.approx(roomy, abs=2)
+
+
+async def test_task_list_timestamps_are_one_line_with_the_time_zone(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    name = fake_openai.script([text("listed")])
+    # Ordinary words, enough of them to want the Task column's room.
+    words = "Summarise the release notes of every service in the payments cluster " * 3
+    handle = await start(stack, name, words.strip())
+    await finished(handle)
+    page = await open_console(ALICE, "/#/tasks", timezone_id="America/New_York", locale="en-US")
+    row = page.locator(f'tr[data-task-id="{handle.id}"]')
+    await expect(row).to_be_visible()
+    for column in (4, 5):  # Started, Finished
+        shown = row.locator(f"td:nth-child({column}) time")
+        await expect(shown).to_have_text(re.compile(r"\b(EDT|EST)$"))
+        assert await shown.evaluate("time => time.getClientRects().length") == 1
+        assert re.search(r"\d{4}-\d\d-\d\dT", await shown.get_attribute("title") or "")
+
+
+async def test_a_failed_task_says_why_above_the_resume_form(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    name = fake_openai.script(lambda body: tools(("calculator", {"expression": "1 + 1"})))
+    handle = await start(stack, name, "Add forever", max_steps=1)
+    page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+    failure, form = page.locator("section.failure"), page.locator("form.resume")
+    await expect(failure).to_contain_text("max_steps")
+    await expect(form).to_be_visible()
+    why, resume = await failure.bounding_box(), await form.bounding_box()
+    assert why and resume
+    assert why["y"] + why["height"] <= resume["y"]
+
+
+async def test_without_api_tokens_the_header_says_there_is_no_sign_in(
+    stack: ConsoleStack, open_console: OpenConsole
+) -> None:
+    env = {**stack.api.env, "WAYSTATION_API_TOKENS": json.dumps({})}
+    open_api = ApiProcess(env, free_port(), stack.settings.data_dir / "api-open.log")
+    await open_api.start()
+    try:
+        page = await open_console(at=dataclasses.replace(stack, api=open_api))
+        who = page.locator(".who")
+        await expect(who.locator(".who-name")).to_have_text("local")
+        note = who.locator(".open-access")
+        await expect(note).to_have_text("no sign-in · localhost only")
+        explained = re.compile(r"^The API runs without API tokens")
+        await expect(note).to_have_attribute("title", explained)
+    finally:
+        open_api.kill()
+
+
+pytestmark = pytest.mark.timeout(180)
