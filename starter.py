@@ -43,7 +43,8 @@ from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
 from runtime.temporal import DevServer, TemporalUnavailableError, connect
-from workflows.events import ApprovalRequested, UserMessage
+from workflows import errors
+from workflows.events import ApprovalRequested, QuestionAsked, UserMessage
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 
@@ -57,10 +58,19 @@ EXIT_CANCELLED = 130
 # `status` answers with the code a command following the task would end with.
 STATUS_EXIT_CODES = {
     "waiting_approval": EXIT_WAITING,
+    "waiting_input": EXIT_WAITING,
     "failed": EXIT_FAILED,
     "cancelled": EXIT_CANCELLED,
 }
-TASK_STATUSES = ["running", "waiting_approval", "done", "failed", "cancelled", "stuck"]
+TASK_STATUSES = [
+    "running",
+    "waiting_approval",
+    "waiting_input",
+    "done",
+    "failed",
+    "cancelled",
+    "stuck",
+]
 
 
 def _say(message: str) -> None:
@@ -137,7 +147,48 @@ async def follow(
                         "--message 'why'"
                     )
                     return EXIT_WAITING
+            if isinstance(item.data, QuestionAsked):
+                question = item.data
+                if not await _still_asked(handle, question.request_id):
+                    continue  # answered since
+                if interactive:
+                    await _ask_question(handle, question)
+                elif on_approval == "exit":
+                    _say(
+                        f"task {handle.id} waits for an answer to [{question.request_id}]; it "
+                        "holds no process while it waits. Answer with:\n"
+                        f"  python starter.py answer {handle.id} {question.request_id} '...'"
+                    )
+                    return EXIT_WAITING
     return await _final_status(handle)
+
+
+async def _still_asked(handle: TaskHandle, request_id: str) -> bool:
+    try:
+        return request_id in (await handle.state()).pending_questions
+    except (TaskError, RPCError):
+        return True
+
+
+async def _ask_question(handle: TaskHandle, question: QuestionAsked) -> None:
+    """Ask the person at the terminal; a wrong choice is asked again."""
+    if question.details:
+        _say(f"  {question.details}")
+    choices = f" [{' / '.join(question.choices)}]" if question.choices else ""
+    while True:
+        text = await asyncio.to_thread(input, f"answer{choices}> ")
+        if not text.strip():
+            continue
+        try:
+            outcome = await handle.answer(text, question.request_id, answerer=_approver())
+        except DecisionError as err:
+            if err.kind == errors.INVALID_CHOICE:
+                _say(str(err))
+                continue
+            raise
+        if outcome.duplicate:
+            _say(f"question {outcome.request_id} was already answered: {outcome.answer}")
+        return
 
 
 async def _exists(runtime: AgentRuntime, task_id: str) -> bool:
@@ -389,6 +440,25 @@ async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
         )
         note = " (already decided earlier)" if outcome.duplicate else ""
         _say(f"request {outcome.request_id}: {outcome.decision}{note}")
+        return await follow_from(runtime, handle, head) if args.follow else 0
+
+
+async def cmd_answer(args: argparse.Namespace, settings: Settings) -> int:
+    request, text = (args.request, args.text) if args.text is not None else (None, args.request)
+    if text is None:
+        raise UsageError("give the answer: ws answer TASK_ID [REQUEST_ID] 'the answer'")
+    async with session(settings, args.worker) as runtime:
+        handle = await runtime.find(args.id)
+        head = await runtime.stream_head(args.id) if args.follow else 0
+        outcome = await handle.answer(text, request, answerer=args.answerer or _approver())
+        if outcome.duplicate:
+            _say(
+                f"question {outcome.request_id} was already answered"
+                + (f" by {outcome.answerer}" if outcome.answerer else "")
+                + f": {outcome.answer}"
+            )
+        else:
+            _say(f"question {outcome.request_id}: answered {outcome.answer!r}")
         return await follow_from(runtime, handle, head) if args.follow else 0
 
 
@@ -713,6 +783,16 @@ def _task_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     approve.add_argument("--no-follow", dest="follow", action="store_false")
     _add_worker_flag(approve)
 
+    answer = commands.add_parser("answer", help="answer a question the agent asked")
+    answer.add_argument("id")
+    answer.add_argument(
+        "request", nargs="?", help="the question's request id (default: the only pending one)"
+    )
+    answer.add_argument("text", nargs="?", help="the answer (one of the choices, if it has some)")
+    answer.add_argument("--answerer", help="who answers (default: user@cli)")
+    answer.add_argument("--no-follow", dest="follow", action="store_false")
+    _add_worker_flag(answer)
+
     resume = commands.add_parser("resume", help="resume a failed task from its last good point")
     resume.add_argument("id")
     resume.add_argument("--max-steps", type=int, help="raise the step limit")
@@ -828,6 +908,7 @@ COMMANDS = {
     "run": cmd_run,
     "approve": cmd_approve,
     "say": cmd_say,
+    "answer": cmd_answer,
     "chat": cmd_chat,
     "stream": cmd_stream,
     "resume": cmd_resume,

@@ -21,6 +21,8 @@ from pydantic import BaseModel, Field
 
 from activities.storage.ledger import HOST
 from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
+from workflows.models import ASK_PERSON_TOOL
+from workflows.questions import ASK_PERSON_DESCRIPTION, AskPersonArgs
 
 # --- calculator -----------------------------------------------------------------------------
 
@@ -386,5 +388,17 @@ def builtin_registry() -> ToolRegistry:
                 retry_safe=True,  # through the ledger and the command's own record
                 timeout_seconds=620,
             ),
+            Tool(
+                name=ASK_PERSON_TOOL,
+                description=ASK_PERSON_DESCRIPTION,
+                arguments=AskPersonArgs,
+                function=answered_by_a_person,
+            ),
         ]
     )
+
+
+def answered_by_a_person(args: AskPersonArgs, context: ToolContext) -> str:
+    """The task itself asks the question and waits (workflows/questions.py): a worker never
+    runs this tool, so a call that reaches one is a call the workflow did not recognise."""
+    raise ToolError(f"{ASK_PERSON_TOOL} is answered by a person through the task, not run")

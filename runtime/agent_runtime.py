@@ -63,6 +63,8 @@ from workflows.events import (
 )
 from workflows.models import (
     AgentTask,
+    Answer,
+    AnswerOutcome,
     ChatMessage,
     Decision,
     DecisionOutcome,
@@ -71,6 +73,7 @@ from workflows.models import (
     RepairNote,
     Resumption,
 )
+from workflows.questions import answer_problem
 from workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun, RunCarry, RunRef
 from workflows.tool_catalog import split_name
 
@@ -393,14 +396,72 @@ class TaskHandle:
         )
 
     async def _outcome_of(self, request_id: str, deadline: _Deadline) -> DecisionOutcome:
-        # The decision is sent: a worker that is gone for now may be back within the wait.
+        return await self._read_back(lambda s: s.decisions.get(request_id), deadline, "decision")
+
+    async def _read_back(
+        self, lookup: Callable[[AgentState], T | None], deadline: _Deadline, what: str
+    ) -> T:
+        # It is sent: a worker that is gone for now may be back within the wait.
         pause = 0.02
         while True:
-            state = await self._state_by(deadline, "the decision", wait_for_a_worker=True)
-            if (outcome := state.decisions.get(request_id)) is not None:
+            state = await self._state_by(deadline, f"the {what}", wait_for_a_worker=True)
+            if (outcome := lookup(state)) is not None:
                 return outcome
             await asyncio.sleep(min(pause, deadline.left().total_seconds()))
             pause = min(pause * 1.5, 0.25)
+
+    async def answer(
+        self,
+        text: str,
+        request_id: str | None = None,
+        *,
+        answerer: str | None = None,
+        within: timedelta = UPDATE_TIMEOUT,
+    ) -> AnswerOutcome:
+        """Answer a question the model asked; with no id, the only pending one. The first
+        answer wins: a repeat, or someone else's answer that came later, gets the first one
+        back (`duplicate`). An answer that is not one of the question's choices, an unknown
+        question and a task not waiting are refused with a sentence, nothing sent. Its
+        queries take `within` in all, as a decision's."""
+        deadline = _Deadline.after(within)
+        state = await self._state_by(deadline, "the state query", wait_for_a_worker=False)
+        if request_id is None:
+            pending = list(state.pending_questions)
+            if len(pending) > 1:
+                raise DecisionError(
+                    self.id,
+                    f"task {self.id} has {len(pending)} pending questions; name one: "
+                    + ", ".join(pending),
+                    errors.UNKNOWN_REQUEST,
+                )
+            if not pending and not state.answers:
+                raise DecisionError(
+                    self.id,
+                    f"task {self.id} is {state.status}, not waiting for an answer",
+                    errors.TASK_NOT_WAITING,
+                )
+            request_id = pending[0] if pending else list(state.answers)[-1]
+        given = Answer(
+            request_id=request_id, answer=text, answerer=answerer, answer_id=uuid.uuid4().hex
+        )
+        if (problem := answer_problem(state, given)) is not None:
+            raise DecisionError(self.id, problem.message, problem.kind)
+        if (existing := state.answers.get(request_id)) is not None:
+            return existing.model_copy(update={"duplicate": True})
+        try:
+            await sending(lambda: self._handle.signal(AgentWorkflow.answer_signal, given))
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND and "completed" in err.message:
+                raise DecisionError(
+                    self.id,
+                    f"task {self.id} has ended: not waiting for an answer",
+                    errors.TASK_NOT_WAITING,
+                ) from err
+            raise _not_found(self.id, err) from err
+        outcome = await self._read_back(lambda s: s.answers.get(request_id), deadline, "answer")
+        if outcome.answer_id == given.answer_id:
+            return outcome
+        return outcome.model_copy(update={"duplicate": True})
 
     async def _decision_after_close(
         self, decision: Decision, deadline: _Deadline

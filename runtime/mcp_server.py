@@ -64,6 +64,13 @@ class PendingApprovalView(BaseModel):
     reason: str | None = None
 
 
+class PendingQuestionView(BaseModel):
+    request_id: str
+    question: str
+    choices: list[str] | None = None
+    details: str | None = None
+
+
 class TaskStatusView(BaseModel):
     task_id: str
     status: str
@@ -71,7 +78,16 @@ class TaskStatusView(BaseModel):
     result: str | None = None
     failure: str | None = None
     pending_approvals: list[PendingApprovalView] = Field(default_factory=list)
+    pending_questions: list[PendingQuestionView] = Field(default_factory=list)
     usage: Usage
+
+
+class AnswerView(BaseModel):
+    task_id: str
+    request_id: str
+    answer: str | None
+    answerer: str | None = None
+    duplicate: bool = False
 
 
 class EventPage(BaseModel):

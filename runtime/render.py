@@ -19,6 +19,8 @@ from workflows.events import (
     Failed,
     Interrupted,
     Observation,
+    QuestionAnswered,
+    QuestionAsked,
     Resumed,
     TaskStarted,
     Thought,
@@ -121,6 +123,22 @@ class LiveView:
                         "1;33",
                     )
                 )
+            case QuestionAsked():
+                choices = f" [{' / '.join(data.choices)}]" if data.choices else ""
+                self._line(
+                    self._paint(
+                        f"? question [{data.request_id}]: {_short(data.question, 300)}{choices}",
+                        "1;35",
+                    )
+                )
+            case QuestionAnswered():
+                if data.timed_out:
+                    self._line(self._paint(f"  nobody answered [{data.request_id}] in time", "31"))
+                else:
+                    who = f"{data.answerer} answered" if data.answerer else "answered"
+                    self._line(
+                        self._paint(f"  {who} [{data.request_id}]: {_short(data.answer)}", "32")
+                    )
             case ApprovalResolved():
                 who = f" by {data.approver}" if data.approver else ""
                 note = f": {data.message}" if data.message else ""
@@ -186,6 +204,12 @@ def render_state(state: AgentState, task_id: str) -> str:
         lines.append(f"result    {state.result}")
     if state.failure is not None:
         lines.append(f"failure   {state.failure}")
+    for question in state.pending_questions.values():
+        choices = f" [{' / '.join(question.choices)}]" if question.choices else ""
+        lines.append(f"question  [{question.request_id}] {question.question}{choices}")
+        lines.append(
+            f"          answer: python starter.py answer {task_id} {question.request_id} '...'"
+        )
     for pending in state.pending_approvals.values():
         lines.append(
             f"pending   [{pending.request_id}] {format_call(pending.tool, pending.arguments)}"

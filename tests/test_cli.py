@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
-from testing.fake_openai import FakeOpenAI, error, text
+from testing.fake_openai import FakeOpenAI, error, text, tools
 from testing.workers import REPO, WorkerProcess
 
 
@@ -368,3 +368,85 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
             '{"request_id": "1-call_1_0", "decision": "approve"}',
         )
         assert code == 0 and "decision:approve" in out
+
+
+async def test_say_follows_up_a_task_and_shows_the_next_answer_live(
+    dev_env: WorkflowEnvironment, settings: Settings, tmp_path: Any
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-talk", "What is 6 * 7?")
+    assert code == 0, err
+    code, out, err = await starter(dev_env, settings, "say", "cli-talk", "And 2^10?")
+    assert code == 0, err
+    assert "(it had answered: a new turn)" in err
+    assert "calculator(expression=2^10)" in out and "2^10 = 1024" in out
+    assert "6 * 7" not in out  # the live view starts at the new turn
+    long = tmp_path / "message.txt"
+    long.write_text("What is 1 + 1?\n" + "(please)" * 1000)
+    code, out, err = await starter(dev_env, settings, "say", "cli-talk", "--file", str(long))
+    assert code == 0, err
+    assert "1 + 1 = 2" in out
+    code, out, err = await starter(dev_env, settings, "status", "cli-talk", "--json")
+    state = json.loads(out)
+    assert (state["turn"], state["status"]) == (2, "done")
+    # Bad input: one sentence, exit code 2, nothing sent.
+    too_long = tmp_path / "too-long.txt"
+    too_long.write_text("x" * 200_001)
+    for args in (
+        ["say", "cli-talk", "   "],
+        ["say", "cli-talk"],
+        ["say", "cli-talk", "--file", str(too_long)],
+        ["say", "cli-talk", "--file", str(tmp_path / "missing.txt")],
+    ):
+        code, _, err = await starter(dev_env, settings, *args)
+        assert code == 2, err
+        assert err.startswith("error:") and "Traceback" not in err
+    code, _, err = await starter(dev_env, settings, "say", "no-such-task", "hi")
+    assert code == 1 and "no task with id 'no-such-task'" in err
+
+
+async def test_answer_answers_a_question_and_run_says_how_while_it_waits(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    def reply(body: dict[str, Any]) -> Any:
+        told = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if not told:
+            return tools(("ask_person", {"question": "Which city?", "choices": ["Oslo", "Rome"]}))
+        return text(f"so: {told[-1]}")
+
+    model = fake_openai.script(reply)
+    code, _, err = await starter(
+        dev_env,
+        settings,
+        "run",
+        "--id",
+        "cli-ask",
+        "--model",
+        model,
+        "plan a trip",
+        endpoint=fake_openai,
+    )
+    assert code == 3, err
+    assert "waits for an answer to [1-call_1_0]" in err
+    assert "starter.py answer cli-ask 1-call_1_0" in err
+    code, out, err = await starter(dev_env, settings, "list", "--status", "waiting_input")
+    assert "cli-ask" in out, err
+    code, out, err = await starter(dev_env, settings, "status", "cli-ask")
+    assert code == 3 and "question  [1-call_1_0] Which city? [Oslo / Rome]" in out
+    code, _, err = await starter(
+        dev_env, settings, "answer", "cli-ask", "Paris", "--no-follow", endpoint=fake_openai
+    )
+    assert code == 1 and "not one of the choices" in err and "'Oslo', 'Rome'" in err
+    code, out, err = await starter(
+        dev_env,
+        settings,
+        "answer",
+        "cli-ask",
+        "1-call_1_0",
+        "rome",
+        "--answerer",
+        "ann",
+        endpoint=fake_openai,
+    )
+    assert code == 0, err
+    assert "question 1-call_1_0: answered 'Rome'" in err
+    assert "so: ann answered: Rome" in out

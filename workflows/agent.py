@@ -22,7 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
-    from workflows import activity_calls, approval, errors, messages, search
+    from workflows import activity_calls, approval, errors, messages, questions, search
     from workflows.calls import verdicts
     from workflows.conversation import (
         ConversationDigest,
@@ -50,6 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.messages import QueuedMessage
     from workflows.models import (
         AgentTask,
+        Answer,
+        AnswerOutcome,
         ChatMessage,
         ConversationSnapshot,
         Decision,
@@ -67,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         AddMessage,
         Announce,
         Answered,
+        AskQuestions,
         AwaitDecisions,
         CallModel,
         Compact,
@@ -82,6 +85,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.recovery import after_context_overflow, resumed
     from workflows.run import (
+        ANSWER_SIGNAL,
+        ANSWER_UPDATE,
         APPROVE_SIGNAL,
         DECIDE_UPDATE,
         MESSAGE_SIGNAL,
@@ -153,6 +158,8 @@ class AgentWorkflow:
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
         self._inbox: list[approval.RecordedDecision] = list(carry.decisions)
         self._early: list[approval.RecordedDecision] = []
+        self._answers: list[questions.RecordedAnswer] = list(carry.answers)
+        self._early_answers: list[questions.RecordedAnswer] = []
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
         self._incoming: list[QueuedMessage] = list(carry.messages)
@@ -215,8 +222,13 @@ class AgentWorkflow:
                         self._append(event)
                     self._inbox = self._early + self._inbox  # decisions that came first
                     self._early = []
-                case AwaitDecisions(request_ids=ids, deadline=deadline):
-                    await self._await_decisions(ids, deadline)
+                case AskQuestions(step=step, calls=calls):
+                    for asked_event in questions.question_events(step, calls):
+                        self._append(asked_event)
+                    self._answers = self._early_answers + self._answers  # answers came first
+                    self._early_answers = []
+                case AwaitDecisions(request_ids=ids, questions=asked, deadline=deadline):
+                    await self._await_decisions(ids, asked, deadline)
                 case RunCalls(step=step, calls=calls):
                     await self._run_calls(step, calls)
                 case AddMessage(queued=queued):
@@ -247,11 +259,20 @@ class AgentWorkflow:
                 self._early.append(entry)  # a decision faster than the step that asks
             elif not isinstance(event, str):
                 self._append(event)
+        answered, self._answers = self._answers, []
+        for given in answered:
+            made = questions.absorb(self._state, given, len(self._early_answers))
+            if made == questions.KEEP:
+                self._early_answers.append(given)  # an answer faster than its question
+            elif made is not None and not isinstance(made, str):
+                self._append(made)
 
     def _recorded(self) -> bool:
-        return bool(self._inbox or self._repairs)
+        return bool(self._inbox or self._repairs or self._answers)
 
-    async def _await_decisions(self, request_ids: list[str], deadline: datetime) -> None:
+    async def _await_decisions(
+        self, request_ids: list[str], asked: list[str], deadline: datetime
+    ) -> None:
         remaining = deadline - self._clock.now
         try:
             if remaining <= timedelta(0):
@@ -265,8 +286,14 @@ class AgentWorkflow:
             )
         except TimeoutError:
             self._clock = _sample()
-            for event in approval.timeout_events(self._state, request_ids, self._task.approval):
+            now, task = self._clock.now, self._task
+            late = [
+                r for r in request_ids if approval.deadline(self._state, [r], task.approval) <= now
+            ]
+            for event in approval.timeout_events(self._state, late, task.approval):
                 self._append(event)
+            for asked_event in questions.timeout_events(self._state, asked, now, task.questions):
+                self._append(asked_event)
             return
         self._clock = _sample()
         if not self._recorded():
@@ -275,7 +302,7 @@ class AgentWorkflow:
     async def _run_calls(self, step: int, calls: list[ToolCall]) -> None:
         """Run the step's calls (pure local ones first), then log every observation."""
         task_id = workflow.info().workflow_id
-        results, runs = verdicts(task_id, step, calls, self._state)
+        results, runs = verdicts(task_id, step, calls, self._state, self._task.questions)
         for local in (True, False):
             batch = [(k, r) for k, r in runs.items() if r.local == local]
             outputs = await asyncio.gather(
@@ -531,6 +558,7 @@ class AgentWorkflow:
                 state=self._state,
                 stream=stream,
                 decisions=decisions,
+                answers=self._early_answers + self._answers,
                 messages=self._incoming,
                 earlier=earlier,
             )
@@ -579,6 +607,33 @@ class AgentWorkflow:
     def reject(self, decision: Decision) -> None:
         """Reject a request (for `temporal workflow signal --name reject`)."""
         self._inbox.append(approval.signalled(decision, "reject"))
+
+    @workflow.update(name=ANSWER_UPDATE)
+    def answer(self, answer: Answer) -> AnswerOutcome:
+        """Answer a question the model asked. The first answer wins: a repeat (or a later
+        answer by someone else) gets the first one back."""
+        existing = questions.outcome_of(self._state, answer.request_id, self._answers)
+        if existing is not None:
+            return existing.model_copy(update={"duplicate": True})
+        self._answers.append(questions.RecordedAnswer(answer=answer, via="update"))
+        pending = self._state.pending_questions[answer.request_id]
+        return AnswerOutcome(
+            request_id=answer.request_id,
+            answer=questions.chosen(pending.choices, answer.answer),
+            answerer=answer.answerer,
+            answer_id=answer.answer_id,
+        )
+
+    @answer.validator
+    def _validate_answer(self, answer: Answer) -> None:
+        problem = questions.answer_problem(self._state, answer, self._answers)
+        if problem is not None:
+            raise ApplicationError(problem.message, type=problem.kind, non_retryable=True)
+
+    @workflow.signal(name=ANSWER_SIGNAL)
+    def answer_signal(self, answer: Answer) -> None:
+        """Answer a question (for `temporal workflow signal --name answer`)."""
+        self._answers.append(questions.RecordedAnswer(answer=answer, via="signal"))
 
     @workflow.update(name=SEND_MESSAGE_UPDATE)
     async def send_message(self, message: Message) -> MessageReceipt:

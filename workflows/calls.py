@@ -7,9 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workflows import questions
 from workflows.approval import repeats_recent_call, request_id_for, run_outcome
 from workflows.events import AgentState, call_signature
-from workflows.models import ToolCall, ToolRequest, ToolResult, idempotency_key
+from workflows.models import (
+    ASK_PERSON_TOOL,
+    QuestionSettings,
+    ToolCall,
+    ToolRequest,
+    ToolResult,
+    idempotency_key,
+)
 
 
 @dataclass(frozen=True)
@@ -22,9 +30,17 @@ class Run:
     retry_safe: bool
 
 
-def verdict(task_id: str, step: int, call: ToolCall, state: AgentState) -> Run | ToolResult:
+def verdict(
+    task_id: str,
+    step: int,
+    call: ToolCall,
+    state: AgentState,
+    settings: QuestionSettings | None = None,
+) -> Run | ToolResult:
     """A call to run, or the observation of a call that is not run (a repeat of the last
-    step's identical call, a malformed call, a call a person rejected or left undecided)."""
+    step's identical call, a malformed call, a call a person rejected or left undecided, a
+    question to a person, whose answer is its observation)."""
+    settings = settings or QuestionSettings()
     if repeats_recent_call(call, state):
         earlier = state.recent_calls[call_signature(call)]
         return ToolResult(
@@ -35,6 +51,10 @@ def verdict(task_id: str, step: int, call: ToolCall, state: AgentState) -> Run |
         )
     if not call.runnable:
         return ToolResult(output=call.problem or "the call has no arguments", is_error=True)
+    if call.tool == ASK_PERSON_TOOL:
+        answered = state.answers.get(request_id_for(step, call.call_id))
+        output, is_error = questions.observation(answered, settings)
+        return ToolResult(output=output, is_error=is_error)
     outcome = (
         state.decisions.get(request_id_for(step, call.call_id)) if call.needs_approval else None
     )
@@ -52,13 +72,17 @@ def verdict(task_id: str, step: int, call: ToolCall, state: AgentState) -> Run |
 
 
 def verdicts(
-    task_id: str, step: int, calls: list[ToolCall], state: AgentState
+    task_id: str,
+    step: int,
+    calls: list[ToolCall],
+    state: AgentState,
+    settings: QuestionSettings | None = None,
 ) -> tuple[dict[str, ToolResult], dict[str, Run]]:
     """(observations of the calls not run, the calls to run), by call id."""
     results: dict[str, ToolResult] = {}
     runs: dict[str, Run] = {}
     for call in calls:
-        match verdict(task_id, step, call, state):
+        match verdict(task_id, step, call, state, settings):
             case ToolResult() as result:
                 results[call.call_id] = result
             case Run() as run:

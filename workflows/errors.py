@@ -22,6 +22,8 @@ AGENT_FAILED = "AgentFailed"
 UNKNOWN_REQUEST = "UnknownApprovalRequest"
 DECISION_CONFLICT = "DecisionConflict"
 TASK_NOT_WAITING = "TaskNotWaiting"
+# An answer that is not one of the question's choices.
+INVALID_CHOICE = "InvalidChoice"
 
 # Messages that are refused before they enter history.
 TASK_NOT_TAKING_MESSAGES = "TaskNotTakingMessages"

@@ -27,6 +27,7 @@ from workflows.conversation import (
 )
 from workflows.models import (
     AgentTask,
+    AnswerOutcome,
     ChatMessage,
     Contract,
     DecisionOutcome,
@@ -35,10 +36,13 @@ from workflows.models import (
     Usage,
 )
 
-Status = Literal["pending", "running", "waiting_approval", "done", "failed", "cancelled"]
+Status = Literal[
+    "pending", "running", "waiting_approval", "waiting_input", "done", "failed", "cancelled"
+]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 STEP_USAGE_KEPT = 20  # per-step usage of the latest steps; the total covers all of them
 DECISIONS_KEPT = 50  # decisions of closed steps kept to answer repeats with the first outcome
+ANSWERS_KEPT = 50  # the same for answers to questions
 ERRORS_KEPT = 20
 REJECTED_CALLS_KEPT = 20
 RESULT_EXCERPT_CHARS = 500  # of each output of the recent steps, for the repeated-call note
@@ -114,6 +118,29 @@ class ApprovalResolved(EventBase):
     arguments: dict[str, Any] | None = None
     via: Literal["update", "signal", "timeout"] = "update"
     decision_id: str | None = None
+
+
+class QuestionAsked(EventBase):
+    """The model asked the person a question (the `ask_person` tool): the task waits."""
+
+    type: Literal["question_asked"] = "question_asked"
+    request_id: str
+    call_id: str
+    question: str
+    choices: list[str] | None = None
+    details: str | None = None
+
+
+class QuestionAnswered(EventBase):
+    """A question got its answer (the first one), or nobody answered in time."""
+
+    type: Literal["question_answered"] = "question_answered"
+    request_id: str
+    answer: str | None = None
+    answerer: str | None = None
+    timed_out: bool = False
+    via: Literal["update", "signal", "timeout"] = "update"
+    answer_id: str | None = None
 
 
 class ErrorEvent(EventBase):
@@ -212,6 +239,8 @@ AgentEvent = Annotated[
     | Observation
     | ApprovalRequested
     | ApprovalResolved
+    | QuestionAsked
+    | QuestionAnswered
     | ErrorEvent
     | Resumed
     | Repaired
@@ -291,6 +320,16 @@ class PendingApproval(Contract):
     step: int
 
 
+class PendingQuestion(Contract):
+    request_id: str
+    call_id: str
+    question: str
+    choices: list[str] | None = None
+    details: str | None = None
+    requested_at: datetime
+    step: int
+
+
 class OpenStep(Contract):
     """The step whose tool calls have not all been observed yet."""
 
@@ -337,6 +376,10 @@ class AgentState(Contract):
     open_step: OpenStep | None = None
     pending_approvals: dict[str, PendingApproval] = Field(default_factory=dict)
     decisions: dict[str, DecisionOutcome] = Field(default_factory=dict)
+    pending_questions: dict[str, PendingQuestion] = Field(default_factory=dict)
+    answers: dict[str, AnswerOutcome] = Field(
+        default_factory=dict, description="Answers to the latest questions (and timeouts)."
+    )
     result: str | None = None
     failure: str | None = None
     failure_kind: str | None = None
@@ -452,9 +495,10 @@ def _approval_requested(state: AgentState, event: ApprovalRequested) -> Changes:
         requested_at=event.at,
         step=event.step,
     )
+    approvals = {**state.pending_approvals, event.request_id: pending}
     return {
-        "pending_approvals": {**state.pending_approvals, event.request_id: pending},
-        "status": "waiting_approval",
+        "pending_approvals": approvals,
+        "status": waiting_status(approvals, state.pending_questions),
     }
 
 
@@ -472,7 +516,7 @@ def _approval_resolved(state: AgentState, event: ApprovalResolved) -> Changes:
     changes: Changes = {
         "pending_approvals": remaining,
         "decisions": {**state.decisions, event.request_id: outcome},
-        "status": "waiting_approval" if remaining else "running",
+        "status": waiting_status(remaining, state.pending_questions),
     }
     if event.decision == "timeout" and state.open_step is not None:
         changes["open_step"] = state.open_step.model_copy(update={"timed_out": True})
@@ -489,6 +533,49 @@ def _approval_resolved(state: AgentState, event: ApprovalResolved) -> Changes:
         }
         changes["rejected_calls"] = _latest(rejected, REJECTED_CALLS_KEPT)
     return changes
+
+
+def waiting_status(
+    approvals: dict[str, PendingApproval], questions: dict[str, PendingQuestion]
+) -> Status:
+    """Whom a running task waits for: an approver first (a question and an approval of one
+    step wait together), then whoever answers questions."""
+    if approvals:
+        return "waiting_approval"
+    return "waiting_input" if questions else "running"
+
+
+def _question_asked(state: AgentState, event: QuestionAsked) -> Changes:
+    pending = PendingQuestion(
+        request_id=event.request_id,
+        call_id=event.call_id,
+        question=event.question,
+        choices=event.choices,
+        details=event.details,
+        requested_at=event.at,
+        step=event.step,
+    )
+    questions = {**state.pending_questions, event.request_id: pending}
+    return {
+        "pending_questions": questions,
+        "status": waiting_status(state.pending_approvals, questions),
+    }
+
+
+def _question_answered(state: AgentState, event: QuestionAnswered) -> Changes:
+    remaining = {k: v for k, v in state.pending_questions.items() if k != event.request_id}
+    outcome = AnswerOutcome(
+        request_id=event.request_id,
+        answer=event.answer,
+        answerer=event.answerer,
+        timed_out=event.timed_out,
+        answer_id=event.answer_id,
+    )
+    return {
+        "pending_questions": remaining,
+        "answers": _latest({**state.answers, event.request_id: outcome}, ANSWERS_KEPT),
+        "status": waiting_status(state.pending_approvals, remaining),
+    }
 
 
 def _error(state: AgentState, event: ErrorEvent) -> Changes:
@@ -550,7 +637,12 @@ def _failed(state: AgentState, event: Failed) -> Changes:
 
 
 def _cancelled(state: AgentState, event: Cancelled) -> Changes:
-    return {"status": "cancelled", "failure": event.reason, "pending_approvals": {}}
+    return {
+        "status": "cancelled",
+        "failure": event.reason,
+        "pending_approvals": {},
+        "pending_questions": {},
+    }
 
 
 def _nothing(state: AgentState, event: Any) -> Changes:
@@ -564,6 +656,8 @@ _APPLY: dict[str, Callable[[AgentState, Any], Changes]] = {
     "observation": _observation,
     "approval_requested": _approval_requested,
     "approval_resolved": _approval_resolved,
+    "question_asked": _question_asked,
+    "question_answered": _question_answered,
     "error": _error,
     "resumed": _resumed,
     "repaired": _nothing,

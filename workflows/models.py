@@ -13,10 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OFFLINE_MODEL = "offline"
 
+# The built-in tool the model calls to ask the person it works for; the workflow, not a
+# worker, handles it: the task waits for the answer, which is the call's observation.
+ASK_PERSON_TOOL = "ask_person"
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that completes the user's task step by step. "
     "Use the tools you are given when they help; when you have the answer, reply with it "
-    "in plain text and call no tool."
+    "in plain text and call no tool. When you lack something only the person you work for "
+    f"can give (a fact, a choice, a confirmation), ask them with the {ASK_PERSON_TOOL} tool "
+    "if you have it, rather than guessing."
 )
 
 
@@ -106,6 +112,18 @@ class ApprovalSettings(Contract):
     on_timeout: Literal["reject", "fail"] = "reject"
 
 
+class QuestionSettings(Contract):
+    """How long a question to a person (the `ask_person` tool) waits for an answer."""
+
+    timeout_seconds: float = Field(
+        default=7 * 24 * 3600,
+        ge=1,
+        le=366 * 24 * 3600,
+        description="How long one question may wait (at most a year); then the model is told "
+        "nobody answered.",
+    )
+
+
 class AgentTask(Contract):
     """Input of one agent task: everything the loop needs, recorded once in history."""
 
@@ -125,6 +143,7 @@ class AgentTask(Contract):
         description="Most tokens (in + out, all steps) the task may use.",
     )
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    questions: QuestionSettings = Field(default_factory=QuestionSettings)
     context_limit_tokens: int | None = Field(
         default=None,
         ge=500,
@@ -414,3 +433,37 @@ class MessageReceipt(Contract):
 
     message_id: str
     duplicate: bool = Field(default=False, description="An earlier send delivered it.")
+
+
+ANSWER_CHARS = 10_000
+
+
+class Answer(Contract):
+    """A person's answer to a question the model asked (Update and Signal `answer`)."""
+
+    request_id: str = Field(min_length=1, max_length=200)
+    answer: str = Field(
+        min_length=1,
+        max_length=ANSWER_CHARS,
+        description="The text, or one of the question's choices when it offers some.",
+    )
+    answerer: str | None = Field(default=None, max_length=200)
+    answer_id: str | None = Field(
+        default=None,
+        max_length=100,
+        description="Set by a client that waits for the outcome: it tells its own answer from "
+        "a concurrent one.",
+    )
+
+    _answer_not_blank = field_validator("answer")(not_blank)
+
+
+class AnswerOutcome(Contract):
+    """The answer that took effect for a question (the first one), or its timeout."""
+
+    request_id: str
+    answer: str | None = Field(default=None, description="None when nobody answered in time.")
+    answerer: str | None = None
+    timed_out: bool = False
+    answer_id: str | None = None
+    duplicate: bool = Field(default=False, description="True when an earlier call answered it.")

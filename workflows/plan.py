@@ -7,9 +7,10 @@ is unit-tested without Temporal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from workflows import questions
 from workflows.approval import deadline, to_request, undecided
 from workflows.conversation import compaction_range, context_limit
 from workflows.events import AgentState
@@ -49,10 +50,22 @@ class RequestApprovals:
 
 
 @dataclass(frozen=True)
+class AskQuestions:
+    """Ask a person the questions these calls of the open step put (asked together)."""
+
+    step: int
+    calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
 class AwaitDecisions:
+    """Wait for people: approval decisions (`request_ids`) and answers (`questions`), until
+    the earliest of their deadlines."""
+
     step: int
     request_ids: list[str]
     deadline: datetime
+    questions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,7 @@ class HandOver:
 Move = (
     Announce
     | RequestApprovals
+    | AskQuestions
     | AwaitDecisions
     | RunCalls
     | AddMessage
@@ -149,8 +163,16 @@ def next_move(
             return Announce(step.step, todo)
         if ask := to_request(step, state):
             return RequestApprovals(step.step, ask)
-        if waiting := undecided(step, state):
-            return AwaitDecisions(step.step, waiting, deadline(state, waiting, task.approval))
+        if asked := questions.to_ask(step, state):
+            return AskQuestions(step.step, asked)
+        waiting, unanswered = undecided(step, state), questions.unanswered(step, state)
+        if waiting or unanswered:
+            deadlines = []
+            if waiting:
+                deadlines.append(deadline(state, waiting, task.approval))
+            if unanswered:
+                deadlines.append(questions.deadline(state, unanswered, task.questions))
+            return AwaitDecisions(step.step, waiting, min(deadlines), unanswered)
         if step.timed_out and task.approval.on_timeout == "fail":
             return Fail(
                 "approval_timeout",

@@ -17,6 +17,7 @@ from workflows.approval import RecordedDecision
 from workflows.events import AgentEvent, AgentState
 from workflows.messages import QueuedMessage
 from workflows.models import AgentTask, ApprovalRule, ChatMessage, Contract, Usage
+from workflows.questions import RecordedAnswer
 from workflows.tool_catalog import ToolCatalog
 
 # Names the Temporal CLI and Web UI use (`temporal workflow signal --name approve`).
@@ -28,6 +29,8 @@ RESUME_SIGNAL = "resume_after_failure"
 REPAIRED_SIGNAL = "repaired"
 SEND_MESSAGE_UPDATE = "send_message"
 MESSAGE_SIGNAL = "message"
+ANSWER_UPDATE = "answer"
+ANSWER_SIGNAL = "answer"
 # One `events` answer stays far below gRPC's 4 MB message limit.
 EVENT_PAGE_BYTES = 1_000_000
 
@@ -48,6 +51,8 @@ class RunCarry(Contract):
     stream: WorkflowStreamState | None = None
     decisions: list[RecordedDecision] = []
     """Decisions recorded and not yet in the log, and early ones awaiting their request."""
+    answers: list[RecordedAnswer] = []
+    """Answers recorded and not yet in the log, and early ones awaiting their question."""
     message: str | None = None
     """A user message to add once no step is open (a fork's or a resume's)."""
     earlier: RunRef | None = None

@@ -13,12 +13,12 @@ from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 from workflows.models import Contract
 
 if TYPE_CHECKING:
-    from workflows.events import AgentState, PendingApproval
+    from workflows.events import AgentState, PendingApproval, PendingQuestion
 
 AGENT_STATUS = SearchAttributeKey.for_keyword("AgentStatus")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
 AGENT_MODEL = SearchAttributeKey.for_keyword("AgentModel")
-# Since when the oldest pending approval waits; unset while nobody is asked.
+# Since when the oldest pending request (approval or question) waits; unset while none does.
 AGENT_WAITING_SINCE = SearchAttributeKey.for_datetime("AgentWaitingSince")
 
 ALL = (AGENT_STATUS, AGENT_STEP, AGENT_MODEL, AGENT_WAITING_SINCE)
@@ -52,10 +52,26 @@ def pending_memo(pending: PendingApproval) -> dict[str, Any]:
     if len(arguments) > MEMO_ARGUMENT_CHARS:
         arguments = arguments[: MEMO_ARGUMENT_CHARS - 1] + "…"
     return {
+        "kind": "approval",
         "request_id": pending.request_id,
         "tool": pending.tool,
         "arguments": arguments,
         "reason": pending.reason,
+        "requested_at": pending.requested_at.isoformat(),
+        "step": pending.step,
+    }
+
+
+def question_memo(pending: PendingQuestion) -> dict[str, Any]:
+    """One pending question as the memo shows it (cut short: the memo is small)."""
+    question = pending.question
+    if len(question) > MEMO_ARGUMENT_CHARS:
+        question = question[: MEMO_ARGUMENT_CHARS - 1] + "…"
+    return {
+        "kind": "question",
+        "request_id": pending.request_id,
+        "question": question,
+        "choices": pending.choices,
         "requested_at": pending.requested_at.isoformat(),
         "step": pending.step,
     }
@@ -76,10 +92,13 @@ def visibility_updates(
     updates when nothing changed. The step is in AgentStep; the memo changes with the
     status and the pending requests only, since every memo write costs history."""
     pending = list(state.pending_approvals.values())
-    now = Published(status=state.status, step=state.step, pending=[p.request_id for p in pending])
+    asked = list(state.pending_questions.values())
+    ids = [p.request_id for p in pending] + [q.request_id for q in asked]
+    now = Published(status=state.status, step=state.step, pending=ids)
     if now == published:
         return now, [], None
-    waiting_since = min((p.requested_at for p in pending), default=None)
+    since = [p.requested_at for p in pending] + [q.requested_at for q in asked]
+    waiting_since = min(since, default=None)
     updates: list[SearchAttributeUpdate[Any]] = [
         AGENT_STATUS.value_set(state.status),
         AGENT_STEP.value_set(state.step),
@@ -90,7 +109,8 @@ def visibility_updates(
     ]
     memo = None
     if published is None or (published.status, published.pending) != (now.status, now.pending):
-        memo = {MEMO_STATUS: state.status, MEMO_PENDING: [pending_memo(p) for p in pending] or None}
+        listed = [pending_memo(p) for p in pending] + [question_memo(q) for q in asked]
+        memo = {MEMO_STATUS: state.status, MEMO_PENDING: listed or None}
     return now, updates, memo
 
 

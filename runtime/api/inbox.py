@@ -1,4 +1,4 @@
-"""The inbox: every pending approval across tasks, oldest request first.
+"""The inbox: every pending approval and question across tasks, oldest request first.
 
 Tasks waiting for approval come from Temporal's visibility; each one's pending requests
 from its state. A task whose history has not grown since it was last read is not asked
@@ -20,7 +20,7 @@ from temporalio.service import RPCError
 from runtime.agent_runtime import AgentRuntime, TaskError
 from runtime.api.auth import Reader, Runtime
 from runtime.api.overview import bounded, read_task_text, remembered
-from workflows.events import PendingApproval
+from workflows.events import PendingApproval, PendingQuestion
 
 router = APIRouter(tags=["console"])
 
@@ -46,8 +46,25 @@ class InboxItem(BaseModel):
     step: int
 
 
+class QuestionItem(BaseModel):
+    """One question the model asked a person, with the task it belongs to."""
+
+    task_id: str
+    task: str = Field(description="The task's text (shortened).")
+    request_id: str
+    call_id: str
+    question: str
+    choices: list[str] | None = Field(default=None, description="The answers it takes.")
+    details: str | None = None
+    requested_at: datetime
+    step: int
+
+
 class Inbox(BaseModel):
     approvals: list[InboxItem] = Field(description="Oldest request first.")
+    questions: list[QuestionItem] = Field(
+        default_factory=list, description="Questions waiting for an answer, oldest first."
+    )
     unreachable: list[str] = Field(
         default_factory=list,
         description="Tasks waiting for approval whose state could not be read in time "
@@ -66,6 +83,7 @@ class _Read:
     history_length: int
     task: str
     pending: list[PendingApproval]
+    asked: list[PendingQuestion]
 
 
 async def read_pending(runtime: AgentRuntime, task_id: str, known: _Read | None) -> _Read:
@@ -85,18 +103,23 @@ async def read_pending(runtime: AgentRuntime, task_id: str, known: _Read | None)
         history_length=description.history_length,
         task=await read_task_text(runtime, task_id),
         pending=list(state.pending_approvals.values()),
+        asked=list(state.pending_questions.values()),
     )
 
 
 async def _waiting_task_ids(runtime: AgentRuntime) -> tuple[list[str], bool]:
+    """Tasks that wait for a person: for a decision, or for an answer."""
     ids: list[str] = []
-    token: bytes | None = None
-    while len(ids) < WAITING_TASKS_READ:
-        page, token = await runtime.list_tasks("waiting_approval", 200, token)
-        ids += [t.id for t in page]
-        if token is None:
-            return ids[:WAITING_TASKS_READ], False
-    return ids[:WAITING_TASKS_READ], True
+    for status in ("waiting_approval", "waiting_input"):
+        token: bytes | None = None
+        while len(ids) < WAITING_TASKS_READ:
+            page, token = await runtime.list_tasks(status, 200, token)
+            ids += [t.id for t in page if t.id not in ids]
+            if token is None:
+                break
+        if len(ids) >= WAITING_TASKS_READ:
+            return ids[:WAITING_TASKS_READ], True
+    return ids, False
 
 
 @router.get("/approvals", response_model=Inbox)
@@ -125,5 +148,12 @@ async def approvals(request: Request, runtime: Runtime, who: Reader) -> Inbox:
         for pending in got.pending
     ]
     items.sort(key=lambda item: (item.requested_at, item.task_id, item.request_id))
+    asked = [
+        QuestionItem(task_id=task_id, task=got.task, **question.model_dump())
+        for task_id, got in zip(task_ids, results, strict=True)
+        if got is not None
+        for question in got.asked
+    ]
+    asked.sort(key=lambda item: (item.requested_at, item.task_id, item.request_id))
     unreachable = [i for i, got in zip(task_ids, results, strict=True) if got is None]
-    return Inbox(approvals=items, unreachable=unreachable, truncated=truncated)
+    return Inbox(approvals=items, questions=asked, unreachable=unreachable, truncated=truncated)

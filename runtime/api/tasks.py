@@ -18,7 +18,14 @@ from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
 from runtime.task_errors import NoWorkerError, TaskStuckError
 from workflows.events import AgentEvent, AgentState, TaskStarted
-from workflows.models import TASK_TEXT_CHARS, AgentTask, Message, ModelSettings, not_blank
+from workflows.models import (
+    ANSWER_CHARS,
+    TASK_TEXT_CHARS,
+    AgentTask,
+    Message,
+    ModelSettings,
+    not_blank,
+)
 
 router = APIRouter(tags=["tasks"])
 
@@ -63,6 +70,28 @@ class ApprovalResult(BaseModel):
     approver: str | None
     message: str | None
     arguments: dict[str, Any] | None
+
+
+class AnswerBody(BaseModel):
+    request_id: str | None = Field(default=None, description="Default: the only pending one.")
+    answer: str = Field(
+        min_length=1,
+        max_length=ANSWER_CHARS,
+        description="The text, or one of the question's choices when it offers some.",
+    )
+
+    _answer_not_blank = field_validator("answer")(not_blank)
+
+
+class AnswerResult(BaseModel):
+    """The answer that took effect (the first one), the same for every repeat of it."""
+
+    task_id: str
+    request_id: str
+    answer: str | None
+    answerer: str | None
+    timed_out: bool
+    duplicate: bool = Field(description="An earlier answer took effect, not this one.")
 
 
 class ResumeBody(BaseModel):
@@ -174,7 +203,9 @@ async def create_task(
 async def list_tasks(
     runtime: Runtime,
     who: Reader,
-    status: Literal["running", "waiting_approval", "done", "failed", "cancelled", "stuck"]
+    status: Literal[
+        "running", "waiting_approval", "waiting_input", "done", "failed", "cancelled", "stuck"
+    ]
     | None = None,
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: Annotated[str | None, Query(max_length=4096)] = None,
@@ -305,6 +336,23 @@ async def send_message(
         message_id=handle.awaited_message or "",
         follow_up=handle.began_turn,
         links=links(task_id),
+    )
+
+
+@router.post("/tasks/{task_id}/answer", response_model=AnswerResult)
+async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver) -> AnswerResult:
+    """Answer a question the model asked (the `ask_person` tool); the answer, and who gave
+    it, is the call's observation. The first answer wins: a later one gets it back. An
+    answer that is not one of the question's choices is refused (422) with the list."""
+    handle = await runtime.find(task_id)
+    outcome = await handle.answer(body.answer, body.request_id, answerer=who.name)
+    return AnswerResult(
+        task_id=task_id,
+        request_id=outcome.request_id,
+        answer=outcome.answer,
+        answerer=outcome.answerer,
+        timed_out=outcome.timed_out,
+        duplicate=outcome.duplicate,
     )
 
 
