@@ -5,6 +5,7 @@ COPY pyproject.toml README.md ./
 COPY workflows workflows
 COPY activities activities
 COPY runtime runtime
+COPY waystation waystation
 COPY worker.py starter.py ./
 RUN pip install --no-cache-dir .
 # Containers talk to a real Temporal service. /data is the worker's own (its SQLite storage

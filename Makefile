@@ -17,7 +17,7 @@ setup: $(BIN)/.installed
 
 demo: setup
 	@echo "==> running an agent task on the embedded Temporal dev server (Web UI: http://localhost:8233)"
-	$(BIN)/python starter.py run "$(TASK)"
+	$(BIN)/ws run "$(TASK)"
 
 lint: setup
 	@echo "==> ruff and mypy"
@@ -48,8 +48,8 @@ bench: setup
 	$(BIN)/python -m bench
 
 worker: setup
-	$(BIN)/python worker.py
+	$(BIN)/ws worker
 
 clean:
-	-$(BIN)/python starter.py server stop
+	-$(BIN)/ws server stop
 	rm -rf $(VENV) .waystation *.egg-info

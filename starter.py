@@ -1,9 +1,12 @@
 """The command line: run, approve/reject, stream, status, events, list, resume, fork, cancel,
 tools, and `mcp` (waystation's tools for an MCP client, over stdio).
 
-    python starter.py run "What is 12 * 7? Write it to scratch/answer.txt"
-    python starter.py approve TASK_ID [REQUEST_ID] [--reject --message "why"]
-    python starter.py status TASK_ID
+    ws run "What is 12 * 7? Write it to scratch/answer.txt"
+    ws approve TASK_ID [REQUEST_ID] [--reject --message "why"]
+    ws status TASK_ID
+
+`ws` is this module's `cli` (pyproject's [project.scripts]); `python starter.py` is the same
+from a source tree.
 
 Commands that make a task progress (run, approve, resume, stream, mcp) host a worker in this
 process unless --no-worker is given, so a fresh machine needs nothing else running.
@@ -29,6 +32,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from activities.storage.errors import StorageError
+from activities.tools import ToolDefinitionError
+from runtime import commands as hints
 from runtime import worker_log
 from runtime.agent_runtime import (
     AgentRuntime,
@@ -142,8 +147,8 @@ async def follow(
                     _say(
                         f"task {handle.id} waits for approval of [{request.request_id}]; it holds "
                         "no process while it waits. Decide with:\n"
-                        f"  python starter.py approve {handle.id} {request.request_id}\n"
-                        f"  python starter.py approve {handle.id} {request.request_id} --reject "
+                        f"  {hints.command('approve', handle.id, request.request_id)}\n"
+                        f"  {hints.command('approve', handle.id, request.request_id, '--reject')} "
                         "--message 'why'"
                     )
                     return EXIT_WAITING
@@ -530,7 +535,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if (stuck := await handle.stuck()) is not None:
         _say(
             f"task {args.id} is stuck: its workflow task failed {stuck.attempts} times in a row: "
-            f"{stuck.problem}\nrepair it with: python starter.py repair {args.id}"
+            f"{stuck.problem}\nrepair it with: {hints.command('repair', args.id)}"
         )
         return EXIT_FAILED
     async with hosted_worker(client, settings, args.worker, activities=False):
@@ -583,11 +588,12 @@ async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
-    """The tools a task can be offered: built-ins, then each MCP server's (started here)."""
-    from activities.builtin_tools import builtin_registry
+    """The tools a task can be offered: the deployment's (WAYSTATION_TOOLS), then each MCP
+    server's (started here)."""
     from activities.mcp.manager import McpClientManager
+    from activities.tool_modules import load_tools
 
-    registry = builtin_registry()
+    registry = load_tools(settings.tools)
     for name in registry.names():
         tool = registry.get(name)
         assert tool is not None
@@ -718,12 +724,12 @@ def _add_worker_flag(parser: argparse.ArgumentParser) -> None:
         "--no-worker",
         dest="worker",
         action="store_false",
-        help="do not host a worker in this process (one runs elsewhere: python worker.py)",
+        help="do not host a worker in this process (one runs elsewhere: ws worker)",
     )
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="starter.py", description=__doc__.split("\n\n")[0])
+    root = argparse.ArgumentParser(prog="ws", description=__doc__.split("\n\n")[0])
     commands = root.add_subparsers(dest="command", required=True)
 
     _task_commands(commands)
@@ -881,7 +887,9 @@ def _admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser
     mcp = commands.add_parser("mcp", help="serve waystation's tools to an MCP client over stdio")
     _add_worker_flag(mcp)
 
-    commands.add_parser("tools", help="built-in and MCP tools, with approval and retry defaults")
+    commands.add_parser(
+        "tools", help="the deployment's tools and MCP tools, with approval and retry defaults"
+    )
     commands.add_parser("worker", help="run a worker in the foreground")
     commands.add_parser("config", help="the effective settings, secrets masked")
     commands.add_parser("setup", help="register the search attributes on the namespace")
@@ -948,13 +956,13 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError:
         _say(
             "error: no answer in time from Temporal or a worker (is a worker running? "
-            "python worker.py)"
+            f"{hints.command('worker')})"
         )
         return EXIT_FAILED
     except ValidationError as err:
         _say(f"error: {_validation_sentence(err)}")
         return 2
-    except (UnknownToolsError, UsageError) as err:
+    except (UnknownToolsError, ToolDefinitionError, UsageError) as err:
         _say(f"error: {err}")
         return 2
     except KeyboardInterrupt:
@@ -966,10 +974,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `ws` command: main(), then leave at once."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     # Temporal's core threads may still call back after a cancelled long poll; letting the
     # interpreter finalize under them can abort the process. Everything is flushed: leave.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    cli()

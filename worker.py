@@ -1,7 +1,8 @@
 """The worker: settings -> client (pydantic converter) -> Worker hosting the agent workflow,
 the LLM activity and the tool activity. The one place things are registered.
 
-    python worker.py            # polls the task queue until Ctrl-C / SIGTERM
+    ws worker                   # polls the task queue until Ctrl-C / SIGTERM
+    python worker.py            # the same, from a source tree
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.builtin_tools import builtin_registry
 from activities.chat import ChatBackend
 from activities.conversation_cache import ConversationCache
 from activities.conversation_store import ConversationStore
@@ -29,7 +29,8 @@ from activities.mcp.manager import McpClientManager
 from activities.sealed_blobs import SealedBlobs
 from activities.storage import Storage, StorageError
 from activities.storage.deployment import check_single_machine, check_workspace
-from activities.tools import ToolActivities, ToolRegistry
+from activities.tool_modules import load_tools
+from activities.tools import ToolActivities, ToolDefinitionError, ToolRegistry
 from activities.turns import TurnActivities
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
@@ -150,13 +151,14 @@ def build_worker(
 ) -> AgentWorker:
     """A worker for the agent workflow and its activities on the settings' task queue.
 
-    With `activities=False` it takes no LLM or tool call from the server (a short-lived
-    process would abandon them), only workflow tasks, which may run pure tools locally; it
-    then never opens the storage. `backends` serves models by name from something other
-    than the OpenAI endpoint. `storage` (default: the settings') is opened when the worker
-    starts; one passed in is left open at shutdown.
+    `registry` (default: the tools of the settings' `tools` modules, as clients load them)
+    holds the tools it offers. With `activities=False` it takes no LLM or tool call from
+    the server (a short-lived process would abandon them), only workflow tasks, which may
+    run pure tools locally; it then never opens the storage. `backends` serves models by
+    name from something other than the OpenAI endpoint. `storage` (default: the settings')
+    is opened when the worker starts; one passed in is left open at shutdown.
     """
-    registry = registry or builtin_registry()
+    registry = registry or load_tools(settings.tools)
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
     owns_storage = storage is None
     storage = storage or Storage.from_settings(settings)
@@ -210,7 +212,7 @@ async def main() -> int:
     try:
         worker = build_worker(client, settings)
         await worker.prepare()
-    except StorageError as err:
+    except (StorageError, ToolDefinitionError) as err:
         print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
         return 1
     stop = asyncio.Event()

@@ -347,58 +347,72 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def builtin_registry() -> ToolRegistry:
-    """A registry holding the built-in tools with their default approval rules."""
-    return ToolRegistry(
-        [
-            Tool(
-                name="calculator",
-                description="Evaluate an arithmetic expression exactly.",
-                arguments=CalculatorArgs,
-                function=calculator,
-                timeout_seconds=5,
-                local=True,  # pure and bounded: no server round trip needed
-            ),
-            Tool(
-                name="list_files",
-                description="List a directory of the workspace.",
-                arguments=ListFilesArgs,
-                function=list_files,
-            ),
-            Tool(
-                name="read_file",
-                description="Read a text file of the workspace.",
-                arguments=ReadFileArgs,
-                function=read_file,
-            ),
-            Tool(
-                name="write_file",
-                description="Write (or append to) a text file of the workspace.",
-                arguments=WriteFileArgs,
-                function=write_file,
-                approval="outside_scratch",
-                retry_safe=True,  # through the ledger: a retry never appends twice
-            ),
-            Tool(
-                name="run_shell",
-                description="Run a shell command with the workspace as working directory.",
-                arguments=RunShellArgs,
-                function=run_shell,
-                approval="always",
-                retry_safe=True,  # through the ledger and the command's own record
-                timeout_seconds=620,
-            ),
-            Tool(
-                name=ASK_PERSON_TOOL,
-                description=ASK_PERSON_DESCRIPTION,
-                arguments=AskPersonArgs,
-                function=answered_by_a_person,
-            ),
-        ]
-    )
+# Each declares whether a retry may run it again (the default is at most once): reading and
+# arithmetic have no effect to repeat; the file and shell tools guard theirs with the ledger.
+CALCULATOR = Tool(
+    name="calculator",
+    description="Evaluate an arithmetic expression exactly.",
+    arguments=CalculatorArgs,
+    function=calculator,
+    retry_safe=True,  # pure
+    timeout_seconds=5,
+    local=True,  # pure and bounded: no server round trip needed
+)
+LIST_FILES = Tool(
+    name="list_files",
+    description="List a directory of the workspace.",
+    arguments=ListFilesArgs,
+    function=list_files,
+    retry_safe=True,  # reads only
+)
+READ_FILE = Tool(
+    name="read_file",
+    description="Read a text file of the workspace.",
+    arguments=ReadFileArgs,
+    function=read_file,
+    retry_safe=True,  # reads only
+)
+WRITE_FILE = Tool(
+    name="write_file",
+    description="Write (or append to) a text file of the workspace.",
+    arguments=WriteFileArgs,
+    function=write_file,
+    approval="outside_scratch",
+    retry_safe=True,  # through the ledger: a retry never appends twice
+)
+RUN_SHELL = Tool(
+    name="run_shell",
+    description="Run a shell command with the workspace as working directory.",
+    arguments=RunShellArgs,
+    function=run_shell,
+    approval="always",
+    retry_safe=True,  # through the ledger and the command's own record
+    timeout_seconds=620,
+)
 
 
 def answered_by_a_person(args: AskPersonArgs, context: ToolContext) -> str:
     """The task itself asks the question and waits (workflows/questions.py): a worker never
     runs this tool, so a call that reaches one is a call the workflow did not recognise."""
     raise ToolError(f"{ASK_PERSON_TOOL} is answered by a person through the task, not run")
+
+
+ASK_PERSON = Tool(
+    name=ASK_PERSON_TOOL,
+    description=ASK_PERSON_DESCRIPTION,
+    arguments=AskPersonArgs,
+    function=answered_by_a_person,
+)
+BUILTIN_TOOLS: tuple[Tool[Any], ...] = (
+    CALCULATOR,
+    LIST_FILES,
+    READ_FILE,
+    WRITE_FILE,
+    RUN_SHELL,
+    ASK_PERSON,
+)
+
+
+def builtin_registry() -> ToolRegistry:
+    """A registry holding the built-in tools with their default approval rules."""
+    return ToolRegistry(BUILTIN_TOOLS)

@@ -64,7 +64,8 @@ def recover_tool_calls(text: str, tool_names: Collection[str]) -> list[Recovered
     under `name` (or `tool`, `tool_name`, `function`) with its arguments under `arguments`
     (or `parameters`, `args`, `input`) as a JSON object or a string holding one; the OpenAI
     shapes `{"type": "function", "function": {...}}` and `{"tool_calls": [...]}` count too.
-    Doubled braces (`{{"name": ...}}`) are undone when nothing parses otherwise.
+    Doubled braces (`{{"name": ...}}`) are undone when nothing parses otherwise. A call
+    written more than once (same tool, same arguments) is one call, where it first stands.
     """
     names = set(tool_names)
     if not any(name in text for name in names):
@@ -83,7 +84,20 @@ def recover_tool_calls(text: str, tool_names: Collection[str]) -> list[Recovered
         bare = list(_bare_calls(_undouble(rest), names))
     found += bare
     found.sort(key=lambda item: item[0])
-    return [call for _, call in found]
+    return _distinct([call for _, call in found])
+
+
+def _distinct(calls: list[RecoveredToolCall]) -> list[RecoveredToolCall]:
+    """The calls without repeats: a model that writes one call twice in a message (a fenced
+    block, then the same JSON bare) means it once."""
+    seen: set[tuple[str, str]] = set()
+    distinct: list[RecoveredToolCall] = []
+    for call in calls:
+        key = (call.name, json.dumps(json.loads(call.arguments), sort_keys=True))
+        if key not in seen:
+            seen.add(key)
+            distinct.append(call)
+    return distinct
 
 
 def _blank(text: str, pattern: re.Pattern[str]) -> str:

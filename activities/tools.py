@@ -1,8 +1,9 @@
 """The tool registry and the `run_tool` activity.
 
-A tool is a typed async function with a pydantic argument model (its JSON schema is
-what the model sees) and metadata: approval rule, idempotency, timeout. Tool errors
-never crash a task: they come back as an error observation the model can act on.
+A tool is a typed function (sync or async) with a pydantic argument model (its JSON schema
+is what the model sees) and metadata: approval rule, idempotency, timeout. `@tool`
+(activities/function_tools.py) builds one from a plain function. Tool errors never crash a
+task: they come back as an error observation the model can act on.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import hashlib
 import inspect
 import json
 import posixpath
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
+from typing_extensions import TypeIs
 
 from activities.conversation_cache import ConversationCache
 
@@ -38,6 +41,10 @@ class ToolError(Exception):
     """An expected failure a tool reports to the model (bad path, file missing, ...)."""
 
 
+class ToolDefinitionError(ValueError):
+    """A tool defined so that it cannot be offered (the message is one sentence saying why)."""
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool gets besides its arguments."""
@@ -50,7 +57,16 @@ class ToolContext:
     ledger every worker of the deployment shares, as this attempt of the call sees it)."""
 
 
-ToolFunction = Callable[[Any, ToolContext], Awaitable[str] | str]
+ArgumentsT = TypeVar("ArgumentsT", bound=BaseModel)
+AsyncToolFunction = Callable[[ArgumentsT, ToolContext], Awaitable[str]]
+SyncToolFunction = Callable[[ArgumentsT, ToolContext], str]
+ToolFunction = AsyncToolFunction[ArgumentsT] | SyncToolFunction[ArgumentsT]
+# What OpenAI accepts as a function name; MCP tools are the ones named server__tool.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _is_async(function: ToolFunction[ArgumentsT]) -> TypeIs[AsyncToolFunction[ArgumentsT]]:
+    return inspect.iscoroutinefunction(function)
 
 
 def json_object_arguments(tool: str, raw_arguments: str) -> dict[str, Any] | str:
@@ -65,26 +81,59 @@ def json_object_arguments(tool: str, raw_arguments: str) -> dict[str, Any] | str
 
 
 @dataclass(frozen=True)
-class Tool:
+class Tool(Generic[ArgumentsT]):
+    """A tool the model may call: `function(arguments, context)` with `arguments` validated
+    by the `arguments` model. A definition that cannot be offered raises
+    ToolDefinitionError here, with a sentence."""
+
     name: str
     description: str
-    arguments: type[BaseModel]
-    function: ToolFunction
+    arguments: type[ArgumentsT]
+    function: ToolFunction[ArgumentsT]
     approval: ApprovalRule = "never"
-    retry_safe: bool = True
+    retry_safe: bool = False
     """A retry of the same call (same idempotency key) cannot do its effect twice, by nature
-    or through the ledger. False: a lost attempt is reported to the model, never retried."""
+    or through the ledger. False (the default): the call runs at most once, and an attempt
+    lost with its worker is reported to the model as maybe done, never run again."""
     timeout_seconds: float = 60.0
     local: bool = False
     """Fast (milliseconds) and pure: run as a local activity, in the worker that runs the
     workflow task, instead of a round trip through the server. Only for retry-safe tools
     that finish well within the workflow's LOCAL_TOOL_TIMEOUT (10 s)."""
 
-    async def call(self, arguments: BaseModel, context: ToolContext) -> str:
-        if inspect.iscoroutinefunction(self.function):
-            return await self.function(arguments, context)  # type: ignore[no-any-return]
+    def __post_init__(self) -> None:
+        if not TOOL_NAME.fullmatch(self.name):
+            raise ToolDefinitionError(
+                f"tool name {self.name!r} must be 1 to 64 letters, digits, '_' or '-'"
+            )
+        if "__" in self.name:
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: names with '__' are MCP tools (server__tool)"
+            )
+        if not self.description.strip():
+            raise ToolDefinitionError(
+                f"tool {self.name!r} has no description: it is what the model reads to "
+                "choose the tool"
+            )
+        if self.local and not self.retry_safe:
+            raise ToolDefinitionError(
+                f"tool {self.name!r} is local but not retry-safe: a local call runs again "
+                "with its workflow task, so declare it retry_safe=True (or not local)"
+            )
+        if self.timeout_seconds <= 0:
+            raise ToolDefinitionError(f"tool {self.name!r}: its timeout must be above 0 s")
+        try:
+            self.arguments.model_json_schema()
+        except Exception as err:  # pydantic's several schema errors, each a sentence
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: its arguments have no JSON schema ({err})"
+            ) from err
+
+    async def call(self, arguments: ArgumentsT, context: ToolContext) -> str:
+        if _is_async(self.function):
+            return await self.function(arguments, context)
         # Plain functions run in a thread so the activity's heartbeat keeps beating.
-        return await asyncio.to_thread(self.function, arguments, context)  # type: ignore[arg-type]
+        return await asyncio.to_thread(self.function, arguments, context)
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools` entry for this tool."""
@@ -119,17 +168,18 @@ def approval_needed(rule: ApprovalRule, arguments: dict[str, Any]) -> str | None
 class ToolRegistry:
     """Tools by name. Built once in worker.py and shared by the LLM and tool activities."""
 
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
-        self._tools: dict[str, Tool] = {}
+    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         for tool in tools:
             self.register(tool)
 
-    def register(self, tool: Tool) -> None:
+    def register(self, tool: Tool[Any]) -> None:
+        """Add `tool`; ToolDefinitionError if another tool has its name."""
         if tool.name in self._tools:
-            raise ValueError(f"tool {tool.name!r} is registered twice")
-        if "__" in tool.name:
-            raise ValueError(f"tool {tool.name!r}: names with '__' are MCP tools (server__tool)")
+            raise ToolDefinitionError(
+                f"two tools are named {tool.name!r}: a name offers the model one tool"
+            )
         self._tools[tool.name] = tool
         # Built once: generating a JSON schema on every model call is a measurable cost.
         self._schemas[tool.name] = tool.schema()
@@ -137,10 +187,10 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def get(self, name: str) -> Tool | None:
+    def get(self, name: str) -> Tool[Any] | None:
         return self._tools.get(name)
 
-    def allowed(self, names: list[str] | None) -> list[Tool]:
+    def allowed(self, names: list[str] | None) -> list[Tool[Any]]:
         if names is None:
             return list(self._tools.values())
         return [self._tools[n] for n in names if n in self._tools]

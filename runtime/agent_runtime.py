@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -30,6 +30,8 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.event_archive import read_archived
+from activities.tool_modules import load_tools
+from activities.tools import ToolRegistry
 from runtime.busy import reading, sending
 from runtime.health import Stuck, TaskOverview, overview, stuck, unanswered, worker_hint
 from runtime.messaging import Delivery, deliver
@@ -538,20 +540,15 @@ class AgentRuntime:
     """The client side of waystation over one Temporal client and task queue."""
 
     def __init__(
-        self,
-        client: Client,
-        settings: Settings | None = None,
-        tool_names: Iterable[str] | None = None,
+        self, client: Client, settings: Settings | None = None, tools: ToolRegistry | None = None
     ) -> None:
-        """`tool_names`: the tools the workers register (default: the built-in ones), which
-        a task's `tools` may name besides its MCP servers' `server__tool`s."""
+        """`tools`: the tools the workers offer, which a task's `tools` may name besides its
+        MCP servers' `server__tool`s; default: the settings' `tools` modules, which workers
+        load alike (ToolDefinitionError if one cannot be loaded)."""
         self.client = client
         self.settings = settings or Settings()
-        if tool_names is None:
-            from activities.builtin_tools import builtin_registry
-
-            tool_names = builtin_registry().names()
-        self.tool_names = frozenset(tool_names)
+        self.tools = tools if tools is not None else load_tools(self.settings.tools)
+        self.tool_names = frozenset(self.tools.names())
         self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
         self._streams = StreamHub(client, self.settings.task_queue)
 

@@ -24,6 +24,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 
 from runtime.busy import reading
+from runtime.commands import command
 from runtime.task_errors import NoWorkerError
 
 # A workflow task that failed this many times in a row is a task that will not move by
@@ -71,7 +72,7 @@ async def worker_hint(client: Client, task_queue: str) -> str | None:
         return None
     return (
         f"no worker polls task queue {task_queue!r}: the task waits until one does; start one "
-        "with `python worker.py` (or `python starter.py worker`)"
+        f"with `{command('worker')}`"
     )
 
 
@@ -86,7 +87,7 @@ def unanswered(
     return NoWorkerError(
         task_id,
         f"no worker answered {what} within {seconds}, though workers poll task queue "
-        f"{task_queue!r}: they may be busy or the task stuck (python starter.py status {task_id})",
+        f"{task_queue!r}: they may be busy or the task stuck ({command('status', task_id)})",
     )
 
 

@@ -1,6 +1,6 @@
 """The HTTP API: the REST face of AgentRuntime. Every endpoint is a thin layer over it.
 
-    python starter.py api            # or: uvicorn runtime.http_api:app
+    ws api                           # or: uvicorn runtime.http_api:app
 
 Bearer tokens come from settings (`WAYSTATION_API_TOKENS`); with none configured the server
 binds to localhost only and lets every local caller in as an approver named "local".

@@ -1,7 +1,7 @@
 """waystation as an MCP server: any MCP client (an IDE, a desktop assistant, another agent)
 starts durable tasks, follows them and decides their approvals.
 
-    python starter.py mcp          # stdio, the caller is the local user (an approver)
+    ws mcp                         # stdio, the caller is the local user (an approver)
     POST /mcp on the HTTP API      # streamable HTTP, the API's bearer tokens and roles
 
 One place defines the tools (`build_mcp_server`); both transports serve it. Every tool is
@@ -31,6 +31,7 @@ from temporalio.service import RPCError
 from runtime.agent_runtime import AgentRuntime, DecisionError, TaskError
 from runtime.api.auth import Caller, identify
 from runtime.api.errors import ApiError
+from runtime.commands import command
 from runtime.settings import Settings
 from workflows.events import AgentState
 from workflows.models import ModelSettings, Usage
@@ -135,7 +136,7 @@ async def _within(seconds: float, work: Awaitable[T], what: str) -> T:
         return await asyncio.wait_for(work, seconds)
     except TimeoutError:
         raise ToolError(
-            f"no worker answered {what} within {seconds:g} s; is one running (python worker.py)?"
+            f"no worker answered {what} within {seconds:g} s; is one running ({command('worker')})?"
         ) from None
 
 

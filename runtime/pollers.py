@@ -14,10 +14,11 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+from runtime.commands import command
+
 # Temporal lists a poller for minutes after its last poll, and a live worker's long poll
 # lasts up to ~70 s before it polls again: a poller seen longer ago than this is gone.
 RECENT_POLL = timedelta(seconds=90)
-START_A_WORKER = "start one with: python worker.py   (or: python starter.py worker)"
 
 _TYPES = {
     "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
@@ -54,6 +55,6 @@ async def no_worker_note(client: Client, task_queue: str) -> str | None:
             return (
                 f"no worker polls task queue {task_queue!r} for {kind} tasks on "
                 f"{client.service_client.config.target_host}: the task waits until one does; "
-                f"{START_A_WORKER}"
+                f"start one with: {command('worker')}"
             )
     return None

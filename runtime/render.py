@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from runtime.commands import command
 from runtime.streaming import StreamGap, StreamItem
 from runtime.worker_log import AttemptFailure
 from workflows.events import (
@@ -216,7 +217,7 @@ def render_state(state: AgentState, task_id: str) -> str:
             f" — {pending.reason}"
         )
         lines.append(
-            f"          approve: python starter.py approve {task_id} {pending.request_id}"
+            f"          approve: {command('approve', task_id, pending.request_id)}"
             f"   reject: ... --reject --message 'why'"
         )
     return "\n".join(lines)

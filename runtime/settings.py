@@ -7,16 +7,17 @@ TOML profiles) are read by `temporalio.envconfig`, so an existing Temporal setup
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from activities.mcp.config import McpServerConfig, check_server_name, load_servers_file
 from runtime.codec import EncryptionCodec, parse_keys
 from workflows.models import OFFLINE_MODEL
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+BUILTIN_TOOLS_MODULE = "activities.builtin_tools"
 
 
 class ApiToken(BaseModel):
@@ -71,7 +72,7 @@ class Settings(BaseSettings):
     prune_interval_hours: float = Field(
         default=24,
         ge=0,
-        description="How often a worker prunes (0: never; `starter.py storage prune` does it).",
+        description="How often a worker prunes (0: never; `ws storage prune` does it).",
     )
     embedded_server: bool = Field(
         default=True,
@@ -130,6 +131,15 @@ class Settings(BaseSettings):
         "binds to localhost only and lets every local caller in.",
     )
 
+    tools: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: [BUILTIN_TOOLS_MODULE],
+        min_length=1,
+        description="The modules whose tools the deployment offers, comma-separated: "
+        "`module` (every Tool at its top level, e.g. by @tool) or `module:attribute`. Read "
+        "alike by workers, the command line and the API (activities/tool_modules.py), which "
+        f"refuse a task naming a tool none of them defines. Default: {BUILTIN_TOOLS_MODULE}, "
+        "the built-in tools; keep it in the list to keep them.",
+    )
     mcp_servers: dict[str, McpServerConfig] = Field(
         default_factory=dict,
         description='JSON: {"<name>": {"command": "...", "args": [...]} or {"url": "...", '
@@ -141,6 +151,13 @@ class Settings(BaseSettings):
         description="A JSON file of MCP servers, the same shape (or a client config's "
         '{"mcpServers": {...}}); WAYSTATION_MCP_SERVERS entries win over it.',
     )
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_modules(cls, value: object) -> object:
+        if isinstance(value, str):  # the variable: modules separated by commas
+            return [entry.strip() for entry in value.split(",") if entry.strip()]
+        return value
 
     @field_validator("mcp_servers")
     @classmethod

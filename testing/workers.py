@@ -16,7 +16,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from runtime.settings import Settings
+from runtime.settings import BUILTIN_TOOLS_MODULE, Settings
 from testing.settings import USER_ENV_PREFIXES
 from worker import AgentWorker, build_worker
 
@@ -49,6 +49,8 @@ def worker_environment(
     )
     if settings.database_url is not None:
         env["WAYSTATION_DATABASE_URL"] = settings.database_url.get_secret_value()
+    if settings.tools != [BUILTIN_TOOLS_MODULE]:
+        env["WAYSTATION_TOOLS"] = ",".join(settings.tools)
     if settings.openai_base_url:
         env["OPENAI_BASE_URL"] = settings.openai_base_url
     if settings.api_key:

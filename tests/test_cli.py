@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from runtime.commands import command
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
 from testing.fake_openai import FakeOpenAI, error, text, tools
@@ -94,7 +95,7 @@ async def test_run_without_a_terminal_exits_waiting_then_approve_finishes(
     )
     assert code == 3, err
     assert "waits for approval of [1-call_1_0]" in err
-    assert "python starter.py approve cli-shell 1-call_1_0" in err
+    assert f"  {command('approve', 'cli-shell', '1-call_1_0')}\n" in err
 
     code, out, err = await starter(dev_env, settings, "status", "cli-shell", "--json")
     assert code == 3
@@ -236,11 +237,11 @@ async def test_no_wait_and_status_say_when_no_worker_polls_the_task_queue(
     )
     assert code == 0 and out.strip() == "cli-alone"
     note = f"no worker polls task queue '{settings.task_queue}'"
-    assert note in err and "python worker.py" in err
+    assert note in err and f"start one with: {command('worker')}" in err
 
     code, out, err = await starter(dev_env, settings, "status", "cli-alone")
     assert code == 0 and "status    running" in out and "step      0" in out
-    assert note in err and "python worker.py" in err
+    assert note in err and f"start one with: {command('worker')}" in err
 
     worker: WorkerProcess = await (await spawn_worker()).ready()
     code, out, err = await starter(
@@ -262,7 +263,7 @@ async def test_events_that_no_worker_answers_are_one_sentence(
     assert err.strip() == (
         "error: no worker answered the events query within 1 s: no worker polls task queue "
         f"'{settings.task_queue}': the task waits until one does; start one with "
-        "`python worker.py` (or `python starter.py worker`)"
+        f"`{command('worker')}`"
     )
 
 
@@ -274,7 +275,7 @@ async def test_status_and_approve_that_no_worker_answers_are_one_sentence(
     assert code == 0, err
     no_worker = (
         f"no worker polls task queue '{settings.task_queue}': the task waits until one does; "
-        "start one with `python worker.py` (or `python starter.py worker`)"
+        f"start one with `{command('worker')}`"
     )
     code, out, err = await starter(
         dev_env, settings, "status", "cli-idle", "--no-worker", "--timeout", "1"

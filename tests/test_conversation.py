@@ -98,7 +98,7 @@ async def test_a_message_while_a_tool_runs_reaches_the_next_model_call_once(
     registry.register(held_tool(started, release))
     model = fake_openai.script([tools(("hold", {})), text("done, with the note")])
     async with running_worker(dev_env.client, settings, registry=registry):
-        runtime = AgentRuntime(dev_env.client, settings, tool_names=registry.names())
+        runtime = AgentRuntime(dev_env.client, settings, tools=registry)
         handle = await runtime.run(agent_task(model, task="hold on"))
         assert await asyncio.to_thread(started.wait, 60)
         # Sent while the tool runs; a repeat of the same message counts once.
@@ -203,7 +203,7 @@ class _Wait(BaseModel):
     seconds: float = Field(default=0, ge=0)
 
 
-def held_tool(started: threading.Event, release: threading.Event) -> Tool:
+def held_tool(started: threading.Event, release: threading.Event) -> Tool[_Nothing]:
     """A tool that runs until the test releases it (the test knows it is running)."""
 
     def hold(args: _Nothing, context: ToolContext) -> str:
@@ -211,7 +211,13 @@ def held_tool(started: threading.Event, release: threading.Event) -> Tool:
         release.wait(120)
         return json.dumps({"held": True})
 
-    return Tool(name="hold", description="waits for the test", arguments=_Nothing, function=hold)
+    return Tool(
+        name="hold",
+        description="waits for the test",
+        arguments=_Nothing,
+        function=hold,
+        retry_safe=True,
+    )
 
 
 async def test_an_interrupting_message_cancels_the_model_call_and_voids_its_text(
@@ -260,7 +266,7 @@ async def test_an_interrupting_message_lets_a_tool_call_in_flight_finish(
     registry.register(held_tool(started, release))
     model = fake_openai.script([tools(("hold", {})), text("finished")])
     async with running_worker(dev_env.client, settings, registry=registry):
-        runtime = AgentRuntime(dev_env.client, settings, tool_names=registry.names())
+        runtime = AgentRuntime(dev_env.client, settings, tools=registry)
         handle = await runtime.run(agent_task(model, task="hold on"))
         assert await asyncio.to_thread(started.wait, 60)
         await runtime.send(handle.id, "hurry up", interrupt=True)

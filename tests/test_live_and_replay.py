@@ -43,7 +43,14 @@ async def slow_sum(args: SumArgs, context: ToolContext) -> str:
 def with_a_slow_local_tool() -> ToolRegistry:
     registry = builtin_registry()
     registry.register(
-        Tool(name="slow_sum", description="Add.", arguments=SumArgs, function=slow_sum, local=True)
+        Tool(
+            name="slow_sum",
+            description="Add.",
+            arguments=SumArgs,
+            function=slow_sum,
+            retry_safe=True,
+            local=True,
+        )
     )
     return registry
 

@@ -37,6 +37,7 @@ from temporalio.worker import Replayer
 
 from runtime import agent_runtime, auto_repair
 from runtime.agent_runtime import AgentRuntime, TaskHandle
+from runtime.commands import command
 from runtime.health import Stuck
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
@@ -360,7 +361,7 @@ async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
         code, _, err = await starter(dev_env, settings, "status", handle.id)
         assert code == 1
         assert f"task {handle.id} is stuck" in err and "Nondeterminism" in err
-        assert f"python starter.py repair {handle.id}" in err
+        assert f"repair it with: {command('repair', handle.id)}" in err
 
         async def listed_stuck() -> bool:
             tasks, _ = await runtime.list_tasks("stuck")

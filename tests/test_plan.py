@@ -159,7 +159,9 @@ def test_an_identical_call_in_consecutive_steps_is_noted_then_stops_the_task() -
     task = AgentTask(task="x", max_repeated_calls=2)
     for step in (2, 3):
         again = same.model_copy(update={"call_id": f"c{step}"})
-        run_step(log, step, again, output=f"wrote 1 bytes to a.txt (step {step})")
+        note = verdict("t", step, again, log.state)
+        assert isinstance(note, ToolResult) and note.is_error  # not run: a note answers it
+        run_step(log, step, again, output=note.output)
         assert log.state.repeated_steps == step - 1
     again = same.model_copy(update={"call_id": "c4"})
     log.thought(4, again)
@@ -172,7 +174,11 @@ def test_an_identical_call_in_consecutive_steps_is_noted_then_stops_the_task() -
     assert log.move(task) == RunCalls(4, [again])
     answer = verdict("t", 4, again, log.state)
     assert isinstance(answer, ToolResult) and answer.is_error
-    assert "at step 3" in answer.output and "(step 3)" in answer.output
+    # It quotes the first run's result, not the notes that answered the repeats.
+    assert answer.output.startswith("You made this exact write_file call at step 1 and again")
+    assert "at step 3" in answer.output and "began: wrote 1 bytes to a.txt\n" in answer.output
+    assert answer.output.count("You made") == 1
+    assert len(log.state.recent_calls) == 1
 
 
 def test_a_model_alternating_between_calls_is_caught_too() -> None:

@@ -36,6 +36,22 @@ async def test_a_tool_call_written_as_text_is_run_not_taken_for_the_answer(
     assert sent[-2]["tool_calls"][0]["function"]["name"] == "calculator"
 
 
+async def test_a_call_written_twice_in_one_message_runs_once(
+    ts_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    # Qwen2.5-Coder-0.5B wrote a ```json block, then the same JSON bare, in one message.
+    call = '{"name": "calculator", "arguments": {"expression": "2^10"}}'
+    written = f"```json\n{call}\n```\nThat is:\n{call}"
+    model = fake_openai.script(
+        lambda body: text("done") if body["messages"][-1]["role"] == "tool" else text(written)
+    )
+    handle = await ts_runtime.run(agent_task(model))
+    assert (await handle.result()).result == "done"
+    events = await handle.events()
+    assert len(of_type(events, "thought")[0].tool_calls) == 1
+    assert [o.output for o in of_type(events, "observation")] == ["1024"]
+
+
 async def test_recovering_calls_from_text_can_be_turned_off(
     ts_runtime: AgentRuntime, fake_openai: FakeOpenAI
 ) -> None:
@@ -66,7 +82,9 @@ async def test_a_model_repeating_one_call_is_told_then_stopped_then_resumed_with
     assert failure.value.kind == "stuck"
     events = await handle.events()
     notes = [o.output for o in of_type(events, "observation")][1:]
-    assert notes and all("not run again" in n for n in notes)
+    assert len(notes) >= 2 and all("not run again" in n for n in notes)
+    # Each note quotes the write's own result, never an earlier note.
+    assert all(n.count("You made") == 1 and "began: appended 6 bytes" in n for n in notes)
     assert (settings.workspace_dir / "scratch" / "log.txt").read_text() == "again\n"
     resumed = await dev_runtime.resume(handle.id, message="stop writing and finish")
     assert (await resumed.result()).result == "done writing"

@@ -192,8 +192,7 @@ def once_only_registry(ledger_file: Path) -> Any:
             description="Charge a card (not idempotent, no ledger).",
             arguments=ChargeArgs,
             function=charge,
-            retry_safe=False,
-        )
+        )  # not declared retry-safe: the default runs it at most once
     )
     return registry
 
@@ -257,7 +256,13 @@ def note_registry(notes: Path, attempts: list[int], *, lost_before: int, lost_af
 
     registry = builtin_registry()
     registry.register(
-        Tool(name="note", description="Note a line.", arguments=NoteArgs, function=note)
+        Tool(
+            name="note",
+            description="Note a line.",
+            arguments=NoteArgs,
+            function=note,
+            retry_safe=True,  # through the ledger
+        )
     )
     return registry
 

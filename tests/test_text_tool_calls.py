@@ -158,6 +158,23 @@ CALL_SAMPLES: list[tuple[str, list[tuple[str, dict[str, object], str]]]] = [
             ("write_file", {"path": "scratch/a", "content": "3"}, "tagged"),
         ],
     ),
+    # Qwen2.5-Coder-0.5B: a ```json block, then the same call bare: one call, not two.
+    (
+        '```json\n{"name": "calculator", "arguments": {"expression": "2^10"}}\n```\n'
+        'So the call is:\n{"name": "calculator", "arguments": {"expression": "2^10"}}',
+        [("calculator", {"expression": "2^10"}, "fenced")],
+    ),
+    # The same call twice in any forms, its keys in another order: one call.
+    (
+        '<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "3"}}'
+        "</tool_call>\n"
+        '{"arguments": {"content": "3", "path": "a"}, "name": "write_file"}\n'
+        '{"name": "write_file", "arguments": {"path": "a", "content": "4"}}',
+        [
+            ("write_file", {"path": "a", "content": "3"}, "tagged"),
+            ("write_file", {"path": "a", "content": "4"}, "bare"),
+        ],
+    ),
 ]
 
 

@@ -43,10 +43,11 @@ def verdict(
     settings = settings or QuestionSettings()
     if repeats_recent_call(call, state):
         earlier = state.recent_calls[call_signature(call)]
+        since = f" and again at step {earlier.step}" if earlier.ran_at is not None else ""
         return ToolResult(
-            output=f"You made this exact {call.tool} call at step {earlier.step}, so it was not "
-            f"run again. Its result then began: {earlier.output}\nUse that result, or do "
-            "something different.",
+            output=f"You made this exact {call.tool} call at step {earlier.result_step}{since}, "
+            f"so it was not run again. Its result at step {earlier.result_step} began: "
+            f"{earlier.output}\nUse that result, or do something different.",
             is_error=True,
         )
     if not call.runnable:

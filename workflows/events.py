@@ -354,8 +354,15 @@ class OpenStep(Contract):
 
 
 class RecentCall(Contract):
-    step: int
-    output: str = Field(description="The start of what the call gave.")
+    step: int = Field(description="The latest step that made the call.")
+    output: str = Field(description="The start of what the call gave when it ran.")
+    ran_at: int | None = Field(
+        default=None, description="The step whose run gave `output`, when it is not `step`."
+    )
+
+    @property
+    def result_step(self) -> int:
+        return self.step if self.ran_at is None else self.ran_at
 
 
 class RejectedCall(Contract):
@@ -478,7 +485,15 @@ def _observation(state: AgentState, event: Observation) -> Changes:
         k: v for k, v in state.recent_calls.items() if v.step > step.step - REPEAT_WINDOW_STEPS
     }
     for c in step.calls:
-        recent[call_signature(c)] = RecentCall(step=step.step, output=outputs[c.call_id])
+        signature = call_signature(c)
+        # A repeat was answered with a note, not run (workflows/calls.py): what it gave is
+        # still the first run's result, so a third repeat quotes that, not the note.
+        earlier = state.recent_calls.get(signature)
+        recent[signature] = (
+            RecentCall(step=step.step, output=earlier.output, ran_at=earlier.result_step)
+            if earlier is not None
+            else RecentCall(step=step.step, output=outputs[c.call_id])
+        )
     changes["recent_calls"] = recent
     changes["decisions"] = _latest(state.decisions, DECISIONS_KEPT)
     return changes

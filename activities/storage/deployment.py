@@ -28,6 +28,7 @@ from temporalio.service import RPCError
 
 from activities.storage.errors import DeploymentMismatchError
 from activities.storage.storage import Storage
+from runtime.commands import command
 
 logger = logging.getLogger("waystation.storage")
 MARKER = ".waystation-deployment"
@@ -89,8 +90,8 @@ async def check_workspace(storage: Storage, workspace: Path) -> WorkspaceMarker:
                 f"the workspace {workspace} is not the one the other workers of deployment "
                 f"{storage.deployment_id} use: workers on several machines must share one "
                 "workspace (mount the same shared volume at WAYSTATION_WORKSPACE); if it "
-                "replaces the old one on purpose, run `python starter.py storage "
-                "forget-workspace` first"
+                f"replaces the old one on purpose, run `{command('storage', 'forget-workspace')}` "
+                "first"
             )
     return marker
 

@@ -4,7 +4,6 @@ a task's log with where its stream stands."""
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable
 from typing import Annotated, Any, Literal, TypeVar
@@ -12,7 +11,6 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from activities.builtin_tools import builtin_registry
 from runtime.agent_runtime import QUERY_TIMEOUT, AgentRuntime, TaskSummary
 from runtime.api.auth import Reader, Runtime, settings_of
 from runtime.api.paging import decode_page_token, encode_page_token
@@ -43,7 +41,7 @@ class ConsoleSession(BaseModel):
     role: Literal["reader", "approver"]
     tokens_required: bool = Field(description="False when the API runs without tokens.")
     default_model: str
-    tools: list[ToolInfo] = Field(description="The built-in tools and their default rules.")
+    tools: list[ToolInfo] = Field(description="The deployment's tools and their default rules.")
     statuses: list[str]
 
 
@@ -77,10 +75,9 @@ async def bounded(works: Iterable[Awaitable[T]], at_once: int) -> list[T]:
     return list(await asyncio.gather(*(one(w) for w in works)))
 
 
-@functools.cache
-def builtin_tools() -> list[ToolInfo]:
-    """The built-in tools the start form offers a rule for (custom tools keep their own)."""
-    return [ToolInfo(name=t.name, approval=t.approval) for t in builtin_registry().allowed(None)]
+def offered_tools(runtime: AgentRuntime) -> list[ToolInfo]:
+    """The deployment's tools, which the start form offers a rule for."""
+    return [ToolInfo(name=t.name, approval=t.approval) for t in runtime.tools.allowed(None)]
 
 
 def remembered(request: Request, name: str) -> OrderedDict[str, Any]:
@@ -134,7 +131,7 @@ async def session(request: Request, who: Reader, runtime: Runtime) -> ConsoleSes
         role=who.role,
         tokens_required=bool(settings_of(request).api_tokens),
         default_model=runtime.settings.default_model,
-        tools=builtin_tools(),
+        tools=offered_tools(runtime),
         statuses=STATUSES,
     )
 

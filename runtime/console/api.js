@@ -53,7 +53,7 @@ export async function api(path, { method = "GET", body, headers = {}, signal } =
     });
   } catch (error) {
     if (error.name === "AbortError") throw error;
-    throw new ApiError(0, "unreachable", "the API does not answer (is `python starter.py api` running?)");
+    throw new ApiError(0, "unreachable", "the API does not answer (is `ws api` running?)");
   }
   const text = await response.text();
   let data = null;

