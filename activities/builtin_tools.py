@@ -402,6 +402,7 @@ ASK_PERSON = Tool(
     description=ASK_PERSON_DESCRIPTION,
     arguments=AskPersonArgs,
     function=answered_by_a_person,
+    retry_safe=True,  # no worker runs it: the workflow asks, and an answer counts once
 )
 BUILTIN_TOOLS: tuple[Tool[Any], ...] = (
     CALCULATOR,

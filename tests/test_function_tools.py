@@ -177,7 +177,7 @@ def test_a_tool_runs_at_most_once_unless_declared_retry_safe_as_the_built_ins_ar
     )
     registry = builtin_registry()
     assert {t.name: t.retry_safe for t in registry.allowed(None)} == dict.fromkeys(
-        ["calculator", "list_files", "read_file", "write_file", "run_shell"], True
+        ["calculator", "list_files", "read_file", "write_file", "run_shell", "ask_person"], True
     )
     call = registry.check_call("c", "calculator", '{"expression": "1+1"}', None, {})
     assert call.retry_safe and call.local
@@ -243,8 +243,9 @@ async def test_workers_the_cli_and_the_api_share_one_definition_of_the_tools(
         dev_env, settings, "run", "--no-wait", "--tools", "teleport", "hi", extra_env=named
     )
     assert code == 2 and err.strip() == (
-        "error: unknown tool(s) in the task's tools: 'teleport' (the tools are basket_total, "
-        "calculator, keep_note, list_files, read_file, run_shell, slow_lookup, write_file)"
+        "error: unknown tool(s) in the task's tools: 'teleport' (the tools are ask_person, "
+        "basket_total, calculator, keep_note, list_files, read_file, run_shell, slow_lookup, "
+        "write_file)"
     )
 
     # The API's runtime reads the same setting: its start form offers them, and it refuses
