@@ -37,7 +37,7 @@ from runtime.agent_runtime import (
     TaskNotFoundError,
     UnknownToolsError,
 )
-from runtime.pollers import no_worker_note
+from runtime.pollers import cli_worker_identity, no_worker_note
 from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
@@ -70,7 +70,8 @@ async def hosted_worker(
         return
     from worker import build_worker
 
-    async with build_worker(client, settings, activities=activities):
+    identity = cli_worker_identity()  # it serves only while this command runs
+    async with build_worker(client, settings, activities=activities, identity=identity):
         yield
 
 

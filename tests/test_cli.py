@@ -14,6 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
+from runtime.temporal import temporal_binary
 from testing.fake_openai import FakeOpenAI, error, text
 from testing.workers import REPO, WorkerProcess
 
@@ -52,6 +53,21 @@ async def starter(
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+async def temporal_cli(dev_env: WorkflowEnvironment, *args: str) -> tuple[int, str]:
+    """The Temporal CLI (`temporal ARGS`) against the dev server: exit code, output."""
+    process = await asyncio.create_subprocess_exec(
+        temporal_binary(),
+        *args,
+        "--address",
+        dev_env.client.service_client.config.target_host,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
 
 
 @pytest.mark.long(minutes=0.4)
@@ -250,6 +266,42 @@ async def test_no_wait_and_status_say_when_no_worker_polls_the_task_queue(
     assert worker.process.poll() is None
 
 
+@pytest.mark.long(minutes=0.45)
+async def test_a_worker_that_a_finished_command_hosted_does_not_count_as_serving(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    # `run` hosts a worker (workflow and activity tasks) until it exits waiting for approval;
+    # Temporal lists that worker's polls for a minute more, though nothing serves the queue.
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-gone", "Run `echo g`")
+    assert code == 3, err
+    approve = '{"request_id": "1-call_1_0"}'
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-gone",
+        "--name",
+        "approve",
+        "--input",
+        approve,
+    )
+    assert code == 0, out
+    # `status` hosts a query-only worker, which applies the approval: the tool call waits.
+    code, out, err = await starter(dev_env, settings, "status", "cli-gone")
+    assert code == 0 and "status    running" in out, out + err
+    assert f"no worker polls task queue '{settings.task_queue}' for workflow tasks" in err, err
+    code, out, err = await starter(
+        dev_env, settings, "events", "cli-gone", "--no-worker", "--timeout", "1"
+    )
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        "error: no worker answered the events query within 1 s: no worker polls task queue "
+        f"'{settings.task_queue}': the task waits until one does; start one with "
+        "`python worker.py` (or `python starter.py worker`)"
+    )
+
+
 async def test_events_that_no_worker_answers_are_one_sentence(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -311,38 +363,31 @@ async def test_a_blank_task_and_unknown_tools_are_one_line_errors(
 async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    from runtime.temporal import temporal_binary
-
     readme = (REPO / "README.md").read_text()
     assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
     assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
     code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
     assert code == 3, err
-    address = dev_env.client.service_client.config.target_host
-
-    async def temporal(*args: str) -> tuple[int, str]:
-        process = await asyncio.create_subprocess_exec(
-            temporal_binary(),
-            *args,
-            "--address",
-            address,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(process.communicate(), 60)
-        assert process.returncode is not None
-        return process.returncode, out.decode()
 
     typo = '{"request_id": "1-call_1_9"}'
-    code, out = await temporal(
-        "workflow", "signal", "--workflow-id", "cli-tctl", "--name", "approve", "--input", typo
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-tctl",
+        "--name",
+        "approve",
+        "--input",
+        typo,
     )
     assert code == 0 and "Signal workflow succeeded" in out
     # The Update needs a worker to answer: `stream` hosts one while it follows the task,
     # which ends once the approved call has run.
     async with asyncio.TaskGroup() as group:
         group.create_task(starter(dev_env, settings, "stream", "cli-tctl", "--since", "0"))
-        code, out = await temporal(
+        code, out = await temporal_cli(
+            dev_env,
             "workflow",
             "update",
             "execute",
@@ -356,7 +401,8 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
         assert code != 0
         assert "unknown approval request 1-call_1_9; pending: 1-call_1_0" in out
         assert "retryable: false" in out  # a refusal: sending it again cannot help
-        code, out = await temporal(
+        code, out = await temporal_cli(
+            dev_env,
             "workflow",
             "update",
             "execute",
