@@ -325,7 +325,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     runtime = AgentRuntime(client, settings)
     async with hosted_worker(client, settings, args.worker):
         handle = runtime.get(args.id)
@@ -349,7 +349,7 @@ def _emit(item: StreamItem, view: LiveView, as_json: bool) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     runtime = AgentRuntime(client, settings)
     handle = await runtime.find(args.id)
     if (stuck := await handle.stuck()) is not None:
@@ -370,7 +370,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     handle = AgentRuntime(client, settings).get(args.id)
     async with hosted_worker(client, settings, args.worker, activities=False):
         events = await handle.events(args.since, within=timedelta(seconds=args.timeout))
@@ -380,7 +380,7 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     tasks, _ = await AgentRuntime(client, settings).list_tasks(args.status, page_size=args.limit)
     for task in tasks:
         step = task.step if task.step is not None else "?"
@@ -525,14 +525,13 @@ async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "stop":
         _say("stopped the embedded Temporal dev server" if server.stop() else "no server to stop")
     elif args.action == "start":
-        if server.running():
-            _say(f"a Temporal server already listens on {server.address}")
-        else:
-            await asyncio.to_thread(server.start)
+        if await asyncio.to_thread(server.start):
             _say(
                 f"embedded Temporal dev server on {server.address}, Web UI "
                 f"http://localhost:{settings.dev_server_ui_port}, database {server.database}"
             )
+        else:
+            _say(f"a Temporal server already listens on {server.address}")
     else:
         _say("running" if server.running() else "not running")
     return 0
