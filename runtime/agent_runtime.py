@@ -50,7 +50,14 @@ from runtime.task_log import TaskLog
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
 from workflows.approval import decision_problem
-from workflows.events import AgentEvent, AgentState, TaskStarted, conversation_of, fold
+from workflows.events import (
+    AgentEvent,
+    AgentState,
+    Resumed,
+    TaskStarted,
+    conversation_of,
+    fold,
+)
 from workflows.models import (
     AgentOutcome,
     AgentTask,
@@ -364,6 +371,16 @@ def _summary(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def _limits_in_force(task: AgentTask, events: list[AgentEvent]) -> AgentTask:
+    """`task` with the limits the last `resumed` event among `events` left in force (each
+    records them; one recorded before events carried limits has neither)."""
+    for event in reversed(events):
+        if isinstance(event, Resumed) and event.max_steps is not None:
+            update = {"max_steps": event.max_steps, "token_budget": event.token_budget}
+            return task.model_copy(update=update)
+    return task
+
+
 def _not_found(task_id: str, err: RPCError) -> Exception:
     if err.status == RPCStatusCode.NOT_FOUND:
         return TaskNotFoundError(task_id, f"no task with id {task_id!r}")
@@ -569,8 +586,9 @@ class AgentRuntime:
         """A new task that starts from the state just after event `at_seq` of `task_id`.
 
         The original is untouched. A fork at a thought runs that thought's calls first;
-        `message` is added as the next user message. `max_steps` / `token_budget` replace
-        the original's limits. The fork has its own id and its own stream (offsets from 0).
+        `message` is added as the next user message. The fork has the limits in force at
+        `at_seq` (a resume may have raised the original's), or `max_steps` / `token_budget`
+        if given. The fork has its own id and its own stream (offsets from 0).
         """
         kept = await self.get(task_id).events(0, limit=at_seq + 1)
         if not 0 <= at_seq < len(kept) or kept[-1].seq != at_seq:
@@ -588,7 +606,9 @@ class AgentRuntime:
         fork_id = new_task_id or f"{task_id}-fork-{uuid.uuid4().hex[:6]}"
         carry = RunCarry(state=state, message=message, earlier=origin, forked=True)
         limits = {"max_steps": max_steps, "token_budget": token_budget}
-        task = first.task.model_copy(update={k: v for k, v in limits.items() if v is not None})
+        task = _limits_in_force(first.task, kept).model_copy(
+            update={k: v for k, v in limits.items() if v is not None}
+        )
         started = await self.client.start_workflow(
             AgentWorkflow.run,
             AgentRun(task=task, carry=carry),

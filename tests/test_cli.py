@@ -414,3 +414,29 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
             '{"request_id": "1-call_1_0", "decision": "approve"}',
         )
         assert code == 0 and "decision:approve" in out
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_a_fork_after_a_resume_has_the_limits_the_resume_raised(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    task = "What is 2 + 3? Write it to scratch/sum.txt"  # three steps for the offline model
+    code, _, err = await starter(
+        dev_env, settings, "run", "--id", "cli-lim", "--max-steps", "1", task
+    )
+    assert code == 1 and "reached max_steps=1" in err, err
+    code, out, err = await starter(dev_env, settings, "resume", "cli-lim", "--max-steps", "5")
+    assert code == 0 and "✔ done after 3 step(s)" in out, out + err
+    code, out, err = await starter(dev_env, settings, "events", "cli-lim")
+    assert code == 0, err
+    [resumed] = [e for e in map(json.loads, out.splitlines()) if e["type"] == "resumed"]
+    assert resumed["max_steps"] == 5
+
+    at = str(resumed["seq"])
+    code, out, err = await starter(
+        dev_env, settings, "fork", "cli-lim", "--at", at, "--new-id", "cli-lim-fork"
+    )
+    assert code == 0 and "✔ done after 3 step(s)" in out, out + err
+    # Before the resume, max_steps=1 was in force: a fork there stops where the task did.
+    code, out, err = await starter(dev_env, settings, "fork", "cli-lim", "--at", "1")
+    assert code == 1 and "reached max_steps=1" in err, out + err
