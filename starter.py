@@ -7,7 +7,8 @@ tools, and `mcp` (waystation's tools for an MCP client, over stdio).
 
 Commands that make a task progress (run, approve, resume, stream, mcp) host a worker in this
 process unless --no-worker is given, so a fresh machine needs nothing else running.
-Exit codes: 0 done, 1 failed or error, 2 usage, 3 waiting for approval, 130 cancelled.
+Exit codes: 0 done, 1 failed or error, 2 usage, 3 waiting for approval, 4 nothing to do
+(the task has already ended: cancel), 130 cancelled.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from runtime import worker_log
 from runtime.agent_runtime import (
     AgentRuntime,
     DecisionError,
+    TaskEndedError,
     TaskError,
     TaskHandle,
     TaskNotFoundError,
@@ -47,6 +49,7 @@ from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 EXIT_FAILED = 1
 EXIT_WAITING = 3
+EXIT_ENDED = 4  # nothing done: the task has already ended (cancel)
 EXIT_CANCELLED = 130
 # `status` answers with the code a command following the task would end with.
 STATUS_EXIT_CODES = {
@@ -393,7 +396,11 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
-    await AgentRuntime(client, settings).get(args.id).cancel()
+    try:
+        await AgentRuntime(client, settings).get(args.id).cancel()
+    except TaskEndedError as err:
+        _say(str(err))
+        return EXIT_ENDED
     _say(f"cancellation of {args.id} requested")
     return 0
 
@@ -720,8 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         from runtime.http_api import main as serve
 
-        serve()  # uvicorn runs its own event loop
-        return 0
+        return serve()  # uvicorn runs its own event loop
     try:
         return asyncio.run(COMMANDS[args.command](args, settings))
     except (TaskError, DecisionError, TemporalUnavailableError, StorageError) as err:

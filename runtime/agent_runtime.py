@@ -39,6 +39,7 @@ from runtime.task_errors import (
     DecisionError,
     NoWorkerError,
     TaskCancelledError,
+    TaskEndedError,
     TaskError,
     TaskFailedError,
     TaskNotFoundError,
@@ -76,6 +77,7 @@ __all__ = [
     "DecisionError",
     "NoWorkerError",
     "TaskCancelledError",
+    "TaskEndedError",
     "TaskError",
     "TaskFailedError",
     "TaskHandle",
@@ -354,6 +356,17 @@ class TaskHandle:
         return stuck(description, list(history.events))
 
     async def cancel(self) -> None:
+        """Request cancellation: the running call is cancelled, a `cancelled` event follows.
+        A task that has already ended raises TaskEndedError (Temporal would take the request
+        and do nothing)."""
+        try:
+            seen: TaskOverview | None = await self.overview()
+        except UnreadableTaskError:
+            seen = None  # its memo is sealed with a key this side lacks: cancel it regardless
+        if seen is not None and (ended := _ended_as(seen)) is not None:
+            raise TaskEndedError(
+                self.id, f"task {self.id} has already ended ({ended}): there is nothing to cancel"
+            )
         try:
             await self._handle.cancel()
         except RPCError as err:
@@ -369,6 +382,20 @@ def _summary(text: str, limit: int = 200) -> str:
     """What the Web UI shows for a task (encoded like every payload when a codec is on)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+ENDED_STATUSES = frozenset({"done", "failed", "cancelled"})
+
+
+def _ended_as(seen: TaskOverview) -> str | None:
+    """The status a task ended with, from Temporal's view (a failed task's run may wait a
+    moment more for a resumption), or None while it goes on."""
+    said = seen.memo.get(search.MEMO_STATUS)
+    if said in ENDED_STATUSES:
+        return str(said)
+    if seen.status not in (None, WorkflowExecutionStatus.RUNNING):
+        return str(said or seen.status.name.lower())
+    return None
 
 
 def _limits_in_force(task: AgentTask, events: list[AgentEvent]) -> AgentTask:

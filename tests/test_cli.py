@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -440,3 +441,38 @@ async def test_a_fork_after_a_resume_has_the_limits_the_resume_raised(
     # Before the resume, max_steps=1 was in force: a fork there stops where the task did.
     code, out, err = await starter(dev_env, settings, "fork", "cli-lim", "--at", "1")
     assert code == 1 and "reached max_steps=1" in err, out + err
+
+
+async def test_cancel_of_a_task_that_has_ended_says_so_with_its_own_exit_code(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-ended", "What is 2 + 2?")
+    assert code == 0, err
+    code, out, err = await starter(dev_env, settings, "cancel", "cli-ended")
+    assert (code, out, err.strip()) == (
+        4,
+        "",
+        "task cli-ended has already ended (done): there is nothing to cancel",
+    )
+    code, _, err = await starter(dev_env, settings, "run", "--no-wait", "--id", "cli-going", "hi")
+    assert code == 0, err
+    code, _, err = await starter(dev_env, settings, "cancel", "cli-going")
+    assert (code, err.strip()) == (0, "cancellation of cli-going requested")
+
+
+async def test_an_api_port_in_use_is_one_sentence_and_exit_code_1(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = await starter(
+            dev_env, settings, "api", extra_env={"WAYSTATION_API_PORT": str(port)}
+        )
+    assert (code, out, err.strip()) == (
+        1,
+        "",
+        f"error: cannot serve the API on 127.0.0.1:{port}: the port is in use (another "
+        "`python starter.py api`?): stop that, or set WAYSTATION_API_PORT to a free port",
+    )

@@ -144,6 +144,27 @@ async def test_start_stream_approve_done_and_reconnect(
     assert (settings.workspace_dir / "effects.txt").read_text() == "via-http\n"
 
 
+async def wait_status(api: httpx.AsyncClient, task_id: str, status: str) -> None:
+    async with asyncio.timeout(60):
+        while (await api.get(f"/tasks/{task_id}")).json()["state"]["status"] != status:
+            await asyncio.sleep(0.05)
+
+
+async def test_cancelling_a_task_that_has_ended_is_a_409_saying_so(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("over already")])
+    created = await api.post("/tasks", json={"task": "end", "model": {"name": model}})
+    task_id = created.json()["id"]
+    await wait_status(api, task_id, "done")
+    refused = await api.post(f"/tasks/{task_id}/cancel")
+    assert refused.status_code == 409, refused.text
+    assert refused.json() == {
+        "error": "task_ended",
+        "detail": f"task {task_id} has already ended (done): there is nothing to cancel",
+    }
+
+
 async def test_a_negative_last_event_id_is_refused_like_a_negative_since(
     api: httpx.AsyncClient, fake_openai: FakeOpenAI
 ) -> None:
