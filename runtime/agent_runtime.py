@@ -13,10 +13,9 @@ import functools
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -47,6 +46,7 @@ from runtime.task_errors import (
     UnreadableTaskError,
     unreadable,
 )
+from runtime.task_list import InvalidPageTokenError, TaskSummary, list_page
 from runtime.task_log import TaskLog
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
@@ -75,6 +75,7 @@ from workflows.tool_catalog import split_name
 __all__ = [
     "AgentRuntime",
     "DecisionError",
+    "InvalidPageTokenError",
     "NoWorkerError",
     "TaskCancelledError",
     "TaskEndedError",
@@ -82,6 +83,7 @@ __all__ = [
     "TaskFailedError",
     "TaskHandle",
     "TaskNotFoundError",
+    "TaskSummary",
     "UnknownToolsError",
     "UnreadableTaskError",
 ]
@@ -96,16 +98,6 @@ UPDATE_TIMEOUT = timedelta(seconds=30)
 RPC_GRACE = timedelta(seconds=5)
 
 T = TypeVar("T")
-
-
-class TaskSummary(BaseModel):
-    """One task as Temporal's visibility lists it (no worker needed)."""
-
-    id: str
-    status: str
-    step: int | None = None
-    started_at: datetime
-    closed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -656,30 +648,19 @@ class AgentRuntime:
     async def list_tasks(
         self, status: str | None = None, page_size: int = 50, page_token: bytes | None = None
     ) -> tuple[list[TaskSummary], bytes | None]:
-        """A page of tasks, newest first, optionally only those with a status: an AgentStatus,
-        or `stuck` (Temporal reports its workflow task failing again and again)."""
+        """A page of tasks, newest started first (runtime/task_list.py says how, since
+        Temporal's visibility takes no ORDER BY), optionally only those with a status: an
+        AgentStatus, or `stuck` (Temporal reports its workflow task failing again and
+        again). Each task is listed once, as its latest run; a task keeps its place in the
+        pages while it closes. InvalidPageTokenError for a token no listing gave out."""
         query = f'WorkflowType="{WORKFLOW_TYPE}"'
         if status == "stuck":
             query += f" AND {search.STUCK_QUERY}"
         elif status is not None:
             query += f' AND {search.AGENT_STATUS.name}="{status}"'
-        executions = self.client.list_workflows(
-            query, page_size=page_size, next_page_token=page_token
+        return await list_page(
+            self.client, query, page_size, page_token, running_only=status == "stuck"
         )
-        await executions.fetch_next_page()
-        tasks = [
-            TaskSummary(
-                id=e.id,
-                status="stuck"
-                if search.reports_stuck(e.search_attributes)
-                else e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
-                step=e.typed_search_attributes.get(search.AGENT_STEP),
-                started_at=e.start_time,
-                closed_at=e.close_time,
-            )
-            for e in executions.current_page or []
-        ]
-        return tasks, executions.next_page_token
 
     async def find(self, task_id: str) -> TaskHandle:
         """The handle of an existing task, as it is: raises TaskNotFoundError, changes nothing."""

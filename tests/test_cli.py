@@ -441,6 +441,35 @@ async def test_a_fork_after_a_resume_has_the_limits_the_resume_raised(
     # Before the resume, max_steps=1 was in force: a fork there stops where the task did.
     code, out, err = await starter(dev_env, settings, "fork", "cli-lim", "--at", "1")
     assert code == 1 and "reached max_steps=1" in err, out + err
+    # The resumed task is listed once, as its latest run (a resume resets its failed run).
+    code, out, err = await starter(dev_env, settings, "list")
+    assert code == 0, err
+    [row] = [line.split() for line in out.splitlines() if line.split()[0] == "cli-lim"]
+    assert row[1:4] == ["done", "step", "3"]
+
+
+async def listed_ids(dev_env: WorkflowEnvironment, settings: Settings, *args: str) -> list[str]:
+    code, out, err = await starter(dev_env, settings, "list", *args)
+    assert code == 0, err
+    return [line.split()[0] for line in out.splitlines()]
+
+
+@pytest.mark.long(minutes=0.5)
+async def test_list_shows_tasks_newest_started_first_not_by_when_they_ended(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-older", "Run `echo o`")
+    assert code == 3, err
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-newer", "What is 2 + 2?")
+    assert code == 0, err
+    code, _, err = await starter(dev_env, settings, "approve", "cli-older")
+    assert code == 0, err  # the older task ends last
+    async with asyncio.timeout(60):  # until visibility shows both as done
+        while not {"cli-older", "cli-newer"} <= set(
+            ids := await listed_ids(dev_env, settings, "--status", "done")
+        ):
+            pass
+    assert [i for i in ids if i in ("cli-older", "cli-newer")] == ["cli-newer", "cli-older"]
 
 
 async def test_cancel_of_a_task_that_has_ended_says_so_with_its_own_exit_code(
