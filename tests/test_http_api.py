@@ -337,6 +337,24 @@ async def test_tasks_are_listed_newest_started_first_and_keep_their_place_as_the
     assert response.status_code == 400 and response.json()["error"] == "invalid_page_token"
 
 
+async def test_a_task_that_continued_as_new_is_listed_once(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    add = ("calculator", {"expression": "1 + 1"})
+    model = fake_openai.script([tools(add), tools(add), text("2 and 2")])
+    body = {"task": "long", "model": {"name": model}, "continue_as_new_after_steps": 1}
+    task_id = (await api.post("/tasks", json=body)).json()["id"]
+    await wait_status(api, task_id, "done")
+    async with asyncio.timeout(60):  # until visibility has the last run as done
+        while True:
+            tasks = (await api.get("/tasks", params={"page_size": 500})).json()["tasks"]
+            mine = [t for t in tasks if t["id"] == task_id]
+            if any(t["status"] == "done" for t in mine):
+                break
+            await asyncio.sleep(0.1)
+    assert [(t["status"], t["step"]) for t in mine] == [("done", 3)]
+
+
 def token_of(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode()
 
