@@ -505,3 +505,63 @@ async def test_an_api_port_in_use_is_one_sentence_and_exit_code_1(
         f"error: cannot serve the API on 127.0.0.1:{port}: the port is in use (another "
         "`python starter.py api`?): stop that, or set WAYSTATION_API_PORT to a free port",
     )
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_the_temporal_cli_signal_needs_no_worker_and_the_update_waits_for_one(
+    dev_env: WorkflowEnvironment, settings: Settings, spawn_worker: Any
+) -> None:
+    # Two tasks wait for approval; the `run`s that hosted their worker have exited.
+    for task_id in ("cli-by-signal", "cli-by-update"):
+        code, _, err = await starter(dev_env, settings, "run", "--id", task_id, "Run `echo x`")
+        assert code == 3, err
+    approve = '{"request_id": "1-call_1_0", "decision": "approve"}'
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-by-signal",
+        "--name",
+        "approve",
+        "--input",
+        '{"request_id": "1-call_1_0"}',
+    )
+    assert code == 0 and "Signal workflow succeeded" in out  # recorded, with no worker
+    update = asyncio.create_task(
+        temporal_cli(
+            dev_env,
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-by-update",
+            "--name",
+            "decide",
+            "--update-id",
+            "decision-1",
+            "--input",
+            approve,
+        )
+    )
+    async with asyncio.timeout(60):  # until Temporal holds the Update for a worker
+        while True:
+            code, out = await temporal_cli(
+                dev_env,
+                "workflow",
+                "update",
+                "describe",
+                "--workflow-id",
+                "cli-by-update",
+                "--update-id",
+                "decision-1",
+            )
+            if code == 0:
+                break
+    assert "Admitted" in out and not update.done()
+    await spawn_worker()
+    code, out = await update
+    assert code == 0 and "decision:approve" in out
+    for task_id in ("cli-by-signal", "cli-by-update"):
+        code, out, err = await starter(dev_env, settings, "stream", task_id, "--no-worker")
+        assert code == 0 and "✔ done after 2 step(s)" in out, out + err
