@@ -86,8 +86,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def main() -> int:
-    """Serve until interrupted. Exit code 1 with one sentence when the API cannot start (its
-    port taken, Temporal unreachable), not uvicorn's 3, which `ws` uses for a waiting task."""
+    """Serve until interrupted. Exit code 1 when the API cannot start (a taken port says so
+    in one sentence; a start-up that fails, e.g. Temporal unreachable, in uvicorn's log),
+    not uvicorn's 3, which the command line uses for a task waiting for approval."""
     import uvicorn
 
     settings = Settings()
