@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.commands import command
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
+from runtime.temporal import temporal_binary
 from testing.fake_openai import FakeOpenAI, error, text
 from testing.workers import REPO, WorkerProcess
 
@@ -53,6 +55,21 @@ async def starter(
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+async def temporal_cli(dev_env: WorkflowEnvironment, *args: str) -> tuple[int, str]:
+    """The Temporal CLI (`temporal ARGS`) against the dev server: exit code, output."""
+    process = await asyncio.create_subprocess_exec(
+        temporal_binary(),
+        *args,
+        "--address",
+        dev_env.client.service_client.config.target_host,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
 
 
 @pytest.mark.long(minutes=0.4)
@@ -251,6 +268,42 @@ async def test_no_wait_and_status_say_when_no_worker_polls_the_task_queue(
     assert worker.process.poll() is None
 
 
+@pytest.mark.long(minutes=0.45)
+async def test_a_worker_that_a_finished_command_hosted_does_not_count_as_serving(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    # `run` hosts a worker (workflow and activity tasks) until it exits waiting for approval;
+    # Temporal lists that worker's polls for a minute more, though nothing serves the queue.
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-gone", "Run `echo g`")
+    assert code == 3, err
+    approve = '{"request_id": "1-call_1_0"}'
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-gone",
+        "--name",
+        "approve",
+        "--input",
+        approve,
+    )
+    assert code == 0, out
+    # `status` hosts a query-only worker, which applies the approval: the tool call waits.
+    code, out, err = await starter(dev_env, settings, "status", "cli-gone")
+    assert code == 0 and "status    running" in out, out + err
+    assert f"no worker polls task queue '{settings.task_queue}' for workflow tasks" in err, err
+    code, out, err = await starter(
+        dev_env, settings, "events", "cli-gone", "--no-worker", "--timeout", "1"
+    )
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        "error: no worker answered the events query within 1 s: no worker polls task queue "
+        f"'{settings.task_queue}': the task waits until one does; start one with "
+        "`python worker.py` (or `python starter.py worker`)"
+    )
+
+
 async def test_events_that_no_worker_answers_are_one_sentence(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -312,38 +365,31 @@ async def test_a_blank_task_and_unknown_tools_are_one_line_errors(
 async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    from runtime.temporal import temporal_binary
-
     readme = (REPO / "README.md").read_text()
     assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
     assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
     code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
     assert code == 3, err
-    address = dev_env.client.service_client.config.target_host
-
-    async def temporal(*args: str) -> tuple[int, str]:
-        process = await asyncio.create_subprocess_exec(
-            temporal_binary(),
-            *args,
-            "--address",
-            address,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(process.communicate(), 60)
-        assert process.returncode is not None
-        return process.returncode, out.decode()
 
     typo = '{"request_id": "1-call_1_9"}'
-    code, out = await temporal(
-        "workflow", "signal", "--workflow-id", "cli-tctl", "--name", "approve", "--input", typo
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-tctl",
+        "--name",
+        "approve",
+        "--input",
+        typo,
     )
     assert code == 0 and "Signal workflow succeeded" in out
     # The Update needs a worker to answer: `stream` hosts one while it follows the task,
     # which ends once the approved call has run.
     async with asyncio.TaskGroup() as group:
         group.create_task(starter(dev_env, settings, "stream", "cli-tctl", "--since", "0"))
-        code, out = await temporal(
+        code, out = await temporal_cli(
+            dev_env,
             "workflow",
             "update",
             "execute",
@@ -357,7 +403,8 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
         assert code != 0
         assert "unknown approval request 1-call_1_9; pending: 1-call_1_0" in out
         assert "retryable: false" in out  # a refusal: sending it again cannot help
-        code, out = await temporal(
+        code, out = await temporal_cli(
+            dev_env,
             "workflow",
             "update",
             "execute",
@@ -369,3 +416,153 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
             '{"request_id": "1-call_1_0", "decision": "approve"}',
         )
         assert code == 0 and "decision:approve" in out
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_a_fork_after_a_resume_has_the_limits_the_resume_raised(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    task = "What is 2 + 3? Write it to scratch/sum.txt"  # three steps for the offline model
+    code, _, err = await starter(
+        dev_env, settings, "run", "--id", "cli-lim", "--max-steps", "1", task
+    )
+    assert code == 1 and "reached max_steps=1" in err, err
+    code, out, err = await starter(dev_env, settings, "resume", "cli-lim", "--max-steps", "5")
+    assert code == 0 and "✔ done after 3 step(s)" in out, out + err
+    code, out, err = await starter(dev_env, settings, "events", "cli-lim")
+    assert code == 0, err
+    [resumed] = [e for e in map(json.loads, out.splitlines()) if e["type"] == "resumed"]
+    assert resumed["max_steps"] == 5
+
+    at = str(resumed["seq"])
+    code, out, err = await starter(
+        dev_env, settings, "fork", "cli-lim", "--at", at, "--new-id", "cli-lim-fork"
+    )
+    assert code == 0 and "✔ done after 3 step(s)" in out, out + err
+    # Before the resume, max_steps=1 was in force: a fork there stops where the task did.
+    code, out, err = await starter(dev_env, settings, "fork", "cli-lim", "--at", "1")
+    assert code == 1 and "reached max_steps=1" in err, out + err
+    # The resumed task is listed once, as its latest run (a resume resets its failed run).
+    code, out, err = await starter(dev_env, settings, "list")
+    assert code == 0, err
+    [row] = [line.split() for line in out.splitlines() if line.split()[0] == "cli-lim"]
+    assert row[1:4] == ["done", "step", "3"]
+
+
+async def listed_ids(dev_env: WorkflowEnvironment, settings: Settings, *args: str) -> list[str]:
+    code, out, err = await starter(dev_env, settings, "list", *args)
+    assert code == 0, err
+    return [line.split()[0] for line in out.splitlines()]
+
+
+@pytest.mark.long(minutes=0.5)
+async def test_list_shows_tasks_newest_started_first_not_by_when_they_ended(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-older", "Run `echo o`")
+    assert code == 3, err
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-newer", "What is 2 + 2?")
+    assert code == 0, err
+    code, _, err = await starter(dev_env, settings, "approve", "cli-older")
+    assert code == 0, err  # the older task ends last
+    async with asyncio.timeout(60):  # until visibility shows both as done
+        while not {"cli-older", "cli-newer"} <= set(
+            ids := await listed_ids(dev_env, settings, "--status", "done")
+        ):
+            pass
+    assert [i for i in ids if i in ("cli-older", "cli-newer")] == ["cli-newer", "cli-older"]
+
+
+async def test_cancel_of_a_task_that_has_ended_says_so_with_its_own_exit_code(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-ended", "What is 2 + 2?")
+    assert code == 0, err
+    code, out, err = await starter(dev_env, settings, "cancel", "cli-ended")
+    assert (code, out, err.strip()) == (
+        4,
+        "",
+        "task cli-ended has already ended (done): there is nothing to cancel",
+    )
+    code, _, err = await starter(dev_env, settings, "run", "--no-wait", "--id", "cli-going", "hi")
+    assert code == 0, err
+    code, _, err = await starter(dev_env, settings, "cancel", "cli-going")
+    assert (code, err.strip()) == (0, "cancellation of cli-going requested")
+
+
+async def test_an_api_port_in_use_is_one_sentence_and_exit_code_1(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = await starter(
+            dev_env, settings, "api", extra_env={"WAYSTATION_API_PORT": str(port)}
+        )
+    assert (code, out, err.strip()) == (
+        1,
+        "",
+        f"error: cannot serve the API on 127.0.0.1:{port}: the port is in use (another "
+        f"`{command('api')}`?): stop that, or set WAYSTATION_API_PORT to a free port",
+    )
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_the_temporal_cli_signal_needs_no_worker_and_the_update_waits_for_one(
+    dev_env: WorkflowEnvironment, settings: Settings, spawn_worker: Any
+) -> None:
+    # Two tasks wait for approval; the `run`s that hosted their worker have exited.
+    for task_id in ("cli-by-signal", "cli-by-update"):
+        code, _, err = await starter(dev_env, settings, "run", "--id", task_id, "Run `echo x`")
+        assert code == 3, err
+    approve = '{"request_id": "1-call_1_0", "decision": "approve"}'
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-by-signal",
+        "--name",
+        "approve",
+        "--input",
+        '{"request_id": "1-call_1_0"}',
+    )
+    assert code == 0 and "Signal workflow succeeded" in out  # recorded, with no worker
+    update = asyncio.create_task(
+        temporal_cli(
+            dev_env,
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-by-update",
+            "--name",
+            "decide",
+            "--update-id",
+            "decision-1",
+            "--input",
+            approve,
+        )
+    )
+    async with asyncio.timeout(60):  # until Temporal holds the Update for a worker
+        while True:
+            code, out = await temporal_cli(
+                dev_env,
+                "workflow",
+                "update",
+                "describe",
+                "--workflow-id",
+                "cli-by-update",
+                "--update-id",
+                "decision-1",
+            )
+            if code == 0:
+                break
+    assert "Admitted" in out and not update.done()
+    await spawn_worker()
+    code, out = await update
+    assert code == 0 and "decision:approve" in out
+    for task_id in ("cli-by-signal", "cli-by-update"):
+        code, out, err = await starter(dev_env, settings, "stream", task_id, "--no-worker")
+        assert code == 0 and "✔ done after 2 step(s)" in out, out + err
