@@ -10,7 +10,8 @@ from a source tree.
 
 Commands that make a task progress (run, approve, resume, stream, mcp) host a worker in this
 process unless --no-worker is given, so a fresh machine needs nothing else running.
-Exit codes: 0 done, 1 failed or error, 2 usage, 3 waiting for approval, 130 cancelled.
+Exit codes: 0 done, 1 failed or error, 2 usage, 3 waiting for approval, 4 nothing to do
+(the task has already ended: cancel), 130 cancelled.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ from runtime import worker_log
 from runtime.agent_runtime import (
     AgentRuntime,
     DecisionError,
+    TaskEndedError,
     TaskError,
     TaskHandle,
     TaskNotFoundError,
     UnknownToolsError,
 )
-from runtime.pollers import no_worker_note
+from runtime.pollers import cli_worker_identity, no_worker_note
 from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
@@ -59,6 +61,7 @@ class UsageError(Exception):
 
 EXIT_FAILED = 1
 EXIT_WAITING = 3
+EXIT_ENDED = 4  # nothing done: the task has already ended (cancel)
 EXIT_CANCELLED = 130
 # `status` answers with the code a command following the task would end with.
 STATUS_EXIT_CODES = {
@@ -91,7 +94,8 @@ async def hosted_worker(
         return
     from worker import build_worker
 
-    async with build_worker(client, settings, activities=activities):
+    identity = cli_worker_identity()  # it serves only while this command runs
+    async with build_worker(client, settings, activities=activities, identity=identity):
         yield
 
 
@@ -505,7 +509,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     runtime = AgentRuntime(client, settings)
     async with hosted_worker(client, settings, args.worker):
         handle = runtime.get(args.id)
@@ -529,7 +533,7 @@ def _emit(item: StreamItem, view: LiveView, as_json: bool) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     runtime = AgentRuntime(client, settings)
     handle = await runtime.find(args.id)
     if (stuck := await handle.stuck()) is not None:
@@ -550,7 +554,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     handle = AgentRuntime(client, settings).get(args.id)
     async with hosted_worker(client, settings, args.worker, activities=False):
         events = await handle.events(args.since, within=timedelta(seconds=args.timeout))
@@ -560,7 +564,7 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, start_server=False)
     tasks, _ = await AgentRuntime(client, settings).list_tasks(args.status, page_size=args.limit)
     for task in tasks:
         step = task.step if task.step is not None else "?"
@@ -573,7 +577,11 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
-    await AgentRuntime(client, settings).get(args.id).cancel()
+    try:
+        await AgentRuntime(client, settings).get(args.id).cancel()
+    except TaskEndedError as err:
+        _say(str(err))
+        return EXIT_ENDED
     _say(f"cancellation of {args.id} requested")
     return 0
 
@@ -706,14 +714,13 @@ async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "stop":
         _say("stopped the embedded Temporal dev server" if server.stop() else "no server to stop")
     elif args.action == "start":
-        if server.running():
-            _say(f"a Temporal server already listens on {server.address}")
-        else:
-            await asyncio.to_thread(server.start)
+        if await asyncio.to_thread(server.start):
             _say(
                 f"embedded Temporal dev server on {server.address}, Web UI "
                 f"http://localhost:{settings.dev_server_ui_port}, database {server.database}"
             )
+        else:
+            _say(f"a Temporal server already listens on {server.address}")
     else:
         _say("running" if server.running() else "not running")
     return 0
@@ -943,8 +950,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         from runtime.http_api import main as serve
 
-        serve()  # uvicorn runs its own event loop
-        return 0
+        return serve()  # uvicorn runs its own event loop
     try:
         return asyncio.run(COMMANDS[args.command](args, settings))
     except (TaskError, DecisionError, TemporalUnavailableError, StorageError) as err:

@@ -148,6 +148,7 @@ def build_worker(
     activities: bool = True,
     backends: Mapping[str, ChatBackend] | None = None,
     storage: Storage | None = None,
+    identity: str | None = None,
 ) -> AgentWorker:
     """A worker for the agent workflow and its activities on the settings' task queue.
 
@@ -156,7 +157,8 @@ def build_worker(
     the server (a short-lived process would abandon them), only workflow tasks, which may
     run pure tools locally; it then never opens the storage. `backends` serves models by
     name from something other than the OpenAI endpoint. `storage` (default: the settings')
-    is opened when the worker starts; one passed in is left open at shutdown.
+    is opened when the worker starts; one passed in is left open at shutdown. `identity`
+    names it to Temporal (default: the client's).
     """
     registry = registry or load_tools(settings.tools)
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
@@ -202,6 +204,7 @@ def build_worker(
         max_cached_workflows=settings.worker_cached_tasks,
         graceful_shutdown_timeout=graceful_shutdown,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        identity=identity,
     )
 
 

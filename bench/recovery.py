@@ -12,13 +12,14 @@ The floor is the activity heartbeat timeout (a dead worker is noticed after it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import Bench, Row, median, percentile, run_alone, say
-from runtime.agent_runtime import AgentRuntime
+from runtime.agent_runtime import AgentRuntime, TaskEndedError
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import WorkerProcess
@@ -49,7 +50,8 @@ async def kill_inside_llm(env: WorkflowEnvironment, fake: FakeOpenAI, settings: 
     finally:
         first.kill()
         if second is not None:
-            await handle.cancel()
+            with contextlib.suppress(TaskEndedError):
+                await handle.cancel()
             second.kill()
 
 

@@ -13,10 +13,9 @@ import functools
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -43,6 +42,7 @@ from runtime.task_errors import (
     MessageRefusedError,
     NoWorkerError,
     TaskCancelledError,
+    TaskEndedError,
     TaskError,
     TaskFailedError,
     TaskNotFoundError,
@@ -50,6 +50,7 @@ from runtime.task_errors import (
     UnreadableTaskError,
     unreadable,
 )
+from runtime.task_list import InvalidPageTokenError, TaskSummary, list_page
 from runtime.task_log import TaskLog
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
@@ -58,6 +59,7 @@ from workflows.events import (
     AgentEvent,
     AgentState,
     Done,
+    Resumed,
     TaskStarted,
     UserMessage,
     conversation_of,
@@ -82,13 +84,16 @@ from workflows.tool_catalog import split_name
 __all__ = [
     "AgentRuntime",
     "DecisionError",
+    "InvalidPageTokenError",
     "MessageRefusedError",
     "NoWorkerError",
     "TaskCancelledError",
+    "TaskEndedError",
     "TaskError",
     "TaskFailedError",
     "TaskHandle",
     "TaskNotFoundError",
+    "TaskSummary",
     "UnknownToolsError",
     "UnreadableTaskError",
 ]
@@ -103,16 +108,6 @@ UPDATE_TIMEOUT = timedelta(seconds=30)
 RPC_GRACE = timedelta(seconds=5)
 
 T = TypeVar("T")
-
-
-class TaskSummary(BaseModel):
-    """One task as Temporal's visibility lists it (no worker needed)."""
-
-    id: str
-    status: str
-    step: int | None = None
-    started_at: datetime
-    closed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -501,6 +496,17 @@ class TaskHandle:
         return stuck(description, list(history.events))
 
     async def cancel(self) -> None:
+        """Request cancellation: the running call is cancelled, a `cancelled` event follows.
+        A task that has already ended raises TaskEndedError (Temporal would take the request
+        and do nothing)."""
+        try:
+            seen: TaskOverview | None = await self.overview()
+        except UnreadableTaskError:
+            seen = None  # its memo is sealed with a key this side lacks: cancel it regardless
+        if seen is not None and (ended := _ended_as(seen)) is not None:
+            raise TaskEndedError(
+                self.id, f"task {self.id} has already ended ({ended}): there is nothing to cancel"
+            )
         try:
             await self._handle.cancel()
         except RPCError as err:
@@ -528,6 +534,35 @@ def _summary(text: str, limit: int = 200) -> str:
     """What the Web UI shows for a task (encoded like every payload when a codec is on)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+ENDED_STATUSES = frozenset({"done", "failed", "cancelled"})
+
+
+def _ended_as(seen: TaskOverview) -> str | None:
+    """The status a task ended with, from Temporal's view (a failed task's run may wait a
+    moment more for a resumption), or None while it goes on."""
+    said = seen.memo.get(search.MEMO_STATUS)
+    if said in ENDED_STATUSES:
+        return str(said)
+    if seen.status not in (None, WorkflowExecutionStatus.RUNNING):
+        return str(said or seen.status.name.lower())
+    return None
+
+
+def _limits_in_force(task: AgentTask, events: list[AgentEvent]) -> AgentTask:
+    """`task` with the limits in force after `events`: those the last `resumed` event left
+    (each records both; one recorded before events carried limits has neither), and a
+    later message's max_steps for its turn."""
+    update: dict[str, Any] = {}
+    for event in reversed(events):
+        if isinstance(event, UserMessage) and event.max_steps is not None:
+            update.setdefault("max_steps", event.max_steps)
+        if isinstance(event, Resumed) and event.max_steps is not None:
+            update.setdefault("max_steps", event.max_steps)
+            update["token_budget"] = event.token_budget
+            break
+    return task.model_copy(update=update) if update else task
 
 
 def _not_found(task_id: str, err: RPCError) -> Exception:
@@ -745,8 +780,9 @@ class AgentRuntime:
         """A new task that starts from the state just after event `at_seq` of `task_id`.
 
         The original is untouched. A fork at a thought runs that thought's calls first;
-        `message` is added as the next user message. `max_steps` / `token_budget` replace
-        the original's limits. The fork has its own id and its own stream (offsets from 0).
+        `message` is added as the next user message. The fork has the limits in force at
+        `at_seq` (a resume may have raised the original's), or `max_steps` / `token_budget`
+        if given. The fork has its own id and its own stream (offsets from 0).
         """
         kept = await self.get(task_id).events(0, limit=at_seq + 1)
         if not 0 <= at_seq < len(kept) or kept[-1].seq != at_seq:
@@ -764,7 +800,9 @@ class AgentRuntime:
         fork_id = new_task_id or f"{task_id}-fork-{uuid.uuid4().hex[:6]}"
         carry = RunCarry(state=state, message=message, earlier=origin, forked=True)
         limits = {"max_steps": max_steps, "token_budget": token_budget}
-        task = first.task.model_copy(update={k: v for k, v in limits.items() if v is not None})
+        task = _limits_in_force(first.task, kept).model_copy(
+            update={k: v for k, v in limits.items() if v is not None}
+        )
         started = await self.client.start_workflow(
             AgentWorkflow.run,
             AgentRun(task=task, carry=carry),
@@ -785,30 +823,19 @@ class AgentRuntime:
     async def list_tasks(
         self, status: str | None = None, page_size: int = 50, page_token: bytes | None = None
     ) -> tuple[list[TaskSummary], bytes | None]:
-        """A page of tasks, newest first, optionally only those with a status: an AgentStatus,
-        or `stuck` (Temporal reports its workflow task failing again and again)."""
+        """A page of tasks, newest started first (runtime/task_list.py says how, since
+        Temporal's visibility takes no ORDER BY), optionally only those with a status: an
+        AgentStatus, or `stuck` (Temporal reports its workflow task failing again and
+        again). Each task is listed once, as its latest run; a task keeps its place in the
+        pages while it closes. InvalidPageTokenError for a token no listing gave out."""
         query = f'WorkflowType="{WORKFLOW_TYPE}"'
         if status == "stuck":
             query += f" AND {search.STUCK_QUERY}"
         elif status is not None:
             query += f' AND {search.AGENT_STATUS.name}="{status}"'
-        executions = self.client.list_workflows(
-            query, page_size=page_size, next_page_token=page_token
+        return await list_page(
+            self.client, query, page_size, page_token, running_only=status == "stuck"
         )
-        await executions.fetch_next_page()
-        tasks = [
-            TaskSummary(
-                id=e.id,
-                status="stuck"
-                if search.reports_stuck(e.search_attributes)
-                else e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
-                step=e.typed_search_attributes.get(search.AGENT_STEP),
-                started_at=e.start_time,
-                closed_at=e.close_time,
-            )
-            for e in executions.current_page or []
-        ]
-        return tasks, executions.next_page_token
 
     async def find(self, task_id: str) -> TaskHandle:
         """The handle of an existing task, as it is: raises TaskNotFoundError, changes nothing."""

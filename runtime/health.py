@@ -14,17 +14,14 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import (
-    DescribeTaskQueueRequest,
-    DescribeWorkflowExecutionRequest,
-)
+from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 
 from runtime.busy import reading
 from runtime.commands import command
+from runtime.pollers import polling_workers
 from runtime.task_errors import NoWorkerError
 
 # A workflow task that failed this many times in a row is a task that will not move by
@@ -55,20 +52,13 @@ async def overview(client: Client, task_id: str) -> TaskOverview:
     return TaskOverview(info.execution.run_id, status, dict(zip(fields, values, strict=True)))
 
 
-async def polling_workers(client: Client, task_queue: str) -> list[str]:
-    """Identities of the workers that recently polled the task queue for workflow tasks."""
-    request = DescribeTaskQueueRequest(
-        namespace=client.namespace,
-        task_queue=TaskQueue(name=task_queue),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-    )
-    response = await reading(lambda: client.workflow_service.describe_task_queue(request))
-    return [poller.identity for poller in response.pollers]
-
-
 async def worker_hint(client: Client, task_queue: str) -> str | None:
-    """A sentence saying no worker serves the task queue and how to start one, or None."""
-    if await polling_workers(client, task_queue):
+    """A sentence saying no worker serves the task queue and how to start one, or None.
+    A worker this process hosts counts; one a finished command hosted does not."""
+    serving = await reading(
+        lambda: polling_workers(client, task_queue, "workflow", this_process=True)
+    )
+    if serving:
         return None
     return (
         f"no worker polls task queue {task_queue!r}: the task waits until one does; start one "

@@ -10,6 +10,8 @@ The routes live in `runtime/api/`, one router per concern; MCP clients are serve
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -22,6 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from runtime.agent_runtime import AgentRuntime
 from runtime.api import codec, console, tasks
 from runtime.api.errors import ERROR_RESPONSES, install_error_handlers
+from runtime.commands import command
 from runtime.mcp_server import mount_http
 from runtime.settings import Settings
 from runtime.temporal import connect
@@ -70,13 +73,41 @@ def create_app(
     return app
 
 
-def main() -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port for the server to listen on (OSError if it cannot be)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def main() -> int:
+    """Serve until interrupted. Exit code 1 when the API cannot start (a taken port says so
+    in one sentence; a start-up that fails, e.g. Temporal unreachable, in uvicorn's log),
+    not uvicorn's 3, which the command line uses for a task waiting for approval."""
     import uvicorn
 
     settings = Settings()
-    host = settings.api_host
+    host, port = settings.api_host, settings.api_port
     if not settings.api_tokens and host not in ("127.0.0.1", "localhost", "::1"):
         host = "127.0.0.1"
+    # Bound before anything else starts, so a taken port is one sentence, not a traceback.
+    try:
+        sock = listen(host, port)
+    except OSError as err:
+        why = (
+            f"the port is in use (another `{command('api')}`?): stop that, or set "
+            "WAYSTATION_API_PORT to a free port"
+            if err.errno == errno.EADDRINUSE
+            else err.strerror or str(err)
+        )
+        print(f"error: cannot serve the API on {host}:{port}: {why}", file=sys.stderr)
+        return 1
     if not settings.api_tokens:
         print(
             "no API tokens configured (WAYSTATION_API_TOKENS): binding to localhost only, "
@@ -84,10 +115,12 @@ def main() -> None:
             file=sys.stderr,
         )
     print(
-        f"waystation API and console on http://{host}:{settings.api_port}/ (API docs: /docs)",
+        f"waystation API and console on http://{host}:{port}/ (API docs: /docs)",
         file=sys.stderr,
     )
-    uvicorn.run(create_app(settings), host=host, port=settings.api_port)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port))
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
 
 
 def __getattr__(name: str) -> Any:

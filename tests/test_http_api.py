@@ -18,6 +18,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
+from runtime.api.paging import encode_page_token
 from runtime.api.tasks import task_id_for
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
@@ -142,6 +143,27 @@ async def test_start_stream_approve_done_and_reconnect(
     log = (await api.get(f"/tasks/{task_id}/log?since=2&limit=3")).json()
     assert [e["seq"] for e in log["events"]] == [2, 3, 4] and log["next_seq"] == 5
     assert (settings.workspace_dir / "effects.txt").read_text() == "via-http\n"
+
+
+async def wait_status(api: httpx.AsyncClient, task_id: str, status: str) -> None:
+    async with asyncio.timeout(60):
+        while (await api.get(f"/tasks/{task_id}")).json()["state"]["status"] != status:
+            await asyncio.sleep(0.05)
+
+
+async def test_cancelling_a_task_that_has_ended_is_a_409_saying_so(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("over already")])
+    created = await api.post("/tasks", json={"task": "end", "model": {"name": model}})
+    task_id = created.json()["id"]
+    await wait_status(api, task_id, "done")
+    refused = await api.post(f"/tasks/{task_id}/cancel")
+    assert refused.status_code == 409, refused.text
+    assert refused.json() == {
+        "error": "task_ended",
+        "detail": f"task {task_id} has already ended (done): there is nothing to cancel",
+    }
 
 
 async def test_a_negative_last_event_id_is_refused_like_a_negative_since(
@@ -276,6 +298,61 @@ async def test_task_pages_walk_every_task_and_refuse_forged_tokens(
         response = await api.get("/tasks", params={"page_token": forged})
         assert response.status_code == 400, forged
         assert response.json()["error"] == "invalid_page_token"
+
+
+async def test_tasks_are_listed_newest_started_first_and_keep_their_place_as_they_close(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    waits = fake_openai.script([tools(("run_shell", {"command": "echo older"})), text("o")])
+    quick = fake_openai.script([text("n")])
+    older = (await api.post("/tasks", json={"task": "older", "model": {"name": waits}})).json()
+    [request] = await wait_pending(api, older["id"])
+    newer = (await api.post("/tasks", json={"task": "newer", "model": {"name": quick}})).json()
+    await wait_status(api, newer["id"], "done")
+    ours = {older["id"]: "older", newer["id"]: "newer"}
+
+    async def listed(**params: str | int) -> tuple[list[str], str | None]:
+        page = (await api.get("/tasks", params=params)).json()
+        return [ours.get(t["id"], t["id"]) for t in page["tasks"]], page["next_page_token"]
+
+    async with asyncio.timeout(60):  # until visibility shows both
+        while not set(ours.values()) <= set((await listed(page_size=500))[0]):
+            await asyncio.sleep(0.1)
+    # Newest started first, though the older one still runs (Temporal lists those first).
+    first, token = await listed(page_size=1)
+    assert first == ["newer"] and token is not None
+    approved = await api.post(f"/tasks/{older['id']}/approve", json={"request_id": request})
+    assert approved.status_code == 200, approved.text
+    await wait_status(api, older["id"], "done")
+    async with asyncio.timeout(60):
+        while "older" not in (await listed(status="done", page_size=500))[0]:
+            await asyncio.sleep(0.1)
+    # Closed since page 1 was read, the older task is on page 2 still, not skipped.
+    second, _ = await listed(page_size=1, page_token=token)
+    assert second == ["older"]
+    # The newer one finished first, yet comes first: the order is by start, not by end.
+    done, _ = await listed(status="done", page_size=500)
+    assert [n for n in done if n in ours.values()] == ["newer", "older"]
+    response = await api.get("/tasks", params={"page_token": encode_page_token(b"{}")})
+    assert response.status_code == 400 and response.json()["error"] == "invalid_page_token"
+
+
+async def test_a_task_that_continued_as_new_is_listed_once(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    add = ("calculator", {"expression": "1 + 1"})
+    model = fake_openai.script([tools(add), tools(add), text("2 and 2")])
+    body = {"task": "long", "model": {"name": model}, "continue_as_new_after_steps": 1}
+    task_id = (await api.post("/tasks", json=body)).json()["id"]
+    await wait_status(api, task_id, "done")
+    async with asyncio.timeout(60):  # until visibility has the last run as done
+        while True:
+            tasks = (await api.get("/tasks", params={"page_size": 500})).json()["tasks"]
+            mine = [t for t in tasks if t["id"] == task_id]
+            if any(t["status"] == "done" for t in mine):
+                break
+            await asyncio.sleep(0.1)
+    assert [(t["status"], t["step"]) for t in mine] == [("done", 3)]
 
 
 def token_of(raw: bytes) -> str:

@@ -14,6 +14,7 @@ from runtime.task_errors import (
     DecisionError,
     MessageRefusedError,
     NoWorkerError,
+    TaskEndedError,
     TaskError,
     TaskNotFoundError,
     TaskStuckError,
@@ -76,6 +77,8 @@ def install_error_handlers(app: FastAPI) -> None:
             status, kind = 503, "no_worker"
         elif isinstance(err, TaskStuckError):
             status, kind = 409, "stuck"
+        elif isinstance(err, TaskEndedError):
+            status, kind = 409, "task_ended"
         elif isinstance(err, UnreadableTaskError):
             status, kind = 500, "unreadable_task"
         elif isinstance(err, MessageRefusedError):

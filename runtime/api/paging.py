@@ -1,4 +1,5 @@
-"""Page tokens of task lists: Temporal's own, with a checksum so forged ones fail fast."""
+"""Page tokens of task lists (runtime/task_list.py's), with a checksum so forged ones fail
+fast."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import binascii
 import hashlib
 
 from runtime.api.errors import ApiError
+from runtime.task_list import is_page_token
 
 PAGE_TOKEN_CHECK_BYTES = 8
 
@@ -16,8 +18,8 @@ def _check(token: bytes) -> bytes:
 
 
 def encode_page_token(token: bytes) -> str:
-    """Temporal's page token with a checksum: the server chokes on tokens it did not make
-    (it retries them for seconds, then fails), so the API refuses those itself."""
+    """A task list's page token with a checksum: the API refuses a token it did not make
+    before anything reads it."""
     return base64.urlsafe_b64encode(_check(token) + token).decode()
 
 
@@ -27,6 +29,6 @@ def decode_page_token(encoded: str) -> bytes:
     except (binascii.Error, ValueError):
         raw = b""
     check, token = raw[:PAGE_TOKEN_CHECK_BYTES], raw[PAGE_TOKEN_CHECK_BYTES:]
-    if not token or check != _check(token):
+    if not token or check != _check(token) or not is_page_token(token):
         raise ApiError(400, "invalid_page_token", "page_token is not one this API gave out")
     return token

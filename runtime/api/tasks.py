@@ -391,7 +391,8 @@ async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> T
 
 @router.post("/tasks/{task_id}/cancel", status_code=202, response_model=TaskView)
 async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
-    """Request cancellation: the running call is cancelled, a `cancelled` event follows."""
+    """Request cancellation: the running call is cancelled, a `cancelled` event follows.
+    A task that has already ended is a 409 `task_ended`."""
     handle = await runtime.find(task_id)
     await handle.cancel()
     return TaskView(id=task_id, state=await handle.state())
