@@ -302,7 +302,24 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
         fields["tools"] = [t for t in args.tools.split(",") if t]
     if args.approval_timeout is not None:
         fields["approval"] = ApprovalSettings(timeout_seconds=args.approval_timeout)
+    if args.output_schema is not None:
+        fields["output_schema"] = _schema_file(args.output_schema)
     return AgentTask(**fields)
+
+
+def _schema_file(path: str) -> dict[str, Any]:
+    """The JSON Schema in `path` (its checks as a schema come with the task's)."""
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UsageError(f"cannot read the output schema {path}: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise UsageError(
+            f"the output schema {path} is not JSON: {err.msg} (line {err.lineno})"
+        ) from None
+    if not isinstance(schema, dict):
+        raise UsageError(f"the output schema {path} must be a JSON object (a JSON Schema)")
+    return schema
 
 
 async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -775,6 +792,11 @@ def _task_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         help="seconds to wait for a model's first chunk (default 300: CPU-served models)",
     )
     run.add_argument("--approval-timeout", type=float, help="seconds a request may wait")
+    run.add_argument(
+        "--output-schema",
+        metavar="FILE",
+        help="a JSON Schema file: the task answers with data that fits it (validated)",
+    )
     run.add_argument("--no-wait", action="store_true", help="print the task id and exit")
     run.add_argument("--quiet", action="store_true", help="no live view: print only the result")
     run.add_argument("--json", action="store_true", help="stream items as JSON lines")

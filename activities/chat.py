@@ -31,8 +31,16 @@ class ChatDelta:
 
 class ChatBackend(Protocol):
     def stream(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
-    ) -> AsyncIterator[ChatDelta]: ...
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        *,
+        response_format: dict[str, Any] | None = None,
+    ) -> AsyncIterator[ChatDelta]:
+        """The deltas of one completion; `response_format` asks for native structured
+        output (workflows/outputs.py), which a backend may not support."""
+        ...
 
 
 def to_openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from workflows.conversation import (
     ConversationDigest,
@@ -43,6 +44,7 @@ class Conversation:
     tools: list[str] | None
     approval_policy: dict[str, ApprovalRule]
     catalog: ToolCatalog | None = None
+    output_schema: dict[str, Any] | None = None
 
     @property
     def catalog_digest(self) -> str | None:
@@ -124,7 +126,14 @@ class ConversationCache:
             return None
         self._calls.move_to_end(workflow_id)
         known = last.conversation
-        return Conversation(messages, digests, known.tools, known.approval_policy, known.catalog)
+        return Conversation(
+            messages,
+            digests,
+            known.tools,
+            known.approval_policy,
+            known.catalog,
+            known.output_schema,
+        )
 
     def _forget_call(self, workflow_id: str) -> None:
         if (old := self._calls.pop(workflow_id, None)) is not None:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
@@ -31,11 +31,13 @@ from activities.heartbeat import Watchdog, watched
 from activities.mcp.activities import McpActivities, check_call
 from activities.offline_model import OfflineModel
 from activities.spans import span
+from activities.structured_output import final_answer_call, native_answer
 from activities.text_tool_calls import recover_tool_calls
 from activities.tools import ToolRegistry
-from workflows import errors
+from workflows import errors, outputs
 from workflows.conversation import assistant_message, conversation_digest, message_digest
 from workflows.models import (
+    FINAL_ANSWER_TOOL,
     OFFLINE_MODEL,
     ChatMessage,
     ConversationSnapshot,
@@ -248,7 +250,12 @@ class LlmActivities:
                 type=errors.LLM_UNAVAILABLE,
             )
         return Conversation(
-            messages, context.digests, context.tools, context.approval_policy, context.catalog
+            messages,
+            context.digests,
+            context.tools,
+            context.approval_policy,
+            context.catalog,
+            context.output_schema,
         )
 
     async def _query_context(self, message_count: int) -> LlmContext:
@@ -365,11 +372,14 @@ class LlmActivities:
         model: ModelSettings,
         watchdog: Watchdog,
         tokens: TokenPublisher | None,
+        *,
+        response_format: dict[str, Any] | None = None,
     ) -> AssembledMessage:
         """One streamed completion; the watchdog allows the first chunk more time."""
         message = AssembledMessage()
         watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
-        async for delta in backend.stream(messages, tools, model):
+        options = {"response_format": response_format} if response_format is not None else {}
+        async for delta in backend.stream(messages, tools, model, **options):
             message.add(delta)
             if watchdog.progress == 0:
                 watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
@@ -407,9 +417,24 @@ class LlmActivities:
                 schemas = self._registry.schemas(conversation.tools)
                 if conversation.catalog is not None:
                     schemas = schemas + conversation.catalog.openai_tools(conversation.tools)
+                answer_schema = conversation.output_schema
+                way = outputs.mode(request.model) if answer_schema is not None else None
+                if answer_schema is not None and way == "tool":
+                    schemas = [*schemas, outputs.final_answer_tool(answer_schema)]
+                native = (
+                    outputs.response_format(answer_schema)
+                    if answer_schema is not None and way == "native"
+                    else None
+                )
                 async with TokenPublisher(request.step, attempt) as tokens:
                     message = await self._stream(
-                        backend, conversation.messages, schemas, request.model, watchdog, tokens
+                        backend,
+                        conversation.messages,
+                        schemas,
+                        request.model,
+                        watchdog,
+                        tokens,
+                        response_format=native,
                     )
             s.set_attribute("llm.input_tokens", message.usage.input_tokens)
             s.set_attribute("llm.output_tokens", message.usage.output_tokens)
@@ -424,16 +449,30 @@ class LlmActivities:
             (call.call_id or f"call_{request.step}_{index}", call.name, call.arguments)
             for index, call in sorted(message.calls.items())
         ]
-        from_text = not written and request.model.recover_text_tool_calls
+        from_text = not written and request.model.recover_text_tool_calls and way != "native"
         if from_text:
             offered = [tool.name for tool in self._registry.allowed(conversation.tools)]
             if conversation.catalog is not None:
                 offered += [t.name for t in conversation.catalog.tools()]
+            if way == "tool":
+                offered.append(FINAL_ANSWER_TOOL)
             recovered = recover_tool_calls(content, offered)
             written = [
                 (f"text_{request.step}_{i}", r.name, r.arguments) for i, r in enumerate(recovered)
             ]
-        calls = [self._check(conversation, *call) for call in written]
+        alone = len(written) == 1
+        calls = [
+            final_answer_call(call_id, arguments, answer_schema, alone)
+            if answer_schema is not None and way == "tool" and name == FINAL_ANSWER_TOOL
+            else self._check(conversation, call_id, name, arguments)
+            for call_id, name, arguments in written
+        ]
+        output, output_problem = None, None
+        if answer_schema is not None and not calls:
+            if way == "native":
+                output, output_problem = native_answer(content, answer_schema)
+            else:
+                output_problem = f"you answered in text instead of calling {FINAL_ANSWER_TOOL}"
         catalog = conversation.catalog
         stale = self._mcp.stale_servers(catalog) if self._mcp and catalog else []
         result = LlmResult(
@@ -445,6 +484,8 @@ class LlmActivities:
             attempt=attempt,
             calls_from_text=bool(calls) and from_text,
             stale_servers=stale,
+            output=output,
+            output_problem=output_problem,
         )
         reply = assistant_message(result.content, calls)
         self._conversations.remember_call(

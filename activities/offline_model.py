@@ -16,7 +16,7 @@ from typing import Any
 
 from activities.chat import ChatDelta
 from workflows.conversation import SUMMARY_PREFIX
-from workflows.models import ChatMessage, ModelSettings, Usage
+from workflows.models import FINAL_ANSWER_TOOL, ChatMessage, ModelSettings, Usage
 
 LABEL = "[offline model]"
 
@@ -81,6 +81,44 @@ def _outcomes(messages: list[ChatMessage]) -> list[_Outcome]:
     return outcomes
 
 
+def _answer_schema(
+    tools: list[dict[str, Any]], response_format: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The parameters a typed answer must fit: the final_answer tool's, or the native
+    response format's schema; None when the answer is plain text."""
+    if response_format is not None:
+        schema = response_format.get("json_schema", {}).get("schema")
+        return schema if isinstance(schema, dict) else None
+    for tool in tools:
+        if tool["function"]["name"] == FINAL_ANSWER_TOOL:
+            parameters = tool["function"].get("parameters")
+            return parameters if isinstance(parameters, dict) else None
+    return None
+
+
+def _shaped(schema: dict[str, Any], answer: str) -> Any:
+    """A value of `schema`'s shape built from the plain answer: text where a string goes,
+    the answer's first number where a number goes (a stand-in's best, not understanding)."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties", {})
+        wanted = schema.get("required") or list(properties)
+        return {name: _shaped(properties.get(name, {}), answer) for name in wanted}
+    if kind == "array":
+        return [_shaped(schema.get("items", {}), answer)]
+    if kind in ("number", "integer"):
+        found = re.findall(r"-?\d+(?:\.\d+)?", answer.removeprefix(LABEL))
+        number = float(found[-1]) if found else 0.0
+        return int(number) if kind == "integer" else number
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return answer.removeprefix(LABEL).strip()
+
+
 def _summary(message: ChatMessage) -> bool:
     return (message.content or "").startswith(SUMMARY_PREFIX)
 
@@ -94,10 +132,26 @@ class OfflineModel:
     """Deterministic stand-in for a chat model, with the same streaming interface."""
 
     async def stream(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        *,
+        response_format: dict[str, Any] | None = None,
     ) -> AsyncIterator[ChatDelta]:
         offered = {t["function"]["name"] for t in tools}
         text, calls = self.respond(messages, offered)
+        schema = _answer_schema(tools, response_format)
+        if not calls and schema is not None:
+            # A typed answer: the plain one, put into the schema's shape as a rule would.
+            data = _shaped(schema, text)
+            if response_format is not None:
+                text = json.dumps(data)
+            else:
+                text, calls = (
+                    f"{LABEL} Answering with {FINAL_ANSWER_TOOL}.",
+                    [(FINAL_ANSWER_TOOL, data)],
+                )
         step = sum(1 for m in messages if m.role == "assistant") + 1
         words = re.findall(r"\S+\s*", text)
         for word in words:

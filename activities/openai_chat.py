@@ -124,10 +124,16 @@ class OpenAIChat:
         )
 
     def _body(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Messages, tools and options: the body the SDK sends as it is, in wire form."""
         body: dict[str, Any] = {"messages": to_openai_messages(messages)}
+        if response_format is not None:
+            body["response_format"] = response_format
         if tools:
             body["tools"] = tools
             if model.tool_choice is not None:  # endpoints refuse tool_choice without tools
@@ -139,17 +145,26 @@ class OpenAIChat:
         return body
 
     async def stream(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        *,
+        response_format: dict[str, Any] | None = None,
     ) -> AsyncIterator[ChatDelta]:
         """The deltas of one streamed completion; a provider error comes out classified."""
         try:
-            async for delta in self._deltas(messages, tools, model):
+            async for delta in self._deltas(messages, tools, model, response_format):
                 yield delta
         except openai.OpenAIError as err:
             raise classify_provider_error(err) from err
 
     async def _deltas(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        response_format: dict[str, Any] | None,
     ) -> AsyncIterator[ChatDelta]:
         first_wait = model.first_chunk_timeout_seconds
         idle_wait = model.request_timeout_seconds
@@ -170,7 +185,7 @@ class OpenAIChat:
                         stream=True,
                         stream_options={"include_usage": True},
                         timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
-                        extra_body=self._body(messages, tools, model),
+                        extra_body=self._body(messages, tools, model, response_format),
                     )
                     chunks = aiter(response)
                     chunk = await anext(chunks, None)

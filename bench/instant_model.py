@@ -37,7 +37,12 @@ class InstantModel:
     """A ChatBackend whose every answer is ready at once."""
 
     async def stream(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]], model: ModelSettings
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        *,
+        response_format: dict[str, Any] | None = None,
     ) -> AsyncIterator[ChatDelta]:
         usage = Usage(input_tokens=10, output_tokens=10)
         if not tools:  # a summary request: one user message holding the transcript

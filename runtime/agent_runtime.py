@@ -14,8 +14,9 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, cast, overload
 
+from pydantic import TypeAdapter
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -27,6 +28,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
+from typing_extensions import TypeVar
 
 from activities.event_archive import read_archived
 from activities.tool_modules import load_tools
@@ -76,6 +78,7 @@ from workflows.models import (
     ModelSettings,
     RepairNote,
     Resumption,
+    schema_problem,
 )
 from workflows.questions import answer_problem
 from workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun, RunCarry, RunRef
@@ -108,6 +111,7 @@ UPDATE_TIMEOUT = timedelta(seconds=30)
 RPC_GRACE = timedelta(seconds=5)
 
 T = TypeVar("T")
+OutputT = TypeVar("OutputT", default=Any)
 
 
 @dataclass(frozen=True)
@@ -133,10 +137,11 @@ class _Awaited:
     turn: int | None = None
 
 
-class TaskHandle:
+class TaskHandle(Generic[OutputT]):
     """One task, however it was reached: result, state, events, approve, send, cancel,
     stream. `run` gives a handle whose result is the task's own answer; `send` makes the
-    handle wait for the answer to that message; other handles give the latest answer."""
+    handle wait for the answer to that message; other handles give the latest answer.
+    With an `output_type` (a pydantic model), `output()` and `result().output` are one."""
 
     def __init__(
         self,
@@ -145,9 +150,11 @@ class TaskHandle:
         workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] | None = None,
         *,
         awaits_turn: int | None = None,
+        output_type: type[OutputT] | None = None,
     ) -> None:
         self._runtime = runtime
         self.id = task_id
+        self._output_type = output_type
         self._handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
             workflow or runtime.client.get_workflow_handle_for(AgentWorkflow.run, task_id)
         )
@@ -168,7 +175,7 @@ class TaskHandle:
         max_steps: int | None = None,
         sender: str | None = None,
         message_id: str | None = None,
-    ) -> TaskHandle:
+    ) -> TaskHandle[OutputT]:
         """Send the task a message: a steer while it works (taken at its next model call;
         with `interrupt`, the model call in flight is cancelled for it), or a follow-up once
         it has answered (the same task goes on). Returns this handle, whose `result()` is
@@ -201,10 +208,20 @@ class TaskHandle:
         outcome = await self._closing_outcome()
         awaited = self._awaited
         if awaited.message_id is not None and awaited.message_id not in outcome.message_ids:
-            return await self._answer_in_log(outcome, lambda e: _takes(e, awaited.message_id))
-        if awaited.turn is not None and outcome.turn != awaited.turn:
-            return await self._answer_in_log(outcome, lambda e: _begins_turn(e, awaited.turn))
+            outcome = await self._answer_in_log(outcome, lambda e: _takes(e, awaited.message_id))
+        elif awaited.turn is not None and outcome.turn != awaited.turn:
+            outcome = await self._answer_in_log(outcome, lambda e: _begins_turn(e, awaited.turn))
+        if self._output_type is not None and outcome.output is not None:
+            typed = TypeAdapter(self._output_type).validate_python(outcome.output)
+            outcome = outcome.model_copy(update={"output": typed})
         return outcome
+
+    async def output(self) -> OutputT:
+        """The answer's data, as `output_type` (the task must have an output schema)."""
+        outcome = await self.result()
+        if outcome.output is None and self._output_type is not None:
+            raise TaskError(self.id, f"task {self.id} answered without data: {outcome.result}")
+        return cast(OutputT, outcome.output)
 
     async def _answer_in_log(
         self, closing: AgentOutcome, begins: Callable[[AgentEvent], bool]
@@ -221,6 +238,7 @@ class TaskHandle:
                     usage=event.usage or closing.usage,
                     last_seq=event.seq,
                     turn=event.turn,
+                    output=event.output,
                 )
         return closing
 
@@ -643,9 +661,31 @@ class AgentRuntime:
             unknown, f"unknown tool(s) in the task's tools: {named} (the tools are {offered}{mcp})"
         )
 
-    async def run(self, task: AgentTask | str, *, task_id: str | None = None) -> TaskHandle:
-        """Start a task (or, with a task_id already used, return that task: idempotent)."""
+    @overload
+    async def run(
+        self, task: AgentTask | str, *, task_id: str | None = None
+    ) -> TaskHandle[Any]: ...
+
+    @overload
+    async def run(
+        self, task: AgentTask | str, *, task_id: str | None = None, output_type: type[T]
+    ) -> TaskHandle[T]: ...
+
+    async def run(
+        self,
+        task: AgentTask | str,
+        *,
+        task_id: str | None = None,
+        output_type: type[Any] | None = None,
+    ) -> TaskHandle[Any]:
+        """Start a task (or, with a task_id already used, return that task: idempotent).
+        With `output_type` (a pydantic model, or any type pydantic can schema) the task
+        answers with data of that type: its JSON Schema is the task's output_schema, and
+        the handle's `result().output` (and `output()`) is an instance of it."""
         task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
+        if output_type is not None and task.output_schema is None:
+            schema = TypeAdapter(output_type).json_schema()
+            task = task.model_copy(update={"output_schema": schema_problem(schema)})
         self.check_tools(task)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:
@@ -659,10 +699,10 @@ class AgentRuntime:
                 static_summary=_summary(task.task),
                 task_timeout=WORKFLOW_TASK_TIMEOUT,
             )
-        except WorkflowAlreadyStartedError:
-            return TaskHandle(self, task_id, awaits_turn=0)  # a closed task with this id
+        except WorkflowAlreadyStartedError:  # a closed task with this id
+            return TaskHandle(self, task_id, awaits_turn=0, output_type=output_type)
         # Keep the started handle: it follows the run chain from this start.
-        return TaskHandle(self, task_id, started, awaits_turn=0)
+        return TaskHandle(self, task_id, started, awaits_turn=0, output_type=output_type)
 
     async def send(self, task_id: str, content: str, **options: Any) -> TaskHandle:
         """`get(task_id).send(content, ...)`: see TaskHandle.send."""

@@ -194,6 +194,18 @@ class LiveView:
         return True
 
 
+def _data(value: Any) -> str:
+    """A typed answer for people: a table for a flat object, else indented JSON."""
+    if (
+        isinstance(value, dict)
+        and value
+        and all(isinstance(v, str | int | float | bool) or v is None for v in value.values())
+    ):
+        width = max(len(str(k)) for k in value)
+        return "\n".join(f"{str(k).ljust(width)}  {_short(v, 200)}" for k, v in value.items())
+    return json.dumps(value, ensure_ascii=False, indent=2)
+
+
 def render_state(state: AgentState, task_id: str) -> str:
     lines = [
         f"task      {task_id}",
@@ -201,7 +213,9 @@ def render_state(state: AgentState, task_id: str) -> str:
         f"step      {state.step}" + (f" (turn {state.turn})" if state.turn else ""),
         f"tokens    {state.usage.input_tokens} in / {state.usage.output_tokens} out",
     ]
-    if state.result is not None:
+    if state.output is not None:
+        lines.append("output    " + _data(state.output).replace("\n", "\n          "))
+    elif state.result is not None:
         lines.append(f"result    {state.result}")
     if state.failure is not None:
         lines.append(f"failure   {state.failure}")

@@ -39,7 +39,12 @@ class HangsAfterItsAnswer:
         self.release = asyncio.Event()  # the test's end: let a swallowing attempt go
 
     async def stream(
-        self, messages: Any, tools: list[dict[str, Any]], model: ModelSettings
+        self,
+        messages: Any,
+        tools: list[dict[str, Any]],
+        model: ModelSettings,
+        *,
+        response_format: dict[str, Any] | None = None,
     ) -> AsyncIterator[ChatDelta]:
         self.attempts += 1
         served = model.model_copy(update={"name": self._scripted})

@@ -22,7 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
-    from workflows import activity_calls, approval, errors, messages, questions, search
+    from workflows import activity_calls, approval, errors, messages, outputs, questions, search
     from workflows.calls import verdicts
     from workflows.conversation import (
         ConversationDigest,
@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         Failed,
         Interrupted,
         Observation,
+        OutputRejected,
         Repaired,
         TaskStarted,
         action_of,
@@ -49,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.messages import QueuedMessage
     from workflows.models import (
+        FINAL_ANSWER_TOOL,
         AgentTask,
         Answer,
         AnswerOutcome,
@@ -305,16 +307,21 @@ class AgentWorkflow:
         results, runs = verdicts(task_id, step, calls, self._state, self._task.questions)
         for local in (True, False):
             batch = [(k, r) for k, r in runs.items() if r.local == local]
-            outputs = await asyncio.gather(
+            ran = await asyncio.gather(
                 *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in batch)
             )
-            results.update({k: out for (k, _), out in zip(batch, outputs, strict=True)})
+            results.update({k: out for (k, _), out in zip(batch, ran, strict=True)})
         if any(not r.local for r in runs.values()):
             self._clock = _sample()
         for call in calls:
             result = results[call.call_id]
             observed = {"output": result.output, "is_error": result.is_error}
             self._append(draft(Observation, step, call_id=call.call_id, tool=call.tool, **observed))
+        schema = self._task.output_schema
+        final = [c for c in calls if c.tool == FINAL_ANSWER_TOOL and c.runnable]
+        if schema is not None and final and not results[final[0].call_id].is_error:
+            value = outputs.unwrap(schema, final[0].arguments or {})
+            self._answer(step, outputs.as_text(value), value)
 
     async def _list_tools(self, servers: list[str]) -> None:
         listed = await activity_calls.list_tools(self._task, servers)
@@ -359,11 +366,21 @@ class AgentWorkflow:
             return
         self._clock = _sample()
         self._append(thought_of(step, result))
-        if not result.tool_calls:
-            usage = self._state.usage
-            self._append(
-                draft(Done, step, result=result.content, turn=self._state.turn, usage=usage)
-            )
+        if result.tool_calls:
+            return
+        if self._task.output_schema is None:
+            self._answer(step, result.content)
+        elif result.output_problem is None:
+            self._answer(step, outputs.as_text(result.output), result.output)
+        else:
+            told = outputs.rejection(result.output_problem, outputs.mode(self._task.model))
+            self._append(draft(OutputRejected, step, problem=result.output_problem, message=told))
+
+    def _answer(self, step: int, text: str, output: Any | None = None) -> None:
+        """The turn's answer (with an output schema, its data, validated)."""
+        state = self._state
+        done = {"result": text, "turn": state.turn, "usage": state.usage, "output": output}
+        self._append(draft(Done, step, **done))
 
     def _interrupted(self, step: int, request: LlmRequest) -> None:
         """The model call was cancelled for a message: its streamed text is void."""
@@ -412,6 +429,7 @@ class AgentWorkflow:
             usage=state.usage,
             last_seq=state.last_seq,
             turn=state.turn,
+            output=state.output,
             message_ids=self._turn_messages,
             continuation=self._continuation(),
         )
@@ -697,6 +715,7 @@ class AgentWorkflow:
             tools=self._task.tools,
             approval_policy=self._task.approval.policy,
             catalog=self._catalog,
+            output_schema=self._task.output_schema,
         )
 
     @workflow.query(name="conversation_content")

@@ -12,6 +12,7 @@ from workflows.approval import repeats_recent_call, request_id_for, run_outcome
 from workflows.events import AgentState, call_signature
 from workflows.models import (
     ASK_PERSON_TOOL,
+    FINAL_ANSWER_TOOL,
     QuestionSettings,
     ToolCall,
     ToolRequest,
@@ -52,6 +53,8 @@ def verdict(
         )
     if not call.runnable:
         return ToolResult(output=call.problem or "the call has no arguments", is_error=True)
+    if call.tool == FINAL_ANSWER_TOOL:
+        return ToolResult(output="Final answer accepted.")
     if call.tool == ASK_PERSON_TOOL:
         answered = state.answers.get(request_id_for(step, call.call_id))
         output, is_error = questions.observation(answered, settings)

@@ -26,6 +26,7 @@ from workflows.conversation import (
     tool_message,
 )
 from workflows.models import (
+    FINAL_ANSWER_TOOL,
     AgentTask,
     AnswerOutcome,
     ChatMessage,
@@ -219,6 +220,18 @@ class Done(EventBase):
     result: str
     turn: int = 0
     usage: Usage | None = Field(default=None, description="The task's usage so far.")
+    output: Any | None = Field(
+        default=None, description="With an output_schema: the answer as data, validated."
+    )
+
+
+class OutputRejected(EventBase):
+    """A final answer that does not fit the output schema: the model is told why (in the
+    conversation) and asked again."""
+
+    type: Literal["output_rejected"] = "output_rejected"
+    problem: str
+    message: str = Field(description="What the model is told.")
 
 
 class Failed(EventBase):
@@ -248,6 +261,7 @@ AgentEvent = Annotated[
     | Interrupted
     | ContextCompacted
     | Done
+    | OutputRejected
     | Failed
     | Cancelled,
     Field(discriminator="type"),
@@ -266,7 +280,7 @@ def draft(event_type: type[E], step: int, /, **fields: Any) -> E:
 
 def thought_of(step: int, result: LlmResult) -> Thought:
     """The event of a model's answer; its tool calls are kept as the model objects."""
-    fields = result.model_dump(exclude={"tool_calls", "stale_servers"})
+    fields = result.model_dump(exclude={"tool_calls", "stale_servers", "output", "output_problem"})
     return draft(Thought, step, **fields, tool_calls=result.tool_calls)
 
 
@@ -296,6 +310,8 @@ def messages_of(event: AgentEvent) -> list[ChatMessage]:
             return [ChatMessage(role="user", content=event.content)]
         case ContextCompacted():
             return [summary_message(event.summary)]
+        case OutputRejected():
+            return [ChatMessage(role="user", content=event.message)]
     return []
 
 
@@ -421,6 +437,10 @@ class AgentState(Contract):
     interrupts: int = Field(
         default=0, description="Model calls of the next step that messages interrupted."
     )
+    output_rejections: int = Field(
+        default=0, description="Final answers of this turn that did not fit output_schema."
+    )
+    output: Any | None = Field(default=None, description="The last answer's data, if typed.")
 
     @property
     def finished(self) -> bool:
@@ -472,6 +492,8 @@ def _observation(state: AgentState, event: Observation) -> Changes:
     changes: Changes = {
         "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))]
     }
+    if event.tool == FINAL_ANSWER_TOOL and event.is_error:
+        changes["output_rejections"] = state.output_rejections + 1
     step = state.open_step
     if step is None or event.call_id not in {c.call_id for c in step.calls}:
         return changes
@@ -611,6 +633,7 @@ def _resumed(state: AgentState, event: Resumed) -> Changes:
         "failure_kind": None,
         "result": None,
         "repeated_steps": 0,
+        "output_rejections": 0,
         "open_step": step.model_copy(update={"timed_out": False}) if step else None,
     }
 
@@ -634,6 +657,8 @@ def _user_message(state: AgentState, event: UserMessage) -> Changes:
     if event.turn > state.turn:
         changes["turn"] = event.turn
         changes["turn_first_step"] = state.step
+        changes["output_rejections"] = 0
+        changes["output"] = None
     if event.message_id is not None:
         changes["message_ids"] = [*state.message_ids, event.message_id][-MESSAGE_IDS_KEPT:]
     return changes
@@ -644,7 +669,14 @@ def _interrupted(state: AgentState, event: Interrupted) -> Changes:
 
 
 def _done(state: AgentState, event: Done) -> Changes:
-    return {"status": "done", "result": event.result}
+    return {"status": "done", "result": event.result, "output": event.output}
+
+
+def _output_rejected(state: AgentState, event: OutputRejected) -> Changes:
+    return {
+        "conversation": [*state.conversation, *(ref_of(m) for m in messages_of(event))],
+        "output_rejections": state.output_rejections + 1,
+    }
 
 
 def _failed(state: AgentState, event: Failed) -> Changes:
@@ -680,6 +712,7 @@ _APPLY: dict[str, Callable[[AgentState, Any], Changes]] = {
     "interrupted": _interrupted,
     "context_compacted": _context_compacted,
     "done": _done,
+    "output_rejected": _output_rejected,
     "failed": _failed,
     "cancelled": _cancelled,
 }

@@ -16,6 +16,8 @@ OFFLINE_MODEL = "offline"
 # The built-in tool the model calls to ask the person it works for; the workflow, not a
 # worker, handles it: the task waits for the answer, which is the call's observation.
 ASK_PERSON_TOOL = "ask_person"
+# The tool a task with an output schema answers with (workflows/outputs.py).
+FINAL_ANSWER_TOOL = "final_answer"
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that completes the user's task step by step. "
@@ -30,6 +32,22 @@ class Contract(BaseModel):
     """Base for every stored model: unknown fields are refused, not silently dropped."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def schema_problem(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A JSON Schema that is one (Draft 2020-12, or the draft it names), or a ValueError
+    saying what is wrong with it."""
+    if schema is None:
+        return None
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "the schema"
+        raise ValueError(f"not a valid JSON Schema at {where}: {err.message}") from None
+    return schema
 
 
 def not_blank(value: str) -> str:
@@ -87,6 +105,13 @@ class ModelSettings(Contract):
         default=True,
         description="Treat a tool call the model wrote as text (a JSON object, a ```json "
         "block, <tool_call> tags) as that tool call when no structured call came.",
+    )
+    structured_output: Literal["auto", "tool", "native"] = Field(
+        default="auto",
+        description="How a task with an output_schema asks for it: `tool` (a final_answer "
+        "tool whose parameters are the schema: any tool-calling endpoint), `native` (the "
+        "endpoint's response_format json_schema), `auto`: native for OpenAI's current "
+        "models, else tool.",
     )
 
 
@@ -180,8 +205,21 @@ class AgentTask(Contract):
         description="Heartbeat timeout of model and tool calls: how soon a dead worker's call "
         "is retried elsewhere. Default 5 s (see README, Performance).",
     )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON Schema the answer must fit: the task then ends with data (the "
+        "`done` event's `output`), validated, the model told the errors and asked again.",
+    )
+    output_retries: int = Field(
+        default=3,
+        ge=0,
+        le=50,
+        description="Answers that do not fit output_schema the model may give before the "
+        "task fails with kind `invalid_output` (resumable with a message).",
+    )
 
     _task_not_blank = field_validator("task")(not_blank)
+    _schema_checked = field_validator("output_schema")(schema_problem)
 
 
 class ToolCallRequest(Contract):
@@ -314,6 +352,13 @@ class LlmResult(Contract):
     stale_servers: list[str] = Field(
         default_factory=list,
         description="MCP servers whose tools changed since they were listed: list again.",
+    )
+    output: Any | None = Field(
+        default=None, description="With native structured output: the answer, validated."
+    )
+    output_problem: str | None = Field(
+        default=None,
+        description="A final answer that does not fit the task's output schema: why.",
     )
 
 

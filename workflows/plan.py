@@ -191,6 +191,13 @@ def next_move(
             f"reached max_steps={task.max_steps}{turn} without a final answer; every thought "
             "and observation so far is kept, resume with a higher max_steps to go on",
         )
+    if task.output_schema is not None and state.output_rejections > task.output_retries:
+        return Fail(
+            "invalid_output",
+            f"the model gave {state.output_rejections} final answers that do not fit the "
+            f"output schema (output_retries={task.output_retries}); every event is kept: "
+            "resume with a message that tells it what to fix",
+        )
     used = state.usage.total
     if task.token_budget is not None and used >= task.token_budget:
         return Fail(

@@ -8,7 +8,7 @@ starts a new chain whose first run names the answer's run as `earlier`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from temporalio.contrib.workflow_streams import WorkflowStreamState
@@ -85,6 +85,9 @@ class AgentOutcome(Contract):
     usage: Usage
     last_seq: int
     turn: int = 0
+    output: Any | None = Field(
+        default=None, description="With an output_schema: the answer as data, validated."
+    )
     message_ids: list[str] = Field(
         default_factory=list, description="The messages this turn took (a follow-up's, steers)."
     )
@@ -121,6 +124,7 @@ class LlmContext(Contract):
     tools: list[str] | None
     approval_policy: dict[str, ApprovalRule]
     catalog: ToolCatalog | None = None
+    output_schema: dict[str, Any] | None = None
 
 
 class EventsRequest(Contract):
