@@ -400,6 +400,60 @@ async def test_a_worker_whose_postgresql_is_unreachable_exits_with_one_sentence(
     assert "hunter2" not in log
 
 
+def malformed_urls(port: int) -> dict[str, str]:
+    """Database URLs whose password (each holds "S3cret") libpq cannot read as one, by what
+    is wrong with them; before the fix, each showed a piece of the password somewhere."""
+    host = f"127.0.0.1:{port}"
+    return {
+        "a space": f"postgresql://ws:S3cret 9@{host}/waystation",
+        "an @": f"postgresql://ws:p@ss-S3cret@{host}/waystation",
+        "a slash": f"postgresql://ws:1234/S3cret@{host}/waystation",
+        "a bad escape": f"postgresql://ws:S3cret%zz@{host}/waystation",
+        "an @ and a colon": f"postgresql://ws:p@S3cret:9@{host}/waystation",
+        "key=value, unquoted": f"host=127.0.0.1 port={port} password=S3cret 9",
+    }
+
+
+async def shown_by(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """`starter.py ARGS` in `env`: exit code, stdout, stderr."""
+    done = await asyncio.to_thread(starter, env, *args)
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_a_database_url_that_does_not_parse_never_shows_its_password(
+    dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    for flaw, url in malformed_urls(postgres.port).items():
+        broken = with_database(settings, url)
+        env = worker_environment(address, broken)
+        worker = WorkerProcess(address, broken)
+        config, info, (code, log) = await asyncio.gather(
+            shown_by(env, "config"), shown_by(env, "storage", "info"), exit_of(worker)
+        )
+        for surface, (exit_code, out, err) in {
+            "config": config,
+            "storage info": info,
+            "worker": (code, "", log),
+        }.items():
+            assert "S3cret" not in out + err, (flaw, surface, out + err)
+            assert exit_code == 1, (flaw, surface, out + err)
+            [line] = err.strip().splitlines()
+            assert "WAYSTATION_DATABASE_URL" in line and "percent-encode" in line, (flaw, line)
+        assert log.startswith("worker cannot start: WAYSTATION_DATABASE_URL"), (flaw, log)
+
+    # Percent-encoded, the same password connects (this server trusts local connections)
+    # and is shown nowhere: not by the command, nor in the worker's start line.
+    encoded = with_database(settings, postgres.create_database().replace("@", ":p%40ss-S3cret@"))
+    env = worker_environment(address, encoded)
+    code, out, err = await shown_by(env, "storage", "info")
+    assert code == 0, err
+    assert json.loads(out)["location"].startswith("PostgreSQL at waystation@127.0.0.1:")
+    worker = await WorkerProcess(address, encoded).ready()
+    worker.kill()
+    assert "S3cret" not in out + err + worker.log.read_text()
+
+
 async def test_a_worker_prunes_the_storage_when_it_starts(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
