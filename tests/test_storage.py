@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from temporalio import activity
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -353,17 +355,28 @@ async def test_a_worker_refuses_another_deployments_workspace(
     assert line.startswith("worker cannot start: the workspace ") and "another deployment" in line
 
 
+@activity.defn(name="elsewhere")
+async def elsewhere_activity() -> None:
+    """What a worker on another machine serves: it polls for activities, like tool calls."""
+
+
+def worker_elsewhere(client: Client, task_queue: str, identity: str) -> Worker:
+    """A worker that polls `task_queue` under `identity`, as a machine of that name would."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[AgentWorkflow],
+        activities=[elsewhere_activity],
+        identity=identity,
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+
+
 async def test_an_sqlite_worker_refuses_a_queue_served_from_another_machine(
     dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
 ) -> None:
     address = dev_env.client.service_client.config.target_host
-    elsewhere = Worker(
-        dev_env.client,
-        task_queue=settings.task_queue,
-        workflows=[AgentWorkflow],
-        identity="4242@another-machine",
-        workflow_runner=UnsandboxedWorkflowRunner(),
-    )
+    elsewhere = worker_elsewhere(dev_env.client, settings.task_queue, "4242@another-machine")
     async with elsewhere:
         while "another-machine" not in await hosts_polling(dev_env.client, settings.task_queue):
             await asyncio.sleep(0.1)
@@ -375,6 +388,62 @@ async def test_an_sqlite_worker_refuses_a_queue_served_from_another_machine(
         shared = with_database(settings, postgres.create_database())
         joined = await WorkerProcess(address, shared).ready()
         joined.kill()
+
+
+async def test_a_postgresql_worker_refuses_a_queue_that_an_sqlite_worker_serves(
+    dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    local = await WorkerProcess(address, settings).ready()
+    try:
+        shared = with_database(settings, postgres.create_database())
+        code, log = await exit_of(WorkerProcess(address, shared))
+    finally:
+        local.kill()
+    assert code == 1, log
+    [line] = log.strip().splitlines()
+    assert line.startswith("worker cannot start: workers on SQLite"), line
+    assert f"{local.pid}@" in line and "storage=sqlite" in line, line
+    assert "WAYSTATION_DATABASE_URL" in line, line
+
+
+async def test_an_sqlite_worker_refuses_a_queue_that_a_postgresql_worker_serves(
+    dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
+) -> None:
+    """On one machine too: a worker on PostgreSQL does not see the SQLite worker's ledger."""
+    address = dev_env.client.service_client.config.target_host
+    shared = WorkerProcess(address, with_database(settings, postgres.create_database()))
+    await shared.ready()
+    try:
+        code, log = await exit_of(WorkerProcess(address, settings))
+    finally:
+        shared.kill()
+    assert code == 1, log
+    [line] = log.strip().splitlines()
+    assert line.startswith("worker cannot start: workers on PostgreSQL"), line
+    assert f"{shared.pid}@" in line and "WAYSTATION_DATABASE_URL" in line, line
+
+
+async def test_an_sqlite_worker_stops_when_a_worker_on_another_machine_joins_its_queue(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A worker that joins after the SQLite worker's start check (at the same moment, or a
+    version that checks nothing) still never shares the queue for long: the SQLite worker
+    looks again while it runs, and stops with one sentence."""
+    address = dev_env.client.service_client.config.target_host
+    local = await WorkerProcess(address, settings).ready()
+    try:
+        joining = worker_elsewhere(
+            dev_env.client, settings.task_queue, "4242@another-machine storage=postgresql"
+        )
+        async with joining:
+            code, log = await exit_of(local)
+    finally:
+        local.kill()
+    assert code == 1, log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("worker stopped: workers on another machine (another-machine)"), log
+    assert "WAYSTATION_DATABASE_URL" in last, last
 
 
 def with_database(settings: Settings, url: str) -> Settings:
