@@ -35,6 +35,7 @@ from activities.storage.deployment import (
     worker_identity,
 )
 from activities.tools import ToolActivities, ToolRegistry
+from runtime import worker_log
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
@@ -195,7 +196,7 @@ def build_worker(
     storage = storage or Storage.from_settings(settings)
     # Connections start on first use, so a worker with servers it never needs spawns none.
     mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
-    sealed = SealedBlobs(storage.blobs, settings.payload_codec())
+    sealed = SealedBlobs(storage.blobs, settings.codec_for("worker"))
     archive = ArchiveActivities(EventArchive(sealed))
     llm = LlmActivities(
         registry,
@@ -238,8 +239,9 @@ def build_worker(
 
 async def main() -> int:
     """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
+    worker_log.configure_worker()
     settings = Settings()
-    client = await connect(settings)
+    client = await connect(settings, side="worker")
     try:
         worker = build_worker(client, settings)
         await worker.prepare()

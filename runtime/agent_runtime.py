@@ -31,7 +31,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.event_archive import read_archived
 from runtime.busy import reading, sending
-from runtime.health import Stuck, TaskOverview, overview, stuck, unanswered, worker_hint
+from runtime.health import (
+    Stuck,
+    TaskOverview,
+    cannot_run,
+    overview,
+    stuck,
+    unanswered,
+    worker_hint,
+)
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
 from runtime.streaming import StreamHub, StreamItem
@@ -44,6 +52,7 @@ from runtime.task_errors import (
     TaskNotFoundError,
     UnknownToolsError,
     UnreadableTaskError,
+    undecryptable,
     unreadable,
 )
 from runtime.task_log import TaskLog
@@ -146,6 +155,10 @@ class TaskHandle:
             raise TaskFailedError(self.id, str(cause or err), None) from err
         except RPCError as err:
             raise _not_found(self.id, err) from err
+        except ValueError as err:  # the answer, encrypted with a key this side lacks
+            if (problem := unreadable(self.id, err)) is not None:
+                raise problem from err
+            raise
 
     async def state(self, within: timedelta = QUERY_TIMEOUT) -> AgentState:
         """The folded state (a worker answers the query; NoWorkerError if none does `within`)."""
@@ -339,12 +352,19 @@ class TaskHandle:
             raise _not_found(self.id, err) from err
 
     async def stuck(self) -> Stuck | None:
-        """Whether the task's workflow task keeps failing, and with what (no worker needed)."""
+        """Whether the task's workflow task keeps failing, and with what (no worker needed).
+        UnreadableTaskError when it fails on a payload the worker cannot decrypt: no repair
+        helps, the keys must change (then the task moves on by itself)."""
         description = await self.describe()
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
         history = await self._handle.fetch_history()
-        return stuck(description, list(history.events))
+        found = stuck(description, list(history.events))
+        if found is not None:
+            failing = f"task {self.id} is stuck (its workflow task failed {found.attempts} times)"
+            if (problem := undecryptable(self.id, found.problem, failing)) is not None:
+                raise problem
+        return found
 
     async def cancel(self) -> None:
         try:
@@ -400,6 +420,12 @@ class AgentRuntime:
         except (ValueError, WorkflowQueryFailedError) as err:
             # A payload this side cannot decrypt: here, or in the worker that answers.
             if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
+            raise
+        except RPCError as err:
+            # Refused while the workflow task keeps failing: on a payload the worker cannot
+            # decrypt, the worker's sentence says so.
+            if (problem := await cannot_run(self.client, task_id, err)) is not None:
                 raise problem from err
             raise
 
@@ -532,6 +558,12 @@ class AgentRuntime:
         found = await handle.stuck()
         if found is None:
             raise TaskError(task_id, f"task {task_id} is not stuck: its workflow tasks complete")
+        if found.reset_to_event is None:
+            raise TaskError(
+                task_id,
+                f"task {task_id} cannot be repaired: its first workflow task fails, so there "
+                f"is no earlier point to reset it to: {found.problem}",
+            )
         description = await handle.describe()
         history = await handle._handle.fetch_history()
         already = await self._repaired_points(history.events)
