@@ -203,6 +203,7 @@ async def until_stuck(dev_env: WorkflowEnvironment, task_id: str) -> None:
             await asyncio.sleep(0.2)
 
 
+@pytest.mark.long(minutes=0.6)
 async def test_a_worker_without_the_clients_keys_leaves_the_task_stuck_and_says_why(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -237,6 +238,9 @@ async def test_a_worker_without_the_clients_keys_leaves_the_task_stuck_and_says_
 
         secure = with_keys(settings, {"k1": KEY_1}, "k1")
         runtime = AgentRuntime(await client_for(dev_env, secure), secure)
+        async with asyncio.timeout(120):  # Temporal lists it stuck: visible without a worker
+            while "nokey" not in [t.id for t in (await runtime.list_tasks("stuck"))[0]]:
+                await asyncio.sleep(0.2)
         async with api_over(runtime) as api:
             answer = await api.get("/tasks/nokey")
         assert answer.status_code == 500, answer.text
