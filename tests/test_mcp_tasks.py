@@ -1,5 +1,6 @@
 """Tasks that use MCP tools end to end: a third-party server, approval and retries as the
-tools' annotations say, and a worker SIGKILLed in the middle of an MCP call."""
+tools' annotations say, a worker SIGKILLed in the middle of an MCP call, and a server that
+restarts under a waiting task."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from activities.mcp.config import McpServerConfig
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.mcp import CallLog, demo_stdio
+from testing.mcp import CallLog, demo_stdio, running_http_server
 from testing.proc import parent_of
 from testing.workers import WorkerProcess, running_worker
 from tests.chaos.workload import replay_all
@@ -156,3 +157,32 @@ async def test_a_worker_killed_inside_mcp_calls_retries_only_what_may_be_retried
     assert log.events("slow").count("start") == 1  # at most once
     assert observations[0] == "a: released"
     assert "may or may not have taken effect" in observations[1]
+
+
+async def test_a_task_waiting_for_approval_survives_its_http_server_restarting(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The issue's repro: the server restarts while a call waits at the approval gate. The
+    approved call (retry-safe) runs on a new session; the next task gets the server's tools."""
+    log = CallLog(tmp_path / "calls.jsonl")
+    async with running_http_server(log, {"DEMO_UNKNOWN_SESSION": "400"}) as server:
+        remote = McpServerConfig(url=server.url, protocol="legacy")  # a session-ful revision
+        settings = with_servers(settings, {"remote": remote})
+        model = fake_openai.script(
+            answer_after_tools(("remote__set_flag", {"name": "f", "value": True}))
+        )
+        async with running_worker(dev_env.client, settings):
+            runtime = AgentRuntime(dev_env.client, settings)
+            handle = await runtime.run(agent_task(model, mcp_servers=["remote"]))
+            state = await wait_for_state(handle, lambda s: len(s.pending_approvals) == 1, 60)
+            await server.restart()
+            await handle.approve(next(iter(state.pending_approvals)), approver="ann")
+            outcome = await handle.result()
+            following = await runtime.run(
+                agent_task(fake_openai.script([text("ok")]), mcp_servers=["remote"])
+            )
+            await following.result()
+            errors = of_type(await following.events(), "error")
+    assert outcome.result == "f = True"
+    assert log.events("set_flag") == ["done"]
+    assert errors == []  # the next task listed the server's tools
