@@ -1,6 +1,6 @@
 """Tasks that use MCP tools end to end: a third-party server, approval and retries as the
-tools' annotations say, a worker SIGKILLed in the middle of an MCP call, and a server that
-restarts under a waiting task."""
+tools' annotations say, a worker SIGKILLed in the middle of an MCP call, a server that
+restarts under a waiting task and one whose tools change mid-task."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ BIN = Path(sys.executable).parent
 
 def with_servers(settings: Settings, servers: dict[str, Any]) -> Settings:
     return settings.model_copy(update={"mcp_servers": servers})
+
+
+def scheduled_activities(history: Any) -> list[str]:
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
 
 
 def answer_after_tools(*calls: tuple[str, dict[str, Any]]) -> Any:
@@ -64,11 +72,7 @@ async def test_a_task_uses_a_tool_of_a_third_party_mcp_server(
     assert of_type(events, "approval_requested") == []  # a read-only tool asks nobody
     # The tool set the task saw is in its history: one listing, before the first model call.
     history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
-    scheduled = [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
+    scheduled = scheduled_activities(history)
     assert scheduled[:2] == ["list_tools", "call_llm"] and scheduled.count("list_tools") == 1
 
 
@@ -186,3 +190,42 @@ async def test_a_task_waiting_for_approval_survives_its_http_server_restarting(
     assert outcome.result == "f = True"
     assert log.events("set_flag") == ["done"]
     assert errors == []  # the next task listed the server's tools
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_a_server_whose_tools_change_is_listed_again_before_the_next_step(
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    fake_openai: FakeOpenAI,
+    tmp_path: Path,
+    protocol: str,
+) -> None:
+    log = CallLog(tmp_path / "calls.jsonl")
+    settings = with_servers(settings, {"demo": demo_stdio(log, protocol)})  # type: ignore[arg-type]
+    model = fake_openai.script(
+        [
+            tools(("demo__add_tool", {"name": "fresh"})),  # announces tools/list_changed
+            tools(("demo__fresh", {})),
+            text("done"),
+        ]
+    )
+    task = agent_task(model, mcp_servers=["demo"])
+    task.approval.policy.update({"demo__add_tool": "never", "demo__fresh": "never"})
+    async with running_worker(dev_env.client, settings):
+        handle = await AgentRuntime(dev_env.client, settings).run(task)
+        await handle.result()
+        observations = [o.output for o in of_type(await handle.events(), "observation")]
+        history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
+    offered = [{t["function"]["name"] for t in r["tools"]} for r in fake_openai.requests[model]]
+    assert "demo__fresh" not in offered[0] and "demo__fresh" in offered[1]
+    assert observations == ["added fresh", "fresh ran"]
+    assert scheduled_activities(history) == [
+        "list_tools",
+        "call_llm",
+        "run_tool",
+        "list_tools",
+        "call_llm",
+        "run_tool",
+        "call_llm",
+    ]
+    await replay_all(dev_env.client, [handle])

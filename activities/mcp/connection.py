@@ -58,15 +58,25 @@ logging.getLogger("mcp.client.stdio").addFilter(_OneLinePerServer())
 
 
 class _WatchedReadStream:
-    """The transport's read stream, noticing its end (the server closed stdout or died) and
-    what the server wrote that is not MCP."""
+    """The transport's read stream, noticing its end (the server closed stdout or died),
+    what the server wrote that is not MCP, and tool list changes as they arrive.
+
+    A change is noticed here, in the order the server sent it, so a call whose server
+    announced a change before answering returns knowing it (the SDK hands notifications
+    to a task of their own, which may run after the answer is back).
+    """
 
     def __init__(
-        self, inner: Any, ended: asyncio.Event, on_unreadable: Callable[[str], None]
+        self,
+        inner: Any,
+        ended: asyncio.Event,
+        on_unreadable: Callable[[str], None],
+        on_tools_changed: Callable[[], None],
     ) -> None:
         self._inner = inner
         self._ended = ended
         self._on_unreadable = on_unreadable
+        self._on_tools_changed = on_tools_changed
 
     @property
     def last_context(self) -> Any:
@@ -82,6 +92,10 @@ class _WatchedReadStream:
             if isinstance(item, ValidationError):
                 self._on_unreadable(unreadable_line(item))
                 continue  # said once by the connection; the session has nothing to act on
+            if isinstance(item, SessionMessage) and (
+                getattr(item.message, "method", None) == TOOLS_LIST_CHANGED
+            ):
+                self._on_tools_changed()
             return item
 
     async def aclose(self) -> None:
@@ -326,6 +340,9 @@ class McpConnection:
         self._unreadable = line
         logger.warning("MCP server %s: %s; such lines are ignored", self.name, self._not_mcp())
 
+    def _changed(self) -> None:
+        self._on_tools_changed(self.name)
+
     def _client(self) -> Client:
         return Client(
             self._transport(),
@@ -338,7 +355,10 @@ class McpConnection:
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[Any]:
         async with self._raw_transport() as (read, write):
-            yield _WatchedReadStream(read, self._transport_ended, self._saw_unreadable), write
+            watched = _WatchedReadStream(
+                read, self._transport_ended, self._saw_unreadable, self._changed
+            )
+            yield watched, write
 
     def _raw_transport(self) -> Transport:
         where = f"MCP server {self.name!r}"
@@ -379,7 +399,7 @@ class McpConnection:
 
     @contextlib.asynccontextmanager
     async def _listening(self, client: Client) -> AsyncIterator[None]:
-        """On 2026-07-28 connections, change notifications come through a subscription."""
+        """On 2026-07-28 connections, change notifications come only to a subscription."""
         capabilities = client.server_capabilities.tools
         if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or not (
             capabilities and capabilities.list_changed
@@ -398,14 +418,12 @@ class McpConnection:
         try:
             async with client.listen(tools_list_changed=True) as subscription:
                 async for _event in subscription:
-                    self._on_tools_changed(self.name)
+                    pass  # each event is noticed as it arrives: _WatchedReadStream
         except (ListenNotSupportedError, SubscriptionLost, MCPError, TimeoutError) as err:
             logger.info("MCP server %s: no tool change subscription: %s", self.name, err)
 
     async def _on_message(self, message: Any) -> None:
-        if getattr(message, "method", None) == TOOLS_LIST_CHANGED:
-            self._on_tools_changed(self.name)
-        elif isinstance(message, Exception):  # what is not MCP stops at _WatchedReadStream
+        if isinstance(message, Exception):  # what is not MCP stops at _WatchedReadStream
             logger.warning("MCP server %s sent something unreadable: %s", self.name, message)
 
     def _forget_stderr(self) -> None:

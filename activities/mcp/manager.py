@@ -191,7 +191,10 @@ class McpClientManager:
                 f"({describe_error(err)}); {UNCERTAIN}"
             )
             return ToolResult(output=output, is_error=True), False
-        return ToolResult(output=result_text(result), is_error=bool(result.is_error)), False
+        stale = [spec.server] if spec.server in self._stale else []
+        # A server announces a change before it answers: the task lists it again next step.
+        output, is_error = result_text(result), bool(result.is_error)
+        return ToolResult(output=output, is_error=is_error, stale_servers=stale), False
 
     async def close(self) -> None:
         """Close every connection (stdio servers are stopped). Called on worker shutdown."""
