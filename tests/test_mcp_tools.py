@@ -571,13 +571,14 @@ async def test_when_the_calling_worker_dies_its_server_cancels_and_exits(
 
 
 def test_ws_tools_lists_mcp_tools_with_their_defaults(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], log: CallLog
 ) -> None:
     import starter
 
     servers = {
         "time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
         "gone": {"command": "/nonexistent/server"},
+        "jobs": demo_stdio(log, env={"DEMO_TASK_TOOL": "1"}).model_dump(mode="json"),
     }
     monkeypatch.setenv("WAYSTATION_MCP_SERVERS", json.dumps(servers))
     assert starter.main(["tools"]) == 1  # a server that cannot start is an error
@@ -585,6 +586,30 @@ def test_ws_tools_lists_mcp_tools_with_their_defaults(
     assert "time__convert_time" in out and "approval: never" in out
     assert "run_shell" in out
     assert "MCP server gone: MCP server 'gone' could not start" in err
+    # A tool that runs only as an MCP task is not offered (every call to it would fail).
+    assert "jobs__lookup" in out and "jobs__background_job" not in out
+    assert (
+        "MCP server jobs: tool 'background_job' was left out: it runs only as an MCP task "
+        "(execution.taskSupport: required), which waystation does not support"
+    ) in err
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_tools_that_run_only_as_mcp_tasks_are_not_offered(
+    log: CallLog, managers: list[McpClientManager], protocol: str
+) -> None:
+    config = demo_stdio(log, protocol, env={"DEMO_TASK_TOOL": "1"})  # type: ignore[arg-type]
+    manager = manage(managers, demo=config)
+    catalog = await manager.list_tools()
+    [demo] = catalog.servers
+    assert demo.error is None and catalog.get("demo__lookup") is not None
+    assert catalog.get("demo__background_job") is None
+    assert demo.notes == [
+        "tool 'background_job' was left out: it runs only as an MCP task "
+        "(execution.taskSupport: required), which waystation does not support"
+    ]
+    refused = await manager.call_tool("demo__background_job", {"name": "j"}, "t/1/job")
+    assert refused.is_error and "unknown tool 'demo__background_job'" in refused.output
 
 
 async def test_concurrent_calls_share_one_server(

@@ -12,8 +12,9 @@ and what was cancelled.
 
 DEMO_FAIL_ON_START=1 exits at once with a message on stderr; DEMO_HANG_ON_START=1 never
 answers the handshake; DEMO_HANG_ON_LIST=1 never answers tools/list; DEMO_BANNER=1 writes
-a line that is not MCP to stdout before it serves. A request header `Authorization` is
-recorded as `authorization` on the calls it carries (HTTP only).
+a line that is not MCP to stdout before it serves. DEMO_TASK_TOOL=1 offers `background_job`,
+a tool that runs only as an MCP task (`execution.taskSupport: required`). A request header
+`Authorization` is recorded as `authorization` on the calls it carries (HTTP only).
 
 Over HTTP, DEMO_UNKNOWN_SESSION=400 answers a request for a session the server does not know
 (it restarted) as the reference server does, 400 "Bad Request: No valid session ID
@@ -44,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 IDEMPOTENCY_META_KEY = "waystation/idempotency_key"
 GATE_POLL_SECONDS = 0.02
 BANNER = "demo server: listening on stdio (this line is not MCP)"
+TASK_TOOL = "background_job"
 # What @modelcontextprotocol/server-everything answers for a session it does not know.
 UNKNOWN_SESSION_BODY = json.dumps(
     {
@@ -185,10 +187,26 @@ async def add_tool(name: str, ctx: Context) -> str:
     return f"added {name}"
 
 
+@server.tool()
+def background_job(name: str) -> str:
+    """Start a long job (offered as task-only under DEMO_TASK_TOOL)."""
+    return f"{name} started"
+
+
 async def hang_on_list(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
     if ctx.method == "tools/list":
         await asyncio.Event().wait()
     return await call_next(ctx)
+
+
+async def task_only(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Declares `background_job` as runnable only as an MCP task (2025-11-25)."""
+    result = await call_next(ctx)
+    if ctx.method == "tools/list" and isinstance(result, dict):  # the result as it is sent
+        for tool in result.get("tools", []):
+            if tool.get("name") == TASK_TOOL:
+                tool["execution"] = {"taskSupport": "required"}
+    return result
 
 
 def unknown_session_as_400(app: ASGIApp) -> ASGIApp:
@@ -262,6 +280,10 @@ def main() -> None:
         time.sleep(3600)
     if os.environ.get("DEMO_HANG_ON_LIST"):
         server.middleware.append(hang_on_list)
+    if os.environ.get("DEMO_TASK_TOOL"):
+        server.middleware.append(task_only)
+    else:
+        server.remove_tool(TASK_TOOL)
     if os.environ.get("DEMO_BANNER"):
         print(BANNER, flush=True)  # as servers that log to stdout do
     record(None, "server", "started")
