@@ -1,6 +1,6 @@
 """Tasks that use MCP tools end to end: a third-party server, approval and retries as the
 tools' annotations say, a worker SIGKILLed in the middle of an MCP call, a server that
-restarts under a waiting task and one whose tools change mid-task."""
+restarts under a waiting task, one that cannot start and one whose tools change mid-task."""
 
 from __future__ import annotations
 
@@ -190,6 +190,37 @@ async def test_a_task_waiting_for_approval_survives_its_http_server_restarting(
     assert outcome.result == "f = True"
     assert log.events("set_flag") == ["done"]
     assert errors == []  # the next task listed the server's tools
+
+
+async def test_the_model_is_told_which_servers_are_unavailable_and_why(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    log = CallLog(tmp_path / "calls.jsonl")
+    servers = {"demo": demo_stdio(log), "quits": demo_stdio(log, env={"DEMO_FAIL_ON_START": "1"})}
+    settings = with_servers(settings, servers)
+    model = fake_openai.script(answer_after_tools(("quits__echo", {"text": "hi"})))
+    async with running_worker(dev_env.client, settings):
+        handle = await AgentRuntime(dev_env.client, settings).run(
+            agent_task(model, mcp_servers=["demo", "quits"])
+        )
+        outcome = await handle.result()
+        events = await handle.events()
+    [first, second] = fake_openai.requests[model]
+    for request in (first, second):  # each call is told, before anything else
+        system = request["messages"][0]
+        assert system["role"] == "system"
+        note = system["content"].split("\n\n")[-1].splitlines()
+        assert note[0] == "These MCP servers are unavailable; none of their tools can be called:"
+        assert note[1].startswith("- MCP server 'quits' could not start: it exited; its stderr")
+        assert "refusing to start (DEMO_FAIL_ON_START)" in note[1] and len(note) == 2
+    offered = {t["function"]["name"] for t in first["tools"]}
+    assert "demo__lookup" in offered and not any(n.startswith("quits__") for n in offered)
+    assert outcome.result.startswith("'quits__echo' cannot be called: MCP server 'quits' could")
+    assert "the MCP tools you can call are: demo__lookup" in outcome.result
+    # History stays as it was: the note is made from the recorded catalog on each call.
+    [error] = of_type(events, "error")
+    assert error.kind == "mcp_server" and "refusing to start" in error.message
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
 
 
 @pytest.mark.parametrize("protocol", ["auto", "legacy"])
