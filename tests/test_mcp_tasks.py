@@ -1,20 +1,32 @@
 """Tasks that use MCP tools end to end: a third-party server, approval and retries as the
 tools' annotations say, a worker SIGKILLed in the middle of an MCP call, a server that
-restarts under a waiting task, one that cannot start and one whose tools change mid-task."""
+restarts under a waiting task, one that cannot start, one whose tools change mid-task, and
+a listing that fails past its retries."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
+from activities.builtin_tools import builtin_registry
+from activities.conversation_store import ConversationStore
+from activities.llm import LlmActivities
 from activities.mcp.config import McpServerConfig
+from activities.sealed_blobs import SealedBlobs
+from activities.storage import Storage
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -23,6 +35,9 @@ from testing.proc import parent_of
 from testing.workers import WorkerProcess, running_worker
 from tests.chaos.workload import replay_all
 from tests.helpers import agent_task, of_type, wait_for_state
+from worker import WORKFLOW_RUNNER
+from workflows.agent import AgentWorkflow
+from workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 BIN = Path(sys.executable).parent
 
@@ -260,3 +275,60 @@ async def test_a_server_whose_tools_change_is_listed_again_before_the_next_step(
         "call_llm",
     ]
     await replay_all(dev_env.client, [handle])
+
+
+async def test_a_listing_that_fails_past_its_retries_leaves_the_task_going_without_it(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """Every attempt of list_tools fails (here a worker whose listing breaks): the task does
+    not fail raw; it goes on without the server's tools, with an error event, as when a
+    server cannot start."""
+    log = CallLog(tmp_path / "calls.jsonl")
+    settings = with_servers(settings, {"demo": demo_stdio(log)})
+    model = fake_openai.script(answer_after_tools(("demo__lookup", {"key": "k"})))
+    async with listing_breaks(dev_env.client, settings):
+        handle = await AgentRuntime(dev_env.client, settings).run(
+            agent_task(model, mcp_servers=["demo"])
+        )
+        outcome = await handle.result()
+        events = await handle.events()
+        await replay_all(dev_env.client, [handle])
+    [error] = of_type(events, "error")
+    assert error.kind == "mcp_server"
+    assert error.message.endswith(
+        "MCP server 'demo': listing its tools failed past every retry: the listing broke"
+    )
+    assert outcome.result.startswith("'demo__lookup' cannot be called: MCP server 'demo': list")
+    system = fake_openai.requests[model][0]["messages"][0]["content"]
+    assert "- MCP server 'demo': listing its tools failed past every retry" in system
+    assert log.events() == []  # the server was never started
+
+
+@asynccontextmanager
+async def listing_breaks(client: Client, settings: Settings) -> AsyncIterator[None]:
+    """A worker with the agent workflow and worker.py's model activities, whose `list_tools`
+    fails (for good: the workflow sees what it sees once the retries are spent)."""
+
+    @activity.defn(name="list_tools")
+    async def broken_listing(request: ListToolsRequest) -> ToolCatalog:
+        raise ApplicationError("the listing broke", non_retryable=True)
+
+    storage = Storage.from_settings(settings)
+    await storage.open()
+    store = ConversationStore(SealedBlobs(storage.blobs, settings.payload_codec()))
+    llm = LlmActivities(
+        builtin_registry(), store, api_key=settings.api_key, base_url=settings.openai_base_url
+    )
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[AgentWorkflow],
+        activities=[llm.call_llm, llm.save_conversation, broken_listing],
+        workflow_runner=WORKFLOW_RUNNER,
+    )
+    try:
+        async with worker:
+            yield
+    finally:
+        await llm.close()
+        await storage.close()

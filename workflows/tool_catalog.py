@@ -124,6 +124,13 @@ class ToolCatalog(Contract):
         return ToolCatalog(servers=kept + list(relisted.values()))
 
 
+def unlisted(servers: list[str], reason: str) -> ToolCatalog:
+    """A catalog of these servers without their tools, each saying `reason`."""
+    return ToolCatalog(
+        servers=[McpServerTools(server=s, error=f"MCP server {s!r}: {reason}") for s in servers]
+    )
+
+
 class ListToolsRequest(Contract):
     """Input of the `list_tools` activity."""
 
