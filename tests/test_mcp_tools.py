@@ -475,6 +475,8 @@ async def test_an_http_server_that_restarts_is_given_a_new_session(
         await server.restart()
         retried = await manager.call_tool("remote__lookup", {"key": "b"}, "t/2/b")
         assert (retried.output, retried.is_error) == ("value of b", False)
+        assert retried.stale_servers == ["remote"]  # it came back: the task lists it again
+        await manager.list_tools()
         await server.restart()
         once = await manager.call_tool("remote__add_note", {"text": "c"}, "t/3/c")
         assert once.is_error
@@ -490,6 +492,30 @@ async def test_an_http_server_that_restarts_is_given_a_new_session(
         catalog = await manager.list_tools()  # what the next new task is given
         assert catalog.servers[0].error is None and catalog.get("remote__lookup") is not None
     assert len(rejected_sessions_were_dropped(log)) == 3  # one refusal per restart
+
+
+async def test_a_restarted_server_counts_as_changed_and_its_changes_are_still_heard(
+    log: CallLog, managers: list[McpClientManager]
+) -> None:
+    """A 2026-07-28 HTTP connection has no session to lose, so a restart ends only its change
+    subscription: the worker subscribes again (or connects anew), and counts the server as
+    changed, since it may have come back with other tools."""
+    async with running_http_server(log) as server:
+        manager = manage(managers, remote=McpServerConfig(url=server.url))
+        catalog = await manager.list_tools()
+        assert manager.stale_servers(catalog) == []
+        await server.restart()
+        await until(
+            lambda: not manager.connected("remote") or manager.stale_servers(catalog) != [],
+            "the worker noticed the restart",
+        )
+        looked = await manager.call_tool("remote__lookup", {"key": "k"}, "t/1/a")
+        assert (looked.output, looked.stale_servers) == ("value of k", ["remote"])
+        relisted = await manager.list_tools()
+        assert manager.stale_servers(relisted) == []
+        added = await manager.call_tool("remote__add_tool", {"name": "fresh"}, "t/2/add")
+        assert added.output == "added fresh"
+        await until(lambda: manager.stale_servers(relisted) == ["remote"], "the change heard")
 
 
 async def test_close_stops_stdio_servers(log: CallLog) -> None:

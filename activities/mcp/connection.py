@@ -42,6 +42,8 @@ STDERR_TAIL_CHARS = 2_000
 CLOSE_WITHIN_SECONDS = 10.0  # the SDK's own stdio shutdown gives a server 2 s + 2 s
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
 LINE_SHOWN_CHARS = 200
+RESUBSCRIBE_FIRST_SECONDS = 0.5  # then doubled, up to the max, while the server is away
+RESUBSCRIBE_MAX_SECONDS = 30.0
 NOT_ABOUT_THE_SESSION = (mcp_types.METHOD_NOT_FOUND, mcp_types.INVALID_PARAMS)
 STDIO_PARSE_FAILURE = "Failed to parse JSONRPC message from server"
 
@@ -399,28 +401,54 @@ class McpConnection:
 
     @contextlib.asynccontextmanager
     async def _listening(self, client: Client) -> AsyncIterator[None]:
-        """On 2026-07-28 connections, change notifications come only to a subscription."""
+        """On 2026-07-28 connections, change notifications come only to a subscription; the
+        connection is ready once it is open, so no change after that goes unheard."""
         capabilities = client.server_capabilities.tools
         if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or not (
             capabilities and capabilities.list_changed
         ):
             yield  # earlier revisions send notifications/tools/list_changed on the session
             return
-        listener = asyncio.create_task(self._listen(client))
+        opened = asyncio.Event()
+        listener = asyncio.create_task(self._listen(client, opened))
         try:
+            await opened.wait()
             yield
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
 
-    async def _listen(self, client: Client) -> None:
+    async def _listen(self, client: Client, opened: asyncio.Event) -> None:
+        """Subscribed while the connection lives. A subscription lost once open (the server
+        restarted: a 2026-07-28 HTTP connection has no session to lose, so nothing else
+        ends; or a proxy cut the stream) is opened again, and the server counts as changed
+        then, as a change may have come meanwhile."""
+        pause = RESUBSCRIBE_FIRST_SECONDS
+        subscribed = False
         try:
-            async with client.listen(tools_list_changed=True) as subscription:
-                async for _event in subscription:
-                    pass  # each event is noticed as it arrives: _WatchedReadStream
-        except (ListenNotSupportedError, SubscriptionLost, MCPError, TimeoutError) as err:
-            logger.info("MCP server %s: no tool change subscription: %s", self.name, err)
+            while True:
+                try:
+                    async with client.listen(tools_list_changed=True) as subscription:
+                        if subscribed:
+                            self._changed()  # what changed while unsubscribed: listed again
+                        subscribed, pause = True, RESUBSCRIBE_FIRST_SECONDS
+                        opened.set()
+                        async for _event in subscription:
+                            pass  # each event is noticed as it arrives: _WatchedReadStream
+                    return  # the server ended it
+                except (ListenNotSupportedError, SubscriptionLost, MCPError, TimeoutError) as err:
+                    if not subscribed or isinstance(err, ListenNotSupportedError):
+                        logger.info(
+                            "MCP server %s: no tool change subscription: %s", self.name, err
+                        )
+                        return
+                    if pause == RESUBSCRIBE_FIRST_SECONDS:
+                        logger.info("MCP server %s: change subscription lost: %s", self.name, err)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RESUBSCRIBE_MAX_SECONDS)
+        finally:
+            opened.set()
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):  # what is not MCP stops at _WatchedReadStream

@@ -57,6 +57,8 @@ class McpClientManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._listings: dict[str, McpServerTools] = {}
         self._stale: set[str] = set()
+        # Servers whose connection ended without our asking: back, they may offer other tools.
+        self._went_away: set[str] = set()
         self._listeners: list[ToolsChanged] = []
         self._stderr_dir: Path | None = None
         self._closed = False
@@ -104,12 +106,12 @@ class McpClientManager:
         from activities.mcp.connection import describe_error
         from activities.mcp.convert import server_tools
 
-        self._stale.discard(server)  # a change notified from here on marks it again
         for attempt in (1, 2):
             try:
                 connection = await self._connection(server)
             except (McpServerUnavailable, McpConfigError) as err:
                 return self._unlisted(server, str(err))
+            self._stale.discard(server)  # a change notified from here on marks it again
             try:
                 async with asyncio.timeout(config.list_timeout_seconds):
                     tools = await _list_all(connection)
@@ -235,6 +237,7 @@ class McpClientManager:
                 return current
             if current is not None:
                 del self._connections[server]
+                self._went_away.add(server)
                 await current.close()
             from activities.mcp.connection import McpConnection
 
@@ -247,11 +250,15 @@ class McpClientManager:
                 await connection.close()
                 raise
             self._connections[server] = connection
+            if server in self._went_away:
+                self._went_away.discard(server)
+                self._tools_changed(server)  # a server that came back is listed again
             return connection
 
     async def _discard(self, server: str, connection: McpConnection) -> None:
         if self._connections.get(server) is connection:
             del self._connections[server]
+            self._went_away.add(server)
         await connection.close()
 
     async def _lost(self, name: str, server: str, connection: McpConnection) -> ToolResult:
