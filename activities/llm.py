@@ -28,7 +28,7 @@ from activities.chat import ChatBackend, ChatDelta
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.heartbeat import Watchdog, watched
-from activities.mcp.activities import McpActivities, check_call
+from activities.mcp.activities import McpActivities, check_call, with_unavailable_servers
 from activities.offline_model import OfflineModel
 from activities.spans import span
 from activities.text_tool_calls import recover_tool_calls
@@ -401,11 +401,13 @@ class LlmActivities:
                     request.message_count, request.conversation_digest, request.catalog_digest
                 )
                 schemas = self._registry.schemas(conversation.tools)
+                sent = conversation.messages
                 if conversation.catalog is not None:
                     schemas = schemas + conversation.catalog.openai_tools(conversation.tools)
+                    sent = with_unavailable_servers(sent, conversation.catalog)
                 async with TokenPublisher(request.step, attempt) as tokens:
                     message = await self._stream(
-                        backend, conversation.messages, schemas, request.model, watchdog, tokens
+                        backend, sent, schemas, request.model, watchdog, tokens
                     )
             s.set_attribute("llm.input_tokens", message.usage.input_tokens)
             s.set_attribute("llm.output_tokens", message.usage.output_tokens)

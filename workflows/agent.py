@@ -100,6 +100,8 @@ RESUME_GRACE = timedelta(seconds=3)
 # A last run this large archives its events as it ends: a replay to read them takes seconds.
 ARCHIVE_LAST_RUN_BYTES = 256 * 1024
 ARCHIVE_PATCH = "archive-events"
+# Before it, a server's notice that its tools changed was not acted on.
+RELIST_PATCH = "mcp-relist-changed"
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,7 @@ class AgentWorkflow:
             result = results[call.call_id]
             observed = {"output": result.output, "is_error": result.is_error}
             self._append(draft(Observation, step, call_id=call.call_id, tool=call.tool, **observed))
+        self._relist([server for r in results.values() for server in r.stale_servers])
 
     async def _list_tools(self, servers: list[str]) -> None:
         listed = await activity_calls.list_tools(self._task, servers)
@@ -269,6 +272,13 @@ class AgentWorkflow:
         self._unlisted = []
         for problem in listed.problems():
             self._append(draft(ErrorEvent, self._state.step, kind="mcp_server", message=problem))
+
+    def _relist(self, stale: list[str]) -> None:
+        """The task's servers whose tools changed are listed again before the next step."""
+        servers = self._task.mcp_servers or []
+        changed = [s for s in dict.fromkeys(stale) if s in servers and s not in self._unlisted]
+        if changed and workflow.patched(RELIST_PATCH):
+            self._unlisted = [*self._unlisted, *changed]
 
     async def _call_model(self, step: int) -> AgentOutcome | None:
         """One model call; an answer ends the task, tool calls open a step."""
@@ -287,6 +297,7 @@ class AgentWorkflow:
             return None
         self._clock = _sample()
         self._append(thought_of(step, result))
+        self._relist(result.stale_servers)
         if result.tool_calls:
             return None
         self._append(draft(Done, step, result=result.content))
