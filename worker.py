@@ -27,11 +27,17 @@ from activities.llm import LlmActivities
 from activities.mcp.activities import McpActivities
 from activities.mcp.manager import McpClientManager
 from activities.sealed_blobs import SealedBlobs
-from activities.storage import Storage, StorageError
-from activities.storage.deployment import check_single_machine, check_workspace
+from activities.storage import DeploymentMismatchError, Storage, StorageError
+from activities.storage.deployment import (
+    QUEUE_CHECK_SECONDS,
+    check_task_queue,
+    check_workspace,
+    worker_identity,
+)
 from activities.tool_modules import load_tools
 from activities.tools import ToolActivities, ToolDefinitionError, ToolRegistry
 from activities.turns import TurnActivities
+from runtime import worker_log
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
@@ -58,7 +64,9 @@ logger = logging.getLogger("waystation.worker")
 
 class AgentWorker(Worker):
     """A Worker that, when it serves tool calls, opens its storage and checks its deployment
-    before it polls and prunes the storage now and then; it closes what it holds at shutdown."""
+    before it polls and prunes the storage now and then; it closes what it holds at shutdown.
+    On SQLite it stops by itself when workers that keep their ledger elsewhere join its task
+    queue (`refusal` says why)."""
 
     def __init__(
         self,
@@ -84,6 +92,9 @@ class AgentWorker(Worker):
         self._prepared = False
         self._pruning: asyncio.Task[None] | None = None
         self._repairing: asyncio.Task[None] | None = None
+        self._guarding: asyncio.Task[None] | None = None
+        self.refusal: DeploymentMismatchError | None = None
+        self._refused = asyncio.Event()
 
     async def prepare(self) -> None:
         """Open the storage and refuse a workspace or a task queue that breaks exactly-once
@@ -92,8 +103,8 @@ class AgentWorker(Worker):
             return
         await self.storage.open()
         try:
-            # The host check first: a refused worker leaves no marker in the workspace.
-            await check_single_machine(self.storage, self._temporal, self._queue)
+            # The task queue first: a refused worker leaves no marker in the workspace.
+            await check_task_queue(self.storage, self._temporal, self._queue)
             await check_workspace(self.storage, self._settings.workspace_dir)
         except BaseException:
             if self._owns_storage:
@@ -105,6 +116,8 @@ class AgentWorker(Worker):
         await self.prepare()
         if self._serves_tools and self._settings.prune_interval_hours > 0:
             self._pruning = asyncio.create_task(self._prune_now_and_then())
+        if self._serves_tools and self.storage.kind == "sqlite":
+            self._guarding = asyncio.create_task(self._check_queue_now_and_then())
         if self._settings.auto_repair:
             served = self._settings.model_copy(update={"task_queue": self._queue})
             runtime = AgentRuntime(self._temporal, served)
@@ -125,9 +138,30 @@ class AgentWorker(Worker):
                 logger.warning("could not prune the storage: %s", err)
             await asyncio.sleep(self._settings.prune_interval_hours * 3600)
 
+    async def _check_queue_now_and_then(self) -> None:
+        while True:
+            await asyncio.sleep(QUEUE_CHECK_SECONDS)
+            try:
+                if not await check_task_queue(self.storage, self._temporal, self._queue):
+                    return  # Temporal does not tell this worker who polls: it never will
+            except DeploymentMismatchError as err:
+                self.refusal = err
+                self._refused.set()
+                await super().shutdown()  # no more tool calls here; shutdown() closes the rest
+                return
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set, or the worker stopped by itself (see `refusal`)."""
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self._refused.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     async def shutdown(self) -> None:
         await super().shutdown()
-        for chore in (self._pruning, self._repairing):
+        for chore in (self._pruning, self._repairing, self._guarding):
             if chore is not None:
                 chore.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -158,7 +192,8 @@ def build_worker(
     run pure tools locally; it then never opens the storage. `backends` serves models by
     name from something other than the OpenAI endpoint. `storage` (default: the settings')
     is opened when the worker starts; one passed in is left open at shutdown. `identity`
-    names it to Temporal (default: the client's).
+    names it to Temporal (default: the client's); a worker that takes tool calls adds its
+    storage's kind to it.
     """
     registry = registry or load_tools(settings.tools)
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
@@ -166,7 +201,7 @@ def build_worker(
     storage = storage or Storage.from_settings(settings)
     # Connections start on first use, so a worker with servers it never needs spawns none.
     mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
-    sealed = SealedBlobs(storage.blobs, settings.payload_codec())
+    sealed = SealedBlobs(storage.blobs, settings.codec_for("worker"))
     archive = ArchiveActivities(EventArchive(sealed))
     llm = LlmActivities(
         registry,
@@ -204,14 +239,18 @@ def build_worker(
         max_cached_workflows=settings.worker_cached_tasks,
         graceful_shutdown_timeout=graceful_shutdown,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-        identity=identity,
+        # Other workers read the storage in the identity to refuse a queue with two ledgers.
+        identity=worker_identity(identity or client.identity, storage.kind)
+        if activities
+        else identity,
     )
 
 
 async def main() -> int:
     """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
+    worker_log.configure_worker()
     settings = Settings()
-    client = await connect(settings)
+    client = await connect(settings, side="worker")
     try:
         worker = build_worker(client, settings)
         await worker.prepare()
@@ -236,7 +275,10 @@ async def main() -> int:
         flush=True,
     )
     async with worker:
-        await stop.wait()
+        await worker.serve_until(stop)
+    if worker.refusal is not None:
+        print(f"worker stopped: {worker.refusal}", file=sys.stderr, flush=True)
+        return 1
     print("worker stopped", file=sys.stderr)
     return 0
 

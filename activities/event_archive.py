@@ -102,5 +102,5 @@ async def read_archived(settings: Settings, workflow_id: str, run_id: str) -> Ar
     if storage.kind == "sqlite" and not (settings.data_dir / SQLITE_FILE).exists():
         return None  # no worker stores here: never create an empty storage just to read
     async with storage:
-        archive = EventArchive(SealedBlobs(storage.blobs, settings.payload_codec()))
+        archive = EventArchive(SealedBlobs(storage.blobs, settings.codec_for("client")))
         return await archive.get(workflow_id, run_id)

@@ -28,7 +28,7 @@ from activities.chat import ChatBackend, ChatDelta
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.heartbeat import Watchdog, watched
-from activities.mcp.activities import McpActivities, check_call
+from activities.mcp.activities import McpActivities, check_call, with_unavailable_servers
 from activities.offline_model import OfflineModel
 from activities.spans import span
 from activities.structured_output import final_answer_call, native_answer
@@ -415,8 +415,10 @@ class LlmActivities:
                     request.message_count, request.conversation_digest, request.catalog_digest
                 )
                 schemas = self._registry.schemas(conversation.tools)
+                sent = conversation.messages
                 if conversation.catalog is not None:
                     schemas = schemas + conversation.catalog.openai_tools(conversation.tools)
+                    sent = with_unavailable_servers(sent, conversation.catalog)
                 answer_schema = conversation.output_schema
                 way = outputs.mode(request.model) if answer_schema is not None else None
                 if answer_schema is not None and way == "tool":
@@ -429,7 +431,7 @@ class LlmActivities:
                 async with TokenPublisher(request.step, attempt) as tokens:
                     message = await self._stream(
                         backend,
-                        conversation.messages,
+                        sent,
                         schemas,
                         request.model,
                         watchdog,

@@ -278,8 +278,9 @@ class ToolActivities:
     async def _run(self, request: ToolRequest) -> ToolResult:
         if self._mcp is not None and self._mcp.handles(request.tool):
             called = await self._mcp.run(request)
-            output = self._fit(called.output, request.idempotency_key)
-            return ToolResult(output=output, is_error=called.is_error)
+            return called.model_copy(
+                update={"output": self._fit(called.output, request.idempotency_key)}
+            )
         tool = self._registry.get(request.tool)
         if tool is None:
             return ToolResult(output=f"unknown tool {request.tool!r}", is_error=True)

@@ -34,7 +34,15 @@ from activities.event_archive import read_archived
 from activities.tool_modules import load_tools
 from activities.tools import ToolRegistry
 from runtime.busy import reading, sending
-from runtime.health import Stuck, TaskOverview, overview, stuck, unanswered, worker_hint
+from runtime.health import (
+    Stuck,
+    TaskOverview,
+    cannot_run,
+    overview,
+    stuck,
+    unanswered,
+    worker_hint,
+)
 from runtime.messaging import Delivery, deliver
 from runtime.reset import reset_failed_task, reset_stuck_task
 from runtime.settings import Settings
@@ -50,6 +58,7 @@ from runtime.task_errors import (
     TaskNotFoundError,
     UnknownToolsError,
     UnreadableTaskError,
+    undecryptable,
     unreadable,
 )
 from runtime.task_list import InvalidPageTokenError, TaskSummary, list_page
@@ -255,6 +264,10 @@ class TaskHandle(Generic[OutputT]):
             raise TaskFailedError(self.id, str(cause or err), None) from err
         except RPCError as err:
             raise _not_found(self.id, err) from err
+        except ValueError as err:  # the answer, encrypted with a key this side lacks
+            if (problem := unreadable(self.id, err)) is not None:
+                raise problem from err
+            raise
 
     async def state(self, within: timedelta = QUERY_TIMEOUT) -> AgentState:
         """The folded state (a worker answers the query; NoWorkerError if none does `within`)."""
@@ -506,12 +519,19 @@ class TaskHandle(Generic[OutputT]):
             raise _not_found(self.id, err) from err
 
     async def stuck(self) -> Stuck | None:
-        """Whether the task's workflow task keeps failing, and with what (no worker needed)."""
+        """Whether the task's workflow task keeps failing, and with what (no worker needed).
+        UnreadableTaskError when it fails on a payload the worker cannot decrypt: no repair
+        helps, the keys must change (then the task moves on by itself)."""
         description = await self.describe()
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
         history = await self._handle.fetch_history()
-        return stuck(description, list(history.events))
+        found = stuck(description, list(history.events))
+        if found is not None:
+            failing = f"task {self.id} is stuck (its workflow task failed {found.attempts} times)"
+            if (problem := undecryptable(self.id, found.problem, failing)) is not None:
+                raise problem
+        return found
 
     async def cancel(self) -> None:
         """Request cancellation: the running call is cancelled, a `cancelled` event follows.
@@ -614,6 +634,12 @@ class AgentRuntime:
         except (ValueError, WorkflowQueryFailedError) as err:
             # A payload this side cannot decrypt: here, or in the worker that answers.
             if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
+            raise
+        except RPCError as err:
+            # Refused while the workflow task keeps failing: on a payload the worker cannot
+            # decrypt, the worker's sentence says so.
+            if (problem := await cannot_run(self.client, task_id, err)) is not None:
                 raise problem from err
             raise
 
@@ -783,6 +809,12 @@ class AgentRuntime:
         found = await handle.stuck()
         if found is None:
             raise TaskError(task_id, f"task {task_id} is not stuck: its workflow tasks complete")
+        if found.reset_to_event is None:
+            raise TaskError(
+                task_id,
+                f"task {task_id} cannot be repaired: its first workflow task fails, so there "
+                f"is no earlier point to reset it to: {found.problem}",
+            )
         description = await handle.describe()
         history = await handle._handle.fetch_history()
         already = await self._repaired_points(history.events)

@@ -10,38 +10,94 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.converter import (
+    DataConverter,
+    PayloadCodec,
+    SerializationContext,
+    WithSerializationContext,
+)
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
 _NONCE_BYTES = 12
 # How a payload this side cannot decrypt is told; only the sentence crosses from a worker
-# (a failed query) to a client, so clients recognise it by these words.
+# (a failed workflow task or query) to a client, so clients recognise it by these words.
 UNKNOWN_KEY = "payload encrypted with unknown key"
 WRONG_KEY = "payload does not decrypt with key"
+DISAGREE = "disagree about encryption"
+
+Side = Literal["worker", "client"]
+_WHO = {"worker": "the worker", "client": "this client"}
+_FIX = {
+    "worker": "give the worker the clients' WAYSTATION_ENCRYPTION_KEYS",
+    "client": "set the workers' WAYSTATION_ENCRYPTION_KEYS here too",
+}
+# Tasks a worker with keys was sent a payload in plaintext by (said once each, see decode).
+_PLAINTEXT_TOLD_MAX = 10_000
+logger = logging.getLogger("waystation.codec")
 
 
-class EncryptionCodec(PayloadCodec):
-    """AES-256-GCM over each whole payload (its metadata included)."""
+class UndecryptablePayloadError(ValueError):
+    """A payload this side cannot decrypt; the message says why in one sentence, naming key
+    ids (never key material) and which side lacks which key."""
 
-    def __init__(self, keys: Mapping[str, bytes], active_key_id: str) -> None:
-        if active_key_id not in keys:
+
+class EncryptionCodec(PayloadCodec, WithSerializationContext):
+    """AES-256-GCM over each whole payload (its metadata included). Without keys (encryption
+    off) payloads pass through, and an encrypted one is refused with a sentence instead of
+    the SDK's "Unknown payload encoding"."""
+
+    def __init__(
+        self,
+        keys: Mapping[str, bytes],
+        active_key_id: str | None,
+        *,
+        side: Side = "client",
+        task_id: str | None = None,
+    ) -> None:
+        if active_key_id is not None and active_key_id not in keys:
             raise ValueError(f"the active encryption key {active_key_id!r} is not among the keys")
+        if active_key_id is None and keys:
+            raise ValueError("encryption keys without an active one")
         for key_id, key in keys.items():
             if len(key) != 32:
                 raise ValueError(f"encryption key {key_id!r} must be 32 bytes, not {len(key)}")
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys.items()}
         self._active = active_key_id
+        self._side: Side = side
+        self._task_id = task_id
+        self._plaintext_told: set[str] = set()
+
+    @classmethod
+    def without_keys(cls, side: Side = "client") -> EncryptionCodec:
+        return cls({}, None, side=side)
+
+    def _copy(self, side: Side, task_id: str | None) -> EncryptionCodec:
+        twin = copy.copy(self)  # the ciphers and what was said once are shared
+        twin._side, twin._task_id = side, task_id
+        return twin
+
+    def on_side(self, side: Side) -> EncryptionCodec:
+        """This codec in a worker or a client: what its refusals say about who lacks a key."""
+        return self._copy(side, self._task_id)
+
+    def with_context(self, context: SerializationContext) -> EncryptionCodec:
+        return self._copy(self._side, getattr(context, "workflow_id", None) or None)
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        if self._active is None:
+            return list(payloads)
         cipher = self._ciphers[self._active]
         encoded = []
         for payload in payloads:
@@ -59,21 +115,53 @@ class EncryptionCodec(PayloadCodec):
         decoded = []
         for payload in payloads:
             if payload.metadata.get("encoding") != ENCODING:
-                decoded.append(payload)  # written before encryption was on
+                self._plaintext_received()
+                decoded.append(payload)  # written before encryption was on, or by a side without
                 continue
             key_id = payload.metadata.get(KEY_ID, b"").decode()
             cipher = self._ciphers.get(key_id)
             if cipher is None:
-                raise ValueError(f"{UNKNOWN_KEY} {key_id!r}")
+                raise UndecryptablePayloadError(self._refusal(key_id))
             nonce, sealed = payload.data[:_NONCE_BYTES], payload.data[_NONCE_BYTES:]
             try:
                 opened = cipher.decrypt(nonce, sealed, None)
             except InvalidTag:
-                raise ValueError(
+                raise UndecryptablePayloadError(
                     f"{WRONG_KEY} {key_id!r}: the key with that id changed, or the payload did"
                 ) from None
             decoded.append(Payload.FromString(opened))
         return decoded
+
+    def _refusal(self, key_id: str) -> str:
+        who = _WHO[self._side]
+        of_task = f" of task {self._task_id!r}" if self._task_id else ""
+        if not self._ciphers:
+            return (
+                f"{who} has no encryption keys, but a payload{of_task} is encrypted with key "
+                f"{key_id!r}: the worker and the client {DISAGREE}; {_FIX[self._side]}"
+            )
+        held = ", ".join(repr(k) for k in sorted(self._ciphers))
+        return f"{UNKNOWN_KEY} {key_id!r}{of_task}: {who} holds {held} only"
+
+    def _plaintext_received(self) -> None:
+        """A worker that encrypts was sent a payload in plaintext: by a client without keys,
+        which cannot read what the task writes (or the task predates encryption). Said once
+        per task; the client that cannot read says so itself."""
+        task = self._task_id
+        if self._side != "worker" or self._active is None or not task:
+            return
+        if task in self._plaintext_told or len(self._plaintext_told) >= _PLAINTEXT_TOLD_MAX:
+            return
+        self._plaintext_told.add(task)
+        logger.warning(
+            "task %r was sent a payload that is not encrypted, though the worker encrypts "
+            "with key %r: the worker and the client %s (a client without "
+            "WAYSTATION_ENCRYPTION_KEYS sent it, and cannot read what the task writes), or "
+            "the task predates encryption",
+            task,
+            self._active,
+            DISAGREE,
+        )
 
 
 def parse_keys(encoded: Mapping[str, str]) -> dict[str, bytes]:
@@ -91,8 +179,11 @@ def new_key() -> str:
     return base64.b64encode(AESGCM.generate_key(bit_length=256)).decode()
 
 
-def data_converter(codec: PayloadCodec | None) -> DataConverter:
-    """The pydantic converter, with the codec when encryption is on."""
+def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataConverter:
+    """The pydantic converter with the codec (None: encryption off, and an encrypted payload
+    refused with a sentence), as a worker or a client uses it."""
     if codec is None:
-        return pydantic_data_converter
+        codec = EncryptionCodec.without_keys(side)
+    elif isinstance(codec, EncryptionCodec):
+        codec = codec.on_side(side)
     return dataclasses.replace(pydantic_data_converter, payload_codec=codec)

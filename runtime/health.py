@@ -16,13 +16,17 @@ from typing import Any
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkflowExecutionRequest,
+    GetWorkflowExecutionHistoryReverseRequest,
+)
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from runtime.busy import reading
 from runtime.commands import command
 from runtime.pollers import polling_workers
-from runtime.task_errors import NoWorkerError
+from runtime.task_errors import NoWorkerError, UnreadableTaskError, undecryptable
 
 # A workflow task that failed this many times in a row is a task that will not move by
 # itself (one failure can be a worker that died mid-task; Temporal retries it at once).
@@ -87,7 +91,8 @@ class Stuck:
 
     attempts: int
     problem: str
-    reset_to_event: int
+    reset_to_event: int | None
+    """None when no workflow task completed before the failure: nothing to reset to."""
 
 
 def stuck(description: WorkflowExecutionDescription, history: list[HistoryEvent]) -> Stuck | None:
@@ -112,7 +117,7 @@ def stuck(description: WorkflowExecutionDescription, history: list[HistoryEvent]
     return Stuck(attempts, problem, repair_point(history, problem))
 
 
-def repair_point(history: list[HistoryEvent], problem: str) -> int:
+def repair_point(history: list[HistoryEvent], problem: str) -> int | None:
     """The workflow task to reset a stuck task to: the last one that completed before the
     event the replay trips on (a nondeterminism error names it), else before the failure."""
     bound = len(history) + 1
@@ -133,6 +138,30 @@ def repair_point(history: list[HistoryEvent], problem: str) -> int:
         for e in history
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and e.event_id < bound
     ]
-    if not completed:
-        raise ValueError("the task has no completed workflow task before its failure")
-    return completed[-1]
+    return completed[-1] if completed else None
+
+
+# Temporal's answer to a query while the task's first workflow task keeps failing.
+_REFUSED_WHILE_FAILING = "Workflow Task in failed state"
+_RECENT_EVENTS = 20
+
+
+async def cannot_run(client: Client, task_id: str, err: RPCError) -> UnreadableTaskError | None:
+    """When `err` is Temporal refusing a query because the task's workflow task keeps
+    failing on a payload the worker cannot decrypt, the error with the worker's sentence."""
+    if _REFUSED_WHILE_FAILING not in err.message:
+        return None
+    # A failed workflow task's retries are not recorded: the last failure is near the end.
+    request = GetWorkflowExecutionHistoryReverseRequest(
+        namespace=client.namespace,
+        execution=WorkflowExecution(workflow_id=task_id),
+        maximum_page_size=_RECENT_EVENTS,
+    )
+    response = await reading(
+        lambda: client.workflow_service.get_workflow_execution_history_reverse(request)
+    )
+    for event in response.history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            said = event.workflow_task_failed_event_attributes.failure.message
+            return undecryptable(task_id, said)
+    return None

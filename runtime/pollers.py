@@ -20,6 +20,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+from activities.storage.deployment import STORAGE_TAG
 from runtime.commands import command
 
 # A live worker's long poll lasts up to ~70 s before it polls again: a poller seen longer
@@ -56,9 +57,10 @@ def serving(identity: str, *, this_process: bool) -> bool:
     count (it stops when the command ends)."""
     if not identity.startswith(CLI_WORKER_PREFIX):
         return True
-    if identity == cli_worker_identity():
+    base = identity.partition(STORAGE_TAG)[0]  # a command's worker that takes tool calls
+    if base == cli_worker_identity():
         return this_process
-    pid, at, host = identity.removeprefix(CLI_WORKER_PREFIX).partition("@")
+    pid, at, host = base.removeprefix(CLI_WORKER_PREFIX).partition("@")
     return bool(at) and host == socket.gethostname() and pid.isdigit() and _alive(int(pid))
 
 

@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from activities.mcp.config import McpServerConfig, check_server_name, load_servers_file
-from runtime.codec import EncryptionCodec, parse_keys
+from runtime.codec import EncryptionCodec, Side, parse_keys
 from workflows.models import OFFLINE_MODEL
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
@@ -194,6 +194,11 @@ class Settings(BaseSettings):
         if active is None:
             raise ValueError("several encryption keys: set WAYSTATION_ENCRYPTION_KEY_ID")
         return EncryptionCodec(keys, active)
+
+    def codec_for(self, side: Side) -> EncryptionCodec:
+        """The codec of a worker or a client: without keys when encryption is off, so that a
+        payload encrypted elsewhere is refused with a sentence naming the side and the key."""
+        return (self.payload_codec() or EncryptionCodec.without_keys()).on_side(side)
 
     @property
     def api_key(self) -> str | None:

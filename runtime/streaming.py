@@ -24,7 +24,7 @@ from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime import stream_wire
-from runtime.health import overview, unanswered, worker_hint
+from runtime.health import cannot_run, overview, unanswered, worker_hint
 from runtime.task_errors import TaskNotFoundError, unreadable
 from workflows.events import TERMINAL_EVENT_TYPES, AgentEvent
 from workflows.stream import EVENTS_TOPIC, LlmAttemptStarted, TokenDelta
@@ -333,6 +333,10 @@ class StreamHub:
             )
         except (ValueError, WorkflowQueryFailedError) as err:
             if (problem := unreadable(task_id, err)) is not None:
+                raise problem from err
+            raise
+        except RPCError as err:  # refused while the workflow task keeps failing
+            if (problem := await cannot_run(self._client, task_id, err)) is not None:
                 raise problem from err
             raise
         decode = self._converter.payload_converter.from_payload

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.codec import UNKNOWN_KEY, WRONG_KEY
+from runtime.codec import DISAGREE, UNKNOWN_KEY, WRONG_KEY
 
 
 class TaskError(Exception):
@@ -57,12 +57,19 @@ def unreadable(task_id: str, err: BaseException) -> UnreadableTaskError | None:
     sentence) says a payload of the task cannot be decrypted here; None for anything else."""
     if isinstance(err, UnicodeDecodeError):
         return UnreadableTaskError(task_id, f"cannot decode what task {task_id} stored: {err}")
-    said = str(err)
+    return undecryptable(task_id, str(err))
+
+
+def undecryptable(task_id: str, said: str, lead: str = "") -> UnreadableTaskError | None:
+    """The error for a codec's sentence, said here or by the worker (in a failed query or
+    workflow task; `lead` may say what that stops); None if `said` is not one."""
+    if DISAGREE in said:
+        return UnreadableTaskError(task_id, f"{lead or f'task {task_id}'}: {said}")
     if UNKNOWN_KEY not in said and WRONG_KEY not in said:
         return None
     return UnreadableTaskError(
         task_id,
-        f"cannot read task {task_id}: {said}; keep the key it was written with in "
+        f"{lead or f'cannot read task {task_id}'}: {said}; keep the key it was written with in "
         "WAYSTATION_ENCRYPTION_KEYS",
     )
 

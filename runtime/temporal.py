@@ -33,7 +33,7 @@ from temporalio.common import SearchAttributeIndexedValueType
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-from runtime.codec import data_converter
+from runtime.codec import Side, data_converter
 from runtime.commands import command
 from runtime.settings import Settings
 from runtime.tracing import tracing_interceptors
@@ -278,9 +278,12 @@ async def connect_when_serving(**connect_args: Any) -> Client:
         await asyncio.sleep(0.2)
 
 
-async def connect(settings: Settings, *, log: bool = True, start_server: bool = True) -> Client:
-    """A client with the pydantic converter; starts the embedded server when it is needed,
-    unless `start_server` is false (a command that only reads leaves a stopped one stopped)."""
+async def connect(
+    settings: Settings, *, log: bool = True, start_server: bool = True, side: Side = "client"
+) -> Client:
+    """A client with the pydantic converter (for a worker's use with `side="worker"`);
+    starts the embedded server when it is needed, unless `start_server` is false (a
+    command that only reads leaves a stopped one stopped)."""
     config = connect_config(settings)
     target = str(config["target_host"])
     host, _, port = target.rpartition(":")
@@ -302,7 +305,7 @@ async def connect(settings: Settings, *, log: bool = True, start_server: bool = 
             await asyncio.to_thread(server.start)
     try:
         client = await connect_when_serving(
-            data_converter=data_converter(settings.payload_codec()),
+            data_converter=data_converter(settings.payload_codec(), side),
             interceptors=tracing_interceptors(settings),
             **config,
         )

@@ -27,9 +27,10 @@ from temporalio.runtime import (
 )
 
 from activities.attempt_step import step_of
-from runtime.codec import UNKNOWN_KEY, WRONG_KEY
+from runtime.codec import DISAGREE, UNKNOWN_KEY, WRONG_KEY, UndecryptablePayloadError
 
 _ACTIVITY_FAILED = "Completing activity as failed"
+CORE_LOGGER = "temporalio.core"
 VERBOSE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -142,7 +143,7 @@ def configure(verbose: bool) -> None:
     # (`events` prints JSON lines there): hand them to Python's logging instead, and below
     # ERROR only with --verbose.
     core = TelemetryFilter(core_level="WARN" if verbose else "ERROR", other_level="ERROR")
-    forwarded = LogForwardingConfig(logger=logging.getLogger("temporalio.core"))
+    forwarded = LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER))
     telemetry = TelemetryConfig(logging=LoggingConfig(filter=core, forwarding=forwarded))
     Runtime.set_default(Runtime(telemetry=telemetry), error_if_already_set=False)
     root = logging.getLogger()
@@ -154,6 +155,53 @@ def configure(verbose: bool) -> None:
     _handler = OneLineWorkerLog()
     root.addHandler(_handler)
     root.setLevel(logging.WARNING)
+
+
+_SAID_ONCE_MAX = 10_000
+
+
+class SaidOnce(logging.Filter):
+    """A workflow task that fails on a payload the worker cannot decrypt fails again on each
+    retry (until the keys change), and the SDK logs a traceback each time, the core a line:
+    each such sentence becomes one line, said once (it names the task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if record.name.startswith(CORE_LOGGER) and _names_a_key(record.getMessage()):
+            return False  # the SDK's own record of the same failure says it
+        if not isinstance(err, UndecryptablePayloadError):
+            return True
+        said = str(err)
+        if said in self._said or len(self._said) >= _SAID_ONCE_MAX:
+            return False
+        self._said.add(said)
+        record.msg = f"{(record.getMessage().splitlines() or [''])[0]}: {said}"
+        record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def _names_a_key(said: str) -> bool:
+    return DISAGREE in said or UNKNOWN_KEY in said or WRONG_KEY in said
+
+
+def configure_worker() -> None:
+    """Logging for `python worker.py` (call before it connects): warnings and errors on
+    stderr, the SDK core's among them, as Python shows them with no logging set up; a
+    payload the worker cannot decrypt is one line (`SaidOnce`). Under a command that set
+    logging up already (`starter.py worker`), only the filter is added."""
+    root = logging.getLogger()
+    if not root.handlers:
+        forwarded = LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER))
+        core = TelemetryFilter(core_level="WARN", other_level="ERROR")
+        telemetry = TelemetryConfig(logging=LoggingConfig(filter=core, forwarding=forwarded))
+        Runtime.set_default(Runtime(telemetry=telemetry), error_if_already_set=False)
+        root.addHandler(logging.StreamHandler(sys.stderr))
+    for handler in root.handlers:
+        handler.addFilter(SaidOnce())
 
 
 def listen(listener: AttemptListener | None) -> None:

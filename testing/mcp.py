@@ -19,6 +19,8 @@ from activities.mcp.config import McpServerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SERVER = REPO / "tests" / "mcp_servers" / "demo_server.py"
+NOT_MCP = REPO / "tests" / "mcp_servers" / "not_mcp.py"
+NOT_MCP_LINE = "demo server: listening on stdio (this line is not MCP)"  # and DEMO_BANNER
 STARTS_WITHIN_SECONDS = 60.0
 WAIT_SECONDS = 30.0
 
@@ -64,23 +66,61 @@ def demo_stdio(
     )
 
 
+def not_mcp_stdio(*, exits: bool = False, **fields: Any) -> McpServerConfig:
+    """A command that writes lines that are not MCP to its stdout (tests/mcp_servers/)."""
+    args = [str(NOT_MCP), *(["--exit"] if exits else [])]
+    return McpServerConfig(command=sys.executable, args=args, **fields)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+class DemoHttpServer:
+    """The demo server over streamable HTTP as a subprocess, on one port across restarts
+    (a restarted server has forgotten every session)."""
+
+    def __init__(self, log: CallLog, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self._env = {"DEMO_CALL_LOG": str(log.path), **(env or {})}
+        self._process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        self._process = _spawn_http(self.port, self._env)
+        await _accepting(self.port, self._process)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    async def restart(self) -> None:
+        self.stop()
+        await self.start()
+
+
+@asynccontextmanager
+async def running_http_server(
+    log: CallLog, env: dict[str, str] | None = None
+) -> AsyncIterator[DemoHttpServer]:
+    """The demo HTTP server for the block, stopped after it."""
+    server = DemoHttpServer(log, env)
+    try:
+        await server.start()
+        yield server
+    finally:
+        server.stop()
+
+
 @asynccontextmanager
 async def demo_http_server(log: CallLog, env: dict[str, str] | None = None) -> AsyncIterator[str]:
     """The demo server over streamable HTTP as a subprocess; yields its URL."""
-    port = free_port()
-    process = _spawn_http(port, {"DEMO_CALL_LOG": str(log.path), **(env or {})})
-    try:
-        await _accepting(port, process)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.kill()
-        process.wait()
+    async with running_http_server(log, env) as server:
+        yield server.url
 
 
 def _spawn_http(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:

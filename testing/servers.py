@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -12,6 +13,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
 from workflows import search
+
+# The SDK gives the dev server 5 s to start; with every core busy it has taken longer.
+DEV_SERVER_STARTUP = timedelta(seconds=60)
 
 
 async def start_dev_env(log_level: str = "warn") -> WorkflowEnvironment:
@@ -22,6 +26,7 @@ async def start_dev_env(log_level: str = "warn") -> WorkflowEnvironment:
         search_attributes=search.ALL,
         dev_server_extra_args=list(DEV_SERVER_TUNING),
         dev_server_log_level=log_level,
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
     )
 
 

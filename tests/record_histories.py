@@ -25,6 +25,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from activities.mcp.config import McpServerConfig
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.mcp import CallLog, demo_stdio
 from testing.servers import start_dev_env
 from testing.settings import isolated_settings
 from worker import build_worker
@@ -298,6 +299,23 @@ async def steered_task(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def mcp_tools_changed(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A server announces tools/list_changed mid-task: the task lists it again (a patch)."""
+    model = fake.script(
+        [tools(("demo__add_tool", {"name": "fresh"})), tools(("demo__fresh", {})), text("done")]
+    )
+    policy = {"demo__add_tool": "never", "demo__fresh": "never"}
+    task = AgentTask(
+        task="add a tool and use it",
+        model=ModelSettings(name=model),
+        mcp_servers=["demo"],
+        approval=ApprovalSettings(policy=policy),
+    )
+    handle = await runtime.run(task, task_id="mcp-tools-changed")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -309,6 +327,7 @@ SCENARIOS: dict[str, Scenario] = {
     "stuck_then_resumed_with_a_message": stuck_then_resumed_with_a_message,
     "compacted_context": compacted_context,
     "mcp_tools": mcp_tools,
+    "mcp_tools_changed": mcp_tools_changed,
     "archived_runs": archived_runs,
     "three_turn_conversation": three_turn_conversation,
     "steered_task": steered_task,
@@ -323,7 +342,9 @@ async def record(replace: bool) -> None:
         args=["--local-timezone", "UTC"],
     )
     scratch = Path(tempfile.mkdtemp(prefix="waystation-record-"))
-    settings = isolated_settings(scratch, fake.url, mcp_servers={"time": time_server})
+    demo_server = demo_stdio(CallLog(scratch / "demo-calls.jsonl"))
+    servers = {"time": time_server, "demo": demo_server}
+    settings = isolated_settings(scratch, fake.url, mcp_servers=servers)
     HISTORIES.mkdir(exist_ok=True)
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)

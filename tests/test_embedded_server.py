@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.commands import command
 from testing.proc import pid_with_local_port, pids_with_argument
 from testing.settings import USER_ENV_PREFIXES
 from testing.workers import REPO
@@ -114,7 +115,7 @@ async def test_a_command_that_only_reads_leaves_a_stopped_server_stopped(
     stopped = (
         f"error: the embedded Temporal dev server is not running (127.0.0.1:{embedded.port}), "
         "and this command only reads, so it leaves it stopped: start it with "
-        "`python starter.py server start` (`run` starts it too)"
+        f"`{command('server', 'start')}` (`run` starts it too)"
     )
     for reading in (["list"], ["status", "any-task"], ["events", "any-task"]):
         code, out, err = await embedded.ws(*reading)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,14 +14,23 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from activities.mcp.activities import check_call
 from activities.mcp.calls import argument_problem
 from activities.mcp.config import McpConfigError, McpServerConfig, parse_servers
+from activities.mcp.connection import forgot_session
 from activities.mcp.manager import McpClientManager
 from runtime.settings import Settings
-from testing.mcp import CallLog, demo_http_server, demo_stdio
+from testing.mcp import (
+    NOT_MCP_LINE,
+    CallLog,
+    demo_http_server,
+    demo_stdio,
+    not_mcp_stdio,
+    running_http_server,
+)
 from workflows.tool_catalog import (
     FUNCTION_NAME,
     McpServerTools,
@@ -327,6 +337,31 @@ async def test_hung_servers_time_out_and_are_restarted(
     assert not manager.connected("stuck")  # dropped: the next use starts it anew
 
 
+async def test_a_server_whose_stdout_is_not_mcp_is_named_in_one_line_logged_once(
+    log: CallLog, managers: list[McpClientManager], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The chatty one writes a line every 50 ms from its first (it imports nothing): many
+    # lines before the timeout.
+    manager = manage(
+        managers,
+        chatty=not_mcp_stdio(connect_timeout_seconds=10),
+        quits=not_mcp_stdio(exits=True),
+        banner=demo_stdio(log, env={"DEMO_BANNER": "1"}),
+    )
+    with caplog.at_level(logging.INFO):
+        chatty, quits, banner = (await manager.list_tools()).servers
+    not_mcp = f"its stdout is not MCP (first line: {NOT_MCP_LINE})"
+    assert chatty.error == f"MCP server 'chatty' did not connect within 10 s: {not_mcp}"
+    assert quits.error == f"MCP server 'quits' could not start: {not_mcp}"
+    assert banner.error is None and banner.tools  # a line before it speaks MCP is forgiven
+    said = [r.getMessage() for r in caplog.records if "not MCP" in r.getMessage()]
+    assert sorted(said) == [
+        f"MCP server {name}: {not_mcp}; such lines are ignored"
+        for name in ("banner", "chatty", "quits")
+    ]  # once each, though chatty wrote ~200 lines and quits 20
+    assert [r for r in caplog.records if r.exc_info] == []  # no traceback per line
+
+
 async def test_call_timeout_cancels_the_request_on_the_server(
     tmp_path: Path, log: CallLog, managers: list[McpClientManager]
 ) -> None:
@@ -392,6 +427,95 @@ async def test_list_changed_marks_the_catalog_stale(
     # A task that could not list the server when it started gets its tools once it can.
     unlisted = ToolCatalog(servers=[McpServerTools(server="demo", error="did not connect")])
     assert manager.stale_servers(unlisted) == ["demo"]
+
+
+async def test_only_an_answer_about_the_session_counts_as_a_lost_session() -> None:
+    def error(status: int, code: int, message: str) -> httpx2.Response:
+        body = {"jsonrpc": "2.0", "id": 1, "error": {"code": code, "message": message}}
+        return httpx2.Response(status, json=body)
+
+    assert await forgot_session(error(404, -32600, "Session not found"))  # the SDK's server
+    assert await forgot_session(error(400, -32000, "Bad Request: No valid session ID provided"))
+    assert await forgot_session(httpx2.Response(404, text="Not Found"))
+    # A server may send a JSON-RPC error with these statuses: not about the session.
+    assert not await forgot_session(error(400, -32602, "invalid params: session_name missing"))
+    assert not await forgot_session(error(404, -32601, "Method not found"))
+    assert not await forgot_session(error(400, -32600, "Bad Request: the body is not JSON"))
+    assert not await forgot_session(error(500, -32603, "the session store is down"))
+
+
+def rejected_sessions_were_dropped(log: CallLog) -> list[str]:
+    """The sessions the server refused (404, or 400 naming the session), after checking
+    that no request carried one of them once the worker had a new session."""
+    requests = [e for e in log.entries() if e["tool"] == "http"]
+    rejected = [e["label"] for e in requests if e["label"] and e["status"] in (400, 404)]
+    for session in rejected:
+        last = max(i for i, e in enumerate(requests) if e["label"] == session)
+        later = {e["label"] for e in requests[last:]} - {session, ""}
+        carried_on = [e for e in requests if e["label"] in later]
+        assert carried_on, f"no new session followed the refusal of {session}"
+        assert requests.index(carried_on[0]) > last, f"{session} was sent again"
+    return rejected
+
+
+@pytest.mark.parametrize("refusal", ["404", "400"])
+async def test_an_http_server_that_restarts_is_given_a_new_session(
+    log: CallLog, managers: list[McpClientManager], refusal: str
+) -> None:
+    """The SDK's server answers a session it does not know with 404, the reference server
+    (@modelcontextprotocol/server-everything) with 400: either way the worker opens a new
+    session, and a retry-safe call that met the old one runs once more on the new one."""
+    env = {"DEMO_HTTP_LOG": "1", "DEMO_UNKNOWN_SESSION": refusal}
+    async with running_http_server(log, env) as server:
+        # Sessions belong to the 2025 revisions: 2026-07-28 connections have none.
+        manager = manage(managers, remote=McpServerConfig(url=server.url, protocol="legacy"))
+        assert (await manager.call_tool("remote__lookup", {"key": "a"}, "t/1/a")).output == (
+            "value of a"
+        )
+        await server.restart()
+        retried = await manager.call_tool("remote__lookup", {"key": "b"}, "t/2/b")
+        assert (retried.output, retried.is_error) == ("value of b", False)
+        assert retried.stale_servers == ["remote"]  # it came back: the task lists it again
+        await manager.list_tools()
+        await server.restart()
+        once = await manager.call_tool("remote__add_note", {"text": "c"}, "t/3/c")
+        assert once.is_error
+        assert once.output == (
+            "MCP server 'remote' no longer knew this worker's session when remote__add_note "
+            "was sent (it restarted?); it may or may not have taken effect; the next call "
+            "opens a new session"
+        )
+        assert log.events("add_note") == []  # not retried: add_note is not retry-safe
+        after = await manager.call_tool("remote__add_note", {"text": "d"}, "t/4/d")
+        assert (after.output, after.is_error) == ("added 'd'", False)
+        await server.restart()
+        catalog = await manager.list_tools()  # what the next new task is given
+        assert catalog.servers[0].error is None and catalog.get("remote__lookup") is not None
+    assert len(rejected_sessions_were_dropped(log)) == 3  # one refusal per restart
+
+
+async def test_a_restarted_server_counts_as_changed_and_its_changes_are_still_heard(
+    log: CallLog, managers: list[McpClientManager]
+) -> None:
+    """A 2026-07-28 HTTP connection has no session to lose, so a restart ends only its change
+    subscription: the worker subscribes again (or connects anew), and counts the server as
+    changed, since it may have come back with other tools."""
+    async with running_http_server(log) as server:
+        manager = manage(managers, remote=McpServerConfig(url=server.url))
+        catalog = await manager.list_tools()
+        assert manager.stale_servers(catalog) == []
+        await server.restart()
+        await until(
+            lambda: not manager.connected("remote") or manager.stale_servers(catalog) != [],
+            "the worker noticed the restart",
+        )
+        looked = await manager.call_tool("remote__lookup", {"key": "k"}, "t/1/a")
+        assert (looked.output, looked.stale_servers) == ("value of k", ["remote"])
+        relisted = await manager.list_tools()
+        assert manager.stale_servers(relisted) == []
+        added = await manager.call_tool("remote__add_tool", {"name": "fresh"}, "t/2/add")
+        assert added.output == "added fresh"
+        await until(lambda: manager.stale_servers(relisted) == ["remote"], "the change heard")
 
 
 async def test_close_stops_stdio_servers(log: CallLog) -> None:
@@ -473,13 +597,14 @@ async def test_when_the_calling_worker_dies_its_server_cancels_and_exits(
 
 
 def test_ws_tools_lists_mcp_tools_with_their_defaults(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], log: CallLog
 ) -> None:
     import starter
 
     servers = {
         "time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},
         "gone": {"command": "/nonexistent/server"},
+        "jobs": demo_stdio(log, env={"DEMO_TASK_TOOL": "1"}).model_dump(mode="json"),
     }
     monkeypatch.setenv("WAYSTATION_MCP_SERVERS", json.dumps(servers))
     assert starter.main(["tools"]) == 1  # a server that cannot start is an error
@@ -487,6 +612,30 @@ def test_ws_tools_lists_mcp_tools_with_their_defaults(
     assert "time__convert_time" in out and "approval: never" in out
     assert "run_shell" in out
     assert "MCP server gone: MCP server 'gone' could not start" in err
+    # A tool that runs only as an MCP task is not offered (every call to it would fail).
+    assert "jobs__lookup" in out and "jobs__background_job" not in out
+    assert (
+        "MCP server jobs: tool 'background_job' was left out: it runs only as an MCP task "
+        "(execution.taskSupport: required), which waystation does not support"
+    ) in err
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_tools_that_run_only_as_mcp_tasks_are_not_offered(
+    log: CallLog, managers: list[McpClientManager], protocol: str
+) -> None:
+    config = demo_stdio(log, protocol, env={"DEMO_TASK_TOOL": "1"})  # type: ignore[arg-type]
+    manager = manage(managers, demo=config)
+    catalog = await manager.list_tools()
+    [demo] = catalog.servers
+    assert demo.error is None and catalog.get("demo__lookup") is not None
+    assert catalog.get("demo__background_job") is None
+    assert demo.notes == [
+        "tool 'background_job' was left out: it runs only as an MCP task "
+        "(execution.taskSupport: required), which waystation does not support"
+    ]
+    refused = await manager.call_tool("demo__background_job", {"name": "j"}, "t/1/job")
+    assert refused.is_error and "unknown tool 'demo__background_job'" in refused.output
 
 
 async def test_concurrent_calls_share_one_server(

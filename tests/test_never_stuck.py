@@ -377,7 +377,7 @@ async def test_a_stuck_task_is_shown_by_the_cli_and_repaired_by_command(
         assert f"task {handle.id} repaired" in err
         by = await after_repair(dev_env, settings, handle)
     assert by != "worker"
-    assert found.reset_to_event > 0
+    assert found.reset_to_event is not None and found.reset_to_event > 0
 
 
 async def test_a_stuck_task_is_shown_by_the_api_and_repaired_by_post(

@@ -18,10 +18,11 @@ from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.codec import ENCODING, EncryptionCodec, data_converter, new_key
+from runtime.health import STUCK_AFTER_ATTEMPTS
 from runtime.http_api import create_app
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
+from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type
 from tests.test_cli import starter
 
@@ -176,6 +177,124 @@ async def test_a_key_that_changed_under_its_id_says_so() -> None:
     changed = EncryptionCodec({"k1": base64.b64decode(KEY_2)}, "k1")
     with pytest.raises(ValueError, match="payload does not decrypt with key 'k1'"):
         await changed.decode([sealed])
+
+
+# --- 2b. the worker and the client disagree about encryption --------------------------------
+
+DISAGREE = "the worker and the client disagree about encryption"
+
+
+def one_error_line(err: str) -> str:
+    """The command's whole stderr after the line saying the task started: one error line."""
+    lines = [line for line in err.strip().splitlines() if not line.startswith("task ")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    return lines[0]
+
+
+async def until_stuck(dev_env: WorkflowEnvironment, task_id: str) -> None:
+    """Until Temporal has retried the task's failing workflow task enough to call it stuck."""
+    handle = dev_env.client.get_workflow_handle(task_id)
+    async with asyncio.timeout(120):
+        while True:
+            pending = (await handle.describe()).raw_description.pending_workflow_task
+            if pending.attempt >= STUCK_AFTER_ATTEMPTS:
+                return
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_a_worker_without_the_clients_keys_leaves_the_task_stuck_and_says_why(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    worker = await WorkerProcess(address, settings).ready()  # no WAYSTATION_ENCRYPTION_KEYS
+    encryption = keys_env({"k1": KEY_1}, "k1")
+    lacks = "the worker has no encryption keys, but a payload of task 'nokey' is encrypted"
+    try:
+        code, _, err = await starter(
+            dev_env,
+            settings,
+            "run",
+            "--no-worker",
+            "--id",
+            "nokey",
+            "add 2+2",
+            extra_env=encryption,
+        )
+        assert code == 1, err
+        line = one_error_line(err)
+        assert line.startswith("error: task nokey: ") and lacks in line, line
+        assert "with key 'k1'" in line and DISAGREE in line, line
+
+        await until_stuck(dev_env, "nokey")
+        for command, env in (("status", encryption), ("events", encryption), ("status", {})):
+            code, out, err = await starter(
+                dev_env, settings, command, "--no-worker", "nokey", extra_env=env
+            )
+            assert code == 1 and out == "", (command, out, err)
+            line = one_error_line(err)
+            assert lacks in line and DISAGREE in line, (command, line)
+
+        secure = with_keys(settings, {"k1": KEY_1}, "k1")
+        runtime = AgentRuntime(await client_for(dev_env, secure), secure)
+        async with asyncio.timeout(120):  # Temporal lists it stuck: visible without a worker
+            while "nokey" not in [t.id for t in (await runtime.list_tasks("stuck"))[0]]:
+                await asyncio.sleep(0.2)
+        async with api_over(runtime) as api:
+            answer = await api.get("/tasks/nokey")
+        assert answer.status_code == 500, answer.text
+        assert answer.json()["error"] == "unreadable_task", answer.text
+        assert lacks in answer.json()["detail"], answer.text
+
+        # The worker lives on and says it once, in one line: no traceback at each retry.
+        assert worker.process.poll() is None
+        log = worker.log.read_text()
+        [said] = [line for line in log.splitlines() if DISAGREE in line]
+        assert lacks in said, log
+        assert "Traceback" not in log and "SDK bug" not in log, log
+        assert KEY_1 not in log + line + answer.text
+    finally:
+        worker.kill()
+
+
+async def test_a_client_without_the_workers_keys_says_so_and_so_does_the_worker(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    worker = WorkerProcess(address, settings, keys_env({"k1": KEY_1}, "k1"))
+    await worker.ready()
+    lacks = "this client has no encryption keys, but a payload"
+    try:
+        code, _, err = await starter(
+            dev_env, settings, "run", "--no-worker", "--id", "plain", "2+2"
+        )
+        assert code == 1, err
+        line = one_error_line(err)
+        assert line.startswith("error: task plain: ") and lacks in line, line
+        assert "encrypted with key 'k1'" in line and DISAGREE in line, line
+
+        for command in ("status", "events"):
+            code, out, err = await starter(dev_env, settings, command, "plain")
+            assert code == 1 and out == "", (command, out, err)
+            line = one_error_line(err)
+            assert lacks in line and "key 'k1'" in line and DISAGREE in line, (command, line)
+
+        runtime = AgentRuntime(await client_for(dev_env, settings), settings)
+        async with api_over(runtime) as api:
+            answer = await api.get("/tasks/plain")
+        assert answer.status_code == 500, answer.text
+        assert answer.json()["error"] == "unreadable_task", answer.text
+        assert lacks in answer.json()["detail"] and "key 'k1'" in answer.json()["detail"]
+
+        # The worker, sent the task in plaintext, says which side lacks the key, once.
+        log = worker.log.read_text()
+        [said] = [line for line in log.splitlines() if "'plain'" in line]
+        assert "not encrypted, though the worker encrypts with key 'k1'" in said, log
+        assert DISAGREE in said and "Traceback" not in log, log
+        assert KEY_1 not in log + line + answer.text
+    finally:
+        worker.kill()
 
 
 # --- 3. fork with a message at a thought that asked for two calls ---------------------------

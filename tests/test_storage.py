@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from temporalio import activity
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -353,17 +355,28 @@ async def test_a_worker_refuses_another_deployments_workspace(
     assert line.startswith("worker cannot start: the workspace ") and "another deployment" in line
 
 
+@activity.defn(name="elsewhere")
+async def elsewhere_activity() -> None:
+    """What a worker on another machine serves: it polls for activities, like tool calls."""
+
+
+def worker_elsewhere(client: Client, task_queue: str, identity: str) -> Worker:
+    """A worker that polls `task_queue` under `identity`, as a machine of that name would."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[AgentWorkflow],
+        activities=[elsewhere_activity],
+        identity=identity,
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+
+
 async def test_an_sqlite_worker_refuses_a_queue_served_from_another_machine(
     dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
 ) -> None:
     address = dev_env.client.service_client.config.target_host
-    elsewhere = Worker(
-        dev_env.client,
-        task_queue=settings.task_queue,
-        workflows=[AgentWorkflow],
-        identity="4242@another-machine",
-        workflow_runner=UnsandboxedWorkflowRunner(),
-    )
+    elsewhere = worker_elsewhere(dev_env.client, settings.task_queue, "4242@another-machine")
     async with elsewhere:
         while "another-machine" not in await hosts_polling(dev_env.client, settings.task_queue):
             await asyncio.sleep(0.1)
@@ -375,6 +388,62 @@ async def test_an_sqlite_worker_refuses_a_queue_served_from_another_machine(
         shared = with_database(settings, postgres.create_database())
         joined = await WorkerProcess(address, shared).ready()
         joined.kill()
+
+
+async def test_a_postgresql_worker_refuses_a_queue_that_an_sqlite_worker_serves(
+    dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    local = await WorkerProcess(address, settings).ready()
+    try:
+        shared = with_database(settings, postgres.create_database())
+        code, log = await exit_of(WorkerProcess(address, shared))
+    finally:
+        local.kill()
+    assert code == 1, log
+    [line] = log.strip().splitlines()
+    assert line.startswith("worker cannot start: workers on SQLite"), line
+    assert f"{local.pid}@" in line and "storage=sqlite" in line, line
+    assert "WAYSTATION_DATABASE_URL" in line, line
+
+
+async def test_an_sqlite_worker_refuses_a_queue_that_a_postgresql_worker_serves(
+    dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
+) -> None:
+    """On one machine too: a worker on PostgreSQL does not see the SQLite worker's ledger."""
+    address = dev_env.client.service_client.config.target_host
+    shared = WorkerProcess(address, with_database(settings, postgres.create_database()))
+    await shared.ready()
+    try:
+        code, log = await exit_of(WorkerProcess(address, settings))
+    finally:
+        shared.kill()
+    assert code == 1, log
+    [line] = log.strip().splitlines()
+    assert line.startswith("worker cannot start: workers on PostgreSQL"), line
+    assert f"{shared.pid}@" in line and "WAYSTATION_DATABASE_URL" in line, line
+
+
+async def test_an_sqlite_worker_stops_when_a_worker_on_another_machine_joins_its_queue(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A worker that joins after the SQLite worker's start check (at the same moment, or a
+    version that checks nothing) still never shares the queue for long: the SQLite worker
+    looks again while it runs, and stops with one sentence."""
+    address = dev_env.client.service_client.config.target_host
+    local = await WorkerProcess(address, settings).ready()
+    try:
+        joining = worker_elsewhere(
+            dev_env.client, settings.task_queue, "4242@another-machine storage=postgresql"
+        )
+        async with joining:
+            code, log = await exit_of(local)
+    finally:
+        local.kill()
+    assert code == 1, log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("worker stopped: workers on another machine (another-machine)"), log
+    assert "WAYSTATION_DATABASE_URL" in last, last
 
 
 def with_database(settings: Settings, url: str) -> Settings:
@@ -398,6 +467,60 @@ async def test_a_worker_whose_postgresql_is_unreachable_exits_with_one_sentence(
         "(WAYSTATION_DATABASE_URL): "
     ), line
     assert "hunter2" not in log
+
+
+def malformed_urls(port: int) -> dict[str, str]:
+    """Database URLs whose password (each holds "S3cret") libpq cannot read as one, by what
+    is wrong with them; before the fix, each showed a piece of the password somewhere."""
+    host = f"127.0.0.1:{port}"
+    return {
+        "a space": f"postgresql://ws:S3cret 9@{host}/waystation",
+        "an @": f"postgresql://ws:p@ss-S3cret@{host}/waystation",
+        "a slash": f"postgresql://ws:1234/S3cret@{host}/waystation",
+        "a bad escape": f"postgresql://ws:S3cret%zz@{host}/waystation",
+        "an @ and a colon": f"postgresql://ws:p@S3cret:9@{host}/waystation",
+        "key=value, unquoted": f"host=127.0.0.1 port={port} password=S3cret 9",
+    }
+
+
+async def shown_by(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """`starter.py ARGS` in `env`: exit code, stdout, stderr."""
+    done = await asyncio.to_thread(starter, env, *args)
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_a_database_url_that_does_not_parse_never_shows_its_password(
+    dev_env: WorkflowEnvironment, settings: Settings, postgres: PostgresServer
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    for flaw, url in malformed_urls(postgres.port).items():
+        broken = with_database(settings, url)
+        env = worker_environment(address, broken)
+        worker = WorkerProcess(address, broken)
+        config, info, (code, log) = await asyncio.gather(
+            shown_by(env, "config"), shown_by(env, "storage", "info"), exit_of(worker)
+        )
+        for surface, (exit_code, out, err) in {
+            "config": config,
+            "storage info": info,
+            "worker": (code, "", log),
+        }.items():
+            assert "S3cret" not in out + err, (flaw, surface, out + err)
+            assert exit_code == 1, (flaw, surface, out + err)
+            [line] = err.strip().splitlines()
+            assert "WAYSTATION_DATABASE_URL" in line and "percent-encode" in line, (flaw, line)
+        assert log.startswith("worker cannot start: WAYSTATION_DATABASE_URL"), (flaw, log)
+
+    # Percent-encoded, the same password connects (this server trusts local connections)
+    # and is shown nowhere: not by the command, nor in the worker's start line.
+    encoded = with_database(settings, postgres.create_database().replace("@", ":p%40ss-S3cret@"))
+    env = worker_environment(address, encoded)
+    code, out, err = await shown_by(env, "storage", "info")
+    assert code == 0, err
+    assert json.loads(out)["location"].startswith("PostgreSQL at waystation@127.0.0.1:")
+    worker = await WorkerProcess(address, encoded).ready()
+    worker.kill()
+    assert "S3cret" not in out + err + worker.log.read_text()
 
 
 async def test_a_worker_prunes_the_storage_when_it_starts(

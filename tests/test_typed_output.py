@@ -137,4 +137,6 @@ async def test_the_offline_model_answers_a_typed_task(
     }
     task = AgentTask(task="What is 6 * 7?", output_schema=schema)
     outcome = await (await dev_runtime.run(task)).result()
-    assert outcome.output["value"] == 42 and "6 * 7 = 42" in outcome.output["answer"]
+    output = outcome.output
+    assert isinstance(output, dict)
+    assert output["value"] == 42 and "6 * 7 = 42" in output["answer"]

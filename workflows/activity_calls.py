@@ -32,7 +32,9 @@ from workflows.models import (
     ToolResult,
 )
 from workflows.run import ArchiveRequest, ClaimedTurn, TurnClaim
-from workflows.tool_catalog import ListToolsRequest, ToolCatalog
+from workflows.tool_catalog import ListToolsRequest, ToolCatalog, unlisted
+
+LISTING_FAILURE_PATCH = "mcp-listing-failure"
 
 
 def cancelled(err: BaseException) -> bool:
@@ -120,9 +122,18 @@ async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> To
 
 
 async def list_tools(task: AgentTask, servers: list[str]) -> ToolCatalog:
+    """The servers' tools. A listing that failed past its retries (workers dying in it, a
+    worker without the activity) is a catalog of servers without tools, saying why: the task
+    goes on without them, as without a server that cannot start."""
     request = ListToolsRequest(servers=servers)
     config = options.tool_listing(task)
-    return await workflow.execute_activity_method(McpActivities.list_tools, request, **config)
+    try:
+        return await workflow.execute_activity_method(McpActivities.list_tools, request, **config)
+    except ActivityError as err:
+        # Before the patch, such a failure failed the task itself (and replays so).
+        if cancelled(err) or not workflow.patched(LISTING_FAILURE_PATCH):
+            raise
+        return unlisted(servers, f"listing its tools failed past every retry: {detail(err)}")
 
 
 async def save_conversation(task: AgentTask, snapshot: ConversationSnapshot) -> None:

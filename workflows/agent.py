@@ -120,6 +120,8 @@ ARCHIVE_PATCH = "archive-events"
 # The task of a run started with nothing in it (a follow-up from the Temporal CLI): the run
 # only finds the answer it follows and continues as new from it, never reading this.
 _FOLLOW_UP_PLACEHOLDER = AgentTask(task="(a follow-up: the task is the one it follows)")
+# Before it, a server's notice that its tools changed was not acted on.
+RELIST_PATCH = "mcp-relist-changed"
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,7 @@ class AgentWorkflow:
             result = results[call.call_id]
             observed = {"output": result.output, "is_error": result.is_error}
             self._append(draft(Observation, step, call_id=call.call_id, tool=call.tool, **observed))
+        self._relist([server for r in results.values() for server in r.stale_servers])
         schema = self._task.output_schema
         final = [c for c in calls if c.tool == FINAL_ANSWER_TOOL and c.runnable]
         if schema is not None and final and not results[final[0].call_id].is_error:
@@ -330,6 +333,13 @@ class AgentWorkflow:
         self._unlisted = []
         for problem in listed.problems():
             self._append(draft(ErrorEvent, self._state.step, kind="mcp_server", message=problem))
+
+    def _relist(self, stale: list[str]) -> None:
+        """The task's servers whose tools changed are listed again before the next step."""
+        servers = self._task.mcp_servers or []
+        changed = [s for s in dict.fromkeys(stale) if s in servers and s not in self._unlisted]
+        if changed and workflow.patched(RELIST_PATCH):
+            self._unlisted = [*self._unlisted, *changed]
 
     async def _call_model(self, step: int) -> None:
         """One model call; an answer ends the turn, tool calls open a step. A message that
@@ -366,6 +376,7 @@ class AgentWorkflow:
             return
         self._clock = _sample()
         self._append(thought_of(step, result))
+        self._relist(result.stale_servers)
         if result.tool_calls:
             return
         if self._task.output_schema is None:

@@ -374,6 +374,10 @@ class ToolRequest(Contract):
 class ToolResult(Contract):
     output: str
     is_error: bool = False
+    stale_servers: list[str] = Field(
+        default_factory=list,
+        description="The MCP server called announced that its tools changed: list it again.",
+    )
 
 
 def idempotency_key(task_id: str, step: int, call_id: str) -> str:

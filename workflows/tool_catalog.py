@@ -19,6 +19,7 @@ FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for functi
 MAX_FUNCTION_NAME = 64
 SEPARATOR = "__"
 MAX_DESCRIPTION = 4_000  # a tool's description in history and in every model call
+MAX_REASON_IN_NOTE = 300  # of each unavailable server's error, in every model call
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -94,6 +95,20 @@ class ToolCatalog(Contract):
         """The `tools` entries to offer the model (all, or those named in `allowed`)."""
         return [t.openai_tool() for t in self.tools() if allowed is None or t.name in allowed]
 
+    def unavailable(self, tool: str) -> McpServerTools | None:
+        """The entry of the server of `tool` if that server could not be listed."""
+        parts = split_name(tool)
+        server = parts[0] if parts else None
+        return next((s for s in self.servers if s.server == server and s.error), None)
+
+    def unavailable_note(self) -> str | None:
+        """What the model is told of the servers it cannot use, a line each, or None."""
+        reasons = [_one_line(s.error) for s in self.servers if s.error]
+        if not reasons:
+            return None
+        lines = "\n".join(f"- {reason}" for reason in reasons)
+        return f"These MCP servers are unavailable; none of their tools can be called:\n{lines}"
+
     def problems(self) -> list[str]:
         """A sentence for each server whose tools could not be listed."""
         return [
@@ -107,6 +122,13 @@ class ToolCatalog(Contract):
         relisted = {server.server: server for server in newer.servers}
         kept = [relisted.pop(s.server, s) for s in self.servers]
         return ToolCatalog(servers=kept + list(relisted.values()))
+
+
+def unlisted(servers: list[str], reason: str) -> ToolCatalog:
+    """A catalog of these servers without their tools, each saying `reason`."""
+    return ToolCatalog(
+        servers=[McpServerTools(server=s, error=f"MCP server {s!r}: {reason}") for s in servers]
+    )
 
 
 class ListToolsRequest(Contract):
@@ -171,6 +193,11 @@ def fingerprint(tools: list[McpToolSpec]) -> str:
     """A digest of a server's listing: equal listings give equal fingerprints."""
     encoded = json.dumps([t.model_dump(mode="json") for t in tools], sort_keys=True)
     return hashlib.sha256(encoded.encode()).hexdigest()[:16]
+
+
+def _one_line(text: str) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= MAX_REASON_IN_NOTE else text[: MAX_REASON_IN_NOTE - 1] + "…"
 
 
 def cap_description(text: str) -> str:

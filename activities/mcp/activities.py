@@ -11,7 +11,7 @@ from activities.heartbeat import keep_heartbeating
 from activities.mcp.calls import argument_problem
 from activities.spans import span
 from activities.tools import approval_needed, json_object_arguments
-from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
+from workflows.models import ApprovalRule, ChatMessage, ToolCall, ToolRequest, ToolResult
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog, is_mcp_tool_name
 
 if TYPE_CHECKING:  # the manager imports `mcp`: only a worker needs it
@@ -53,6 +53,24 @@ class McpActivities:
         return self.manager.stale_servers(catalog)
 
 
+def with_unavailable_servers(
+    messages: list[ChatMessage], catalog: ToolCatalog
+) -> list[ChatMessage]:
+    """The messages a model call sends: after the system prompt, which of the task's MCP
+    servers it cannot use and why. Made from the catalog the run recorded, so nothing new
+    enters history and the conversation (and its digest) stays what the workflow holds."""
+    note = catalog.unavailable_note()
+    if note is None:
+        return messages
+    if messages and messages[0].role == "system":
+        prompt = messages[0].content
+        first = messages[0].model_copy(
+            update={"content": f"{prompt}\n\n{note}" if prompt else note}
+        )
+        return [first, *messages[1:]]
+    return [ChatMessage(role="system", content=note), *messages]
+
+
 def check_call(
     catalog: ToolCatalog,
     call_id: str,
@@ -68,7 +86,9 @@ def check_call(
     spec = catalog.get(name)
     if spec is None or (allowed is not None and name not in allowed):
         offered = ", ".join(t.name for t in catalog.tools() if allowed is None or t.name in allowed)
-        call.problem = f"unknown tool {name!r}; the MCP tools you can call are: {offered or 'none'}"
+        down = catalog.unavailable(name)
+        why = f"{name!r} cannot be called: {down.error}" if down else f"unknown tool {name!r}"
+        call.problem = f"{why}; the MCP tools you can call are: {offered or 'none'}"
         return call
     parsed = json_object_arguments(name, raw_arguments)
     if isinstance(parsed, str):

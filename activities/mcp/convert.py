@@ -35,6 +35,12 @@ def server_tools(
         if not tool.name:
             notes.append("a tool without a name was left out")
             continue
+        if tool.execution is not None and tool.execution.task_support == "required":
+            notes.append(
+                f"tool {tool.name!r} was left out: it runs only as an MCP task "
+                "(execution.taskSupport: required), which waystation does not support"
+            )
+            continue
         name = exposed_name(server, tool.name)
         if name in taken:
             notes.append(f"tool {tool.name!r} was left out: its name {name!r} is taken")

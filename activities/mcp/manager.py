@@ -57,6 +57,8 @@ class McpClientManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._listings: dict[str, McpServerTools] = {}
         self._stale: set[str] = set()
+        # Servers whose connection ended without our asking: back, they may offer other tools.
+        self._went_away: set[str] = set()
         self._listeners: list[ToolsChanged] = []
         self._stderr_dir: Path | None = None
         self._closed = False
@@ -104,12 +106,12 @@ class McpClientManager:
         from activities.mcp.connection import describe_error
         from activities.mcp.convert import server_tools
 
-        self._stale.discard(server)  # a change notified from here on marks it again
         for attempt in (1, 2):
             try:
                 connection = await self._connection(server)
             except (McpServerUnavailable, McpConfigError) as err:
                 return self._unlisted(server, str(err))
+            self._stale.discard(server)  # a change notified from here on marks it again
             try:
                 async with asyncio.timeout(config.list_timeout_seconds):
                     tools = await _list_all(connection)
@@ -146,45 +148,55 @@ class McpClientManager:
         problem = argument_problem(spec, arguments)
         if problem is not None:
             return ToolResult(output=problem, is_error=True)
-        config = self._configs[spec.server]
+        result, lost = await self._call_once(spec, arguments, idempotency_key)
+        if lost and spec.retry_safe:  # once more, on a new connection (a new session)
+            result, _ = await self._call_once(spec, arguments, idempotency_key)
+        return result
+
+    async def _call_once(
+        self, spec: McpToolSpec, arguments: dict[str, Any], idempotency_key: str
+    ) -> tuple[ToolResult, bool]:
+        """The call's result, and whether it failed because its connection was lost."""
         import mcp_types
         from mcp.shared.exceptions import MCPError
 
         from activities.mcp.connection import describe_error
         from activities.mcp.convert import result_text
 
+        name, config = spec.name, self._configs[spec.server]
         try:
             connection = await self._connection(spec.server)
         except (McpServerUnavailable, McpConfigError) as err:
-            return ToolResult(output=str(err), is_error=True)
+            return ToolResult(output=str(err), is_error=True), False
         meta = cast(mcp_types.RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
         try:
             async with asyncio.timeout(config.call_timeout_seconds):
                 result = await connection.client.call_tool(spec.tool, arguments, meta=meta)
         except TimeoutError:
             # The SDK sent notifications/cancelled as the timeout cancelled the request.
-            return ToolResult(
-                output=f"{name} did not finish within {config.call_timeout_seconds:g} s and "
-                f"was cancelled; {UNCERTAIN}",
-                is_error=True,
+            output = (
+                f"{name} did not finish within {config.call_timeout_seconds:g} s and was "
+                f"cancelled; {UNCERTAIN}"
             )
+            return ToolResult(output=output, is_error=True), False
         except MCPError as err:
             if connection.lost.is_set() or err.error.code == mcp_types.CONNECTION_CLOSED:
-                return await self._crashed(name, spec.server, connection)
-            return ToolResult(output=f"{name} failed: {err.error.message}", is_error=True)
+                return await self._lost(name, spec.server, connection), True
+            return ToolResult(output=f"{name} failed: {err.error.message}", is_error=True), False
         except ValidationError as err:
-            return ToolResult(
-                output=f"{name} answered outside the MCP protocol: {err.error_count()} problems",
-                is_error=True,
-            )
+            output = f"{name} answered outside the MCP protocol: {err.error_count()} problems"
+            return ToolResult(output=output, is_error=True), False
         except Exception as err:
             await self._discard(spec.server, connection)
-            return ToolResult(
-                output=f"{name}: the call to MCP server {spec.server!r} failed "
-                f"({describe_error(err)}); {UNCERTAIN}",
-                is_error=True,
+            output = (
+                f"{name}: the call to MCP server {spec.server!r} failed "
+                f"({describe_error(err)}); {UNCERTAIN}"
             )
-        return ToolResult(output=result_text(result), is_error=bool(result.is_error))
+            return ToolResult(output=output, is_error=True), False
+        stale = [spec.server] if spec.server in self._stale else []
+        # A server announces a change before it answers: the task lists it again next step.
+        output, is_error = result_text(result), bool(result.is_error)
+        return ToolResult(output=output, is_error=is_error, stale_servers=stale), False
 
     async def close(self) -> None:
         """Close every connection (stdio servers are stopped). Called on worker shutdown."""
@@ -225,6 +237,7 @@ class McpClientManager:
                 return current
             if current is not None:
                 del self._connections[server]
+                self._went_away.add(server)
                 await current.close()
             from activities.mcp.connection import McpConnection
 
@@ -237,17 +250,28 @@ class McpClientManager:
                 await connection.close()
                 raise
             self._connections[server] = connection
+            if server in self._went_away:
+                self._went_away.discard(server)
+                self._tools_changed(server)  # a server that came back is listed again
             return connection
 
     async def _discard(self, server: str, connection: McpConnection) -> None:
         if self._connections.get(server) is connection:
             del self._connections[server]
+            self._went_away.add(server)
         await connection.close()
 
-    async def _crashed(self, name: str, server: str, connection: McpConnection) -> ToolResult:
+    async def _lost(self, name: str, server: str, connection: McpConnection) -> ToolResult:
+        """What the model reads of a call whose connection was lost under it."""
         tail = connection.stderr_tail()
         await self._discard(server, connection)
-        message = f"MCP server {server!r} went away during {name}; {UNCERTAIN}"
+        if connection.session_lost:
+            message = (
+                f"MCP server {server!r} no longer knew this worker's session when {name} was "
+                f"sent (it restarted?); {UNCERTAIN}; the next call opens a new session"
+            )
+        else:
+            message = f"MCP server {server!r} went away during {name}; {UNCERTAIN}"
         return ToolResult(
             output=f"{message}; its stderr ends with:\n{tail}" if tail else message,
             is_error=True,

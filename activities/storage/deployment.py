@@ -6,7 +6,11 @@ shared storage. A worker refuses to start when
 - its workspace holds another deployment's marker (`.waystation-deployment`),
 - on PostgreSQL, its workspace is not the one the deployment's other workers registered
   (a per-machine folder instead of the shared volume),
-- on SQLite (one machine's file), workers on another host poll its task queue.
+- its task queue is served by workers that keep their ledger elsewhere: on SQLite (one
+  machine's file), workers on another host or on PostgreSQL; on PostgreSQL, workers on
+  SQLite. A worker's Temporal identity names its storage (`pid@host storage=sqlite`), and
+  a worker on SQLite checks again while it runs, so a worker that joined in the same
+  moment, or one too old to check, stops it instead of sharing the queue.
 """
 
 from __future__ import annotations
@@ -96,48 +100,107 @@ async def check_workspace(storage: Storage, workspace: Path) -> WorkspaceMarker:
     return marker
 
 
+STORAGE_TAG = " storage="
+# How often a worker on SQLite looks again at who serves its task queue: tool calls run on
+# a worker that shares the queue with another ledger at most this long before it stops.
+QUEUE_CHECK_SECONDS = 10.0
+
+
+def worker_identity(identity: str, kind: str) -> str:
+    """A worker's Temporal identity naming its storage, so other workers can tell theirs."""
+    return f"{identity}{STORAGE_TAG}{kind}"
+
+
+@dataclass(frozen=True)
+class Poller:
+    """A worker that took (or waits for) tool calls of a task queue lately."""
+
+    identity: str
+    host: str | None
+    storage: str | None
+    """The storage its identity names; None from a worker that does not say (another
+    version, another program)."""
+
+
 def host_of(identity: str) -> str | None:
     """The host of a Temporal identity `pid@host` (None when it does not say)."""
     pid, at, host = identity.rpartition("@")
     return host if at and pid and host else None
 
 
-async def hosts_polling(client: Client, task_queue: str) -> set[str]:
-    """The hosts of the workers that polled `task_queue` lately, as their identities say."""
-    hosts: set[str] = set()
-    now = time.time()
-    for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
-        response = await client.workflow_service.describe_task_queue(
-            DescribeTaskQueueRequest(
-                namespace=client.namespace,
-                task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
-                task_queue_type=kind,
-            )
+def poller_of(identity: str) -> Poller:
+    base, tag, kind = identity.rpartition(STORAGE_TAG)
+    if not tag or not kind:
+        return Poller(identity, host_of(identity), None)
+    return Poller(identity, host_of(base), kind)
+
+
+async def pollers_of(client: Client, task_queue: str) -> list[Poller]:
+    """The workers that polled `task_queue` for activities (tool and model calls) lately. A
+    worker that only takes workflow tasks (a command's own) touches no ledger."""
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
         )
-        for poller in response.pollers:
-            seen = now
-            if poller.HasField("last_access_time"):
-                seen = poller.last_access_time.ToSeconds()
-            host = host_of(poller.identity)
-            if host is not None and now - seen < LIVE_POLLER_SECONDS:
-                hosts.add(host)
-    return hosts
+    )
+    now = time.time()
+    found = []
+    for poller in response.pollers:
+        seen = now
+        if poller.HasField("last_access_time"):
+            seen = poller.last_access_time.ToSeconds()
+        if now - seen < LIVE_POLLER_SECONDS:
+            found.append(poller_of(poller.identity))
+    return found
 
 
-async def check_single_machine(storage: Storage, client: Client, task_queue: str) -> None:
-    """On SQLite, refuse to join a task queue that workers on another host serve."""
-    if storage.kind != "sqlite":
-        return
+async def hosts_polling(client: Client, task_queue: str) -> set[str]:
+    """The hosts of the workers that polled `task_queue` for activities lately."""
+    return {p.host for p in await pollers_of(client, task_queue) if p.host is not None}
+
+
+def _elsewhere(storage: Storage, here: str, pollers: list[Poller], queue: str) -> str | None:
+    """Why the workers in `pollers` cannot share this worker's ledger, or None if they can."""
+    mine = f"this worker's storage is {storage.location}"
+    if storage.kind == "sqlite":
+        hosts = sorted({p.host for p in pollers if p.host is not None and p.host != here})
+        if hosts:
+            return (
+                f"workers on another machine ({', '.join(hosts)}) serve task queue {queue!r}, "
+                f"and {mine}, which only this machine sees"
+            )
+        shared = sorted(p.identity for p in pollers if p.storage == "postgresql")
+        if shared:
+            return (
+                f"workers on PostgreSQL ({', '.join(shared)}) serve task queue {queue!r}, "
+                f"and {mine}, which they do not see"
+            )
+        return None
+    local = sorted(p.identity for p in pollers if p.storage == "sqlite")
+    if local:
+        return (
+            f"workers on SQLite, their own machine's file ({', '.join(local)}), serve task "
+            f"queue {queue!r}, and {mine}, which they do not see (Temporal lists a worker "
+            f"that stopped for {LIVE_POLLER_SECONDS / 60:g} minutes more)"
+        )
+    return None
+
+
+async def check_task_queue(storage: Storage, client: Client, task_queue: str) -> bool:
+    """Refuse a task queue whose workers keep their ledger elsewhere (DeploymentMismatchError);
+    False when Temporal does not say who polls it (the check could not be made)."""
     here = host_of(client.identity) or socket.gethostname()
     try:
-        others = sorted((await hosts_polling(client, task_queue)) - {here})
+        pollers = await pollers_of(client, task_queue)
     except RPCError as err:  # e.g. a key without the right to describe task queues
         logger.warning("could not list the pollers of %r: %s", task_queue, err)
-        return
-    if others:
+        return False
+    reason = _elsewhere(storage, here, pollers, task_queue)
+    if reason is not None:
         raise DeploymentMismatchError(
-            f"workers on another machine ({', '.join(others)}) serve task queue "
-            f"{task_queue!r}, and this worker's storage is {storage.location}, which only "
-            "this machine sees: set WAYSTATION_DATABASE_URL to one PostgreSQL database on "
-            "every worker (and share the workspace) so tool calls stay exactly-once"
+            f"{reason}: set WAYSTATION_DATABASE_URL to one PostgreSQL database on every "
+            "worker (and share the workspace) so tool calls stay exactly-once"
         )
+    return True

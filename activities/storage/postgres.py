@@ -30,12 +30,49 @@ _ENTRY_COLUMNS = (
 )
 
 
-def describe_url(url: str) -> str:
-    """`user@host:port/database` of a connection URL: what messages may show (no password)."""
+# What a user must change when the URL is refused. A refusal quotes no part of the URL:
+# any part of one that does not parse may be the password.
+PERCENT_ENCODE = (
+    "percent-encode special characters in the user name and password (@ as %40, / as %2F, "
+    ": as %3A, a space as %20, % as %25)"
+)
+_URL_SHAPE = "postgresql://user:password@host:port/database"
+_URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def connection_parts(url: str) -> dict[str, str]:
+    """libpq's reading of a connection URL (or key=value string), refused with a StorageError
+    that quotes none of it when it does not parse, or when a piece of the password may have
+    landed in the host, port or database: libpq ends the password at the first '@' and the
+    host part at the first '/', so an '@' anywhere but before the host moves the password."""
+    scheme = next((s for s in _URL_SCHEMES if url.startswith(s)), None)
+    if scheme is not None:
+        rest = url[len(scheme) :]
+        at, slash = rest.find("@"), rest.find("/")
+        if rest.count("@") > 1 or (at >= 0 and 0 <= slash < at):
+            raise StorageError(
+                "WAYSTATION_DATABASE_URL has an '@' that is not the one between the password "
+                f"and the host ({_URL_SHAPE}): {PERCENT_ENCODE}"
+            )
     try:
         parts = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as err:
-        raise StorageError(f"WAYSTATION_DATABASE_URL is not a PostgreSQL URL: {err}") from None
+    except psycopg.ProgrammingError:
+        # libpq's message quotes the part it could not read.
+        raise StorageError(
+            f"WAYSTATION_DATABASE_URL does not parse as a PostgreSQL URL ({_URL_SHAPE}): "
+            f"{PERCENT_ENCODE}"
+        ) from None
+    if any("@" in str(parts.get(key, "")) for key in ("host", "hostaddr", "port")):
+        raise StorageError(
+            "WAYSTATION_DATABASE_URL names a host or port with '@' in it, which is part of a "
+            f"password or user name: {PERCENT_ENCODE}"
+        )
+    return {key: str(value) for key, value in parts.items()}
+
+
+def describe_url(url: str) -> str:
+    """`user@host:port/database` of a connection URL: what messages may show (no password)."""
+    parts = connection_parts(url)
     user = f"{parts['user']}@" if parts.get("user") else ""
     port = f":{parts['port']}" if parts.get("port") else ""
     return f"{user}{parts.get('host', 'localhost')}{port}/{parts.get('dbname', '')}"

@@ -11,8 +11,15 @@ tools append a JSON line (`tool`, `event`, `key` = the idempotency key from `_me
 and what was cancelled.
 
 DEMO_FAIL_ON_START=1 exits at once with a message on stderr; DEMO_HANG_ON_START=1 never
-answers the handshake; DEMO_HANG_ON_LIST=1 never answers tools/list. A request header
+answers the handshake; DEMO_HANG_ON_LIST=1 never answers tools/list; DEMO_BANNER=1 writes
+a line that is not MCP to stdout before it serves. DEMO_TASK_TOOL=1 offers `background_job`,
+a tool that runs only as an MCP task (`execution.taskSupport: required`). A request header
 `Authorization` is recorded as `authorization` on the calls it carries (HTTP only).
+
+Over HTTP, DEMO_UNKNOWN_SESSION=400 answers a request for a session the server does not know
+(it restarted) as the reference server does, 400 "Bad Request: No valid session ID
+provided", instead of the SDK's 404; DEMO_HTTP_LOG=1 records every request (`tool` "http",
+`event` its method, `label` its Mcp-Session-Id, `status` the answer's).
 """
 
 from __future__ import annotations
@@ -27,19 +34,31 @@ import time
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ImageContent, TextContent, ToolAnnotations
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 IDEMPOTENCY_META_KEY = "waystation/idempotency_key"
 GATE_POLL_SECONDS = 0.02
+BANNER = "demo server: listening on stdio (this line is not MCP)"
+TASK_TOOL = "background_job"
+# What @modelcontextprotocol/server-everything answers for a session it does not know.
+UNKNOWN_SESSION_BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "error": {"code": -32000, "message": "Bad Request: No valid session ID provided"},
+        "id": None,
+    }
+).encode()
 
 server = MCPServer("demo", version="1.0", log_level="WARNING")
 
 
-def record(ctx: Context | None, tool: str, event: str, label: str = "") -> None:
+def record(ctx: Context | None, tool: str, event: str, label: str = "", **extra: Any) -> None:
     log = os.environ.get("DEMO_CALL_LOG")
     if not log:
         return
@@ -50,6 +69,7 @@ def record(ctx: Context | None, tool: str, event: str, label: str = "") -> None:
         "key": meta.get(IDEMPOTENCY_META_KEY),
         "label": label,
         "pid": os.getpid(),
+        **extra,
     }
     request = ctx.request_context.request if ctx is not None else None
     headers = getattr(request, "headers", None)
@@ -167,10 +187,85 @@ async def add_tool(name: str, ctx: Context) -> str:
     return f"added {name}"
 
 
+@server.tool()
+def background_job(name: str) -> str:
+    """Start a long job (offered as task-only under DEMO_TASK_TOOL)."""
+    return f"{name} started"
+
+
 async def hang_on_list(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
     if ctx.method == "tools/list":
         await asyncio.Event().wait()
     return await call_next(ctx)
+
+
+async def task_only(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Declares `background_job` as runnable only as an MCP task (2025-11-25)."""
+    result = await call_next(ctx)
+    if ctx.method == "tools/list" and isinstance(result, dict):  # the result as it is sent
+        for tool in result.get("tools", []):
+            if tool.get("name") == TASK_TOOL:
+                tool["execution"] = {"taskSupport": "required"}
+    return result
+
+
+def unknown_session_as_400(app: ASGIApp) -> ASGIApp:
+    """The SDK answers a session it does not know with 404; this answers as the reference
+    server does (400, its body), for the requests that carried a session id."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        carried = scope["type"] == "http" and any(
+            name == b"mcp-session-id" for name, _ in scope["headers"]
+        )
+        rewriting = False
+
+        async def answer(message: Message) -> None:
+            nonlocal rewriting
+            if carried and message["type"] == "http.response.start" and message["status"] == 404:
+                rewriting = True
+                length = str(len(UNKNOWN_SESSION_BODY)).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", length)]
+                await send({"type": "http.response.start", "status": 400, "headers": headers})
+            elif rewriting and message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    await send({"type": "http.response.body", "body": UNKNOWN_SESSION_BODY})
+            else:
+                await send(message)
+
+        await app(scope, receive, answer)
+
+    return wrapped
+
+
+def logging_requests(app: ASGIApp) -> ASGIApp:
+    """Records each HTTP request: its method, its Mcp-Session-Id and the answer's status."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        session = headers.get(b"mcp-session-id", b"").decode()
+
+        async def answer(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record(None, "http", scope["method"], session, status=message["status"])
+            await send(message)
+
+        await app(scope, receive, answer)
+
+    return wrapped
+
+
+def serve_http(port: int) -> None:
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app: ASGIApp = server.streamable_http_app(host="127.0.0.1", transport_security=security)
+    if os.environ.get("DEMO_UNKNOWN_SESSION") == "400":
+        app = unknown_session_as_400(app)
+    if os.environ.get("DEMO_HTTP_LOG"):
+        app = logging_requests(app)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    asyncio.run(uvicorn.Server(config).serve())
 
 
 def main() -> None:
@@ -185,17 +280,17 @@ def main() -> None:
         time.sleep(3600)
     if os.environ.get("DEMO_HANG_ON_LIST"):
         server.middleware.append(hang_on_list)
+    if os.environ.get("DEMO_TASK_TOOL"):
+        server.middleware.append(task_only)
+    else:
+        server.remove_tool(TASK_TOOL)
+    if os.environ.get("DEMO_BANNER"):
+        print(BANNER, flush=True)  # as servers that log to stdout do
     record(None, "server", "started")
     if args.http is None:
         asyncio.run(server.run_stdio_async())
         return
-    asyncio.run(
-        server.run_streamable_http_async(
-            host="127.0.0.1",
-            port=args.http,
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        )
-    )
+    serve_http(args.http)
 
 
 if __name__ == "__main__":
