@@ -22,6 +22,7 @@ SHARED_SETUP_MODULES = frozenset(
     {
         "tests/browser/test_console.py",
         "tests/browser/test_console_looks.py",
+        "tests/browser/test_console_conversation.py",
         "tests/test_mcp_tools.py",
         "tests/sdk/test_sdk_query_then_update.py",
     }

@@ -1,4 +1,4 @@
-// The events of a task folded into what its page shows: status, step, usage, limits,
+// The events of a task folded into what its page shows: status, step, turn, usage, limits,
 // pending approvals and the outcome (what `fold` in workflows/events.py keeps of them).
 
 /** The client-side fold of the events: what the header and controls show. */
@@ -6,13 +6,15 @@ export class TaskFold {
   constructor() {
     this.status = "pending";
     this.step = 0;
+    this.turn = 0; // 0 is the task's own, then one per follow-up
+    this.turnFirstStep = 0; // the step count when the turn began (max_steps is per turn)
     this.usage = { input: 0, output: 0 };
     this.task = null;
     this.maxSteps = null;
     this.tokenBudget = null;
     this.pending = new Map();
     this.result = null;
-    this.resultSeq = null; // the `done` event whose answer is the result
+    this.resultSeq = null; // the `done` event of the latest answer
     this.failure = null;
     this.failureKind = null;
   }
@@ -48,6 +50,11 @@ export class TaskFold {
       case "user_message":
         this.status = "running";
         this.result = this.resultSeq = null;
+        if (e.turn > this.turn) {
+          this.turn = e.turn;
+          this.turnFirstStep = this.step;
+        }
+        this.maxSteps = e.max_steps ?? this.maxSteps;
         break;
       case "done":
         this.status = "done";

@@ -1,12 +1,16 @@
 // Following a task's stream: Server-Sent Events read through fetch(), because EventSource
 // cannot send the Authorization header. Every item carries its offset; after any cut (the
-// API restarted, the network dropped) the follower asks again from the last offset + 1,
-// and drops anything older it is sent, so no item is shown twice or missed.
+// API restarted, the network dropped) the follower asks again with Last-Event-ID (the last
+// offset it took), and drops anything older it is sent, so no item is shown twice or
+// missed. With `follow` the stream goes on across a conversation's turns: an answer is not
+// its end, only a cancellation is (a failure may still be resumed).
 
 import { authHeaders, seg, signalUnauthorized } from "./api.js";
 
 export const TERMINAL = new Set(["done", "failed", "cancelled"]);
-const ENDINGS = new Set(["done", "cancelled"]); // nothing comes after these
+// Nothing comes after these; an answer only ends a stream that does not follow the turns.
+const ENDINGS = new Set(["done", "cancelled"]);
+const FOLLOWED_ENDINGS = new Set(["cancelled"]);
 const FIRST_RETRY_MS = 250;
 const LAST_RETRY_MS = 2000;
 // A failed task may be resumed (from here, the CLI or another page): the stream is asked
@@ -21,10 +25,11 @@ const EMPTY_CLOSES = 3;
  * once, in order; `onState(state)` hears "connecting", "live", "reconnecting", "failed"
  * (the task failed; still watching for a resume), "ended", "quiet", "gone" or
  * "unauthorized". `isLatest(item)` tells whether a terminal item is the task's last word
- * (a failure followed by a resume is not: the stream goes on past it). Returns
- * {stop(), next} where `next` is the next offset wanted.
+ * (a failure followed by a resume is not: the stream goes on past it). With `follow` the
+ * stream goes on past each answer (`?follow=true`). Returns {stop(), next} where `next` is
+ * the next offset wanted.
  */
-export function followStream(taskId, since, { onItem, onState = () => {}, isLatest = () => true }) {
+export function followStream(taskId, since, { onItem, onState = () => {}, isLatest = () => true, follow = false }) {
   const controller = new AbortController();
   const follower = { next: since, stopped: false };
   follower.stop = () => {
@@ -40,7 +45,8 @@ export function followStream(taskId, since, { onItem, onState = () => {}, isLate
     received += 1;
     onItem(item);
     if (!TERMINAL.has(item.type) || !isLatest(item)) return null;
-    return ENDINGS.has(item.type) ? "end" : "failed";
+    if ((follow ? FOLLOWED_ENDINGS : ENDINGS).has(item.type)) return "end";
+    return item.type === "failed" ? "failed" : null;
   };
 
   (async () => {
@@ -51,8 +57,12 @@ export function followStream(taskId, since, { onItem, onState = () => {}, isLate
       if (!failed) onState(first ? "connecting" : "reconnecting");
       first = false;
       try {
-        const response = await fetch(`/tasks/${seg(taskId)}/events?since=${follower.next}`, {
-          headers: authHeaders({ Accept: "text/event-stream" }),
+        const headers = { Accept: "text/event-stream" };
+        // The offset last taken: the stream goes on right after it.
+        if (follower.next > 0) headers["Last-Event-ID"] = String(follower.next - 1);
+        const query = follow ? "?follow=true" : "";
+        const response = await fetch(`/tasks/${seg(taskId)}/events${query}`, {
+          headers: authHeaders(headers),
           signal: controller.signal,
           cache: "no-store",
         });

@@ -1,12 +1,17 @@
-// A task's page: its state, the live stream (tokens as they come, then each event), the
-// controls (cancel, resume with raised limits, fork from any event) and its approvals.
+// A task's page: its state, the conversation turn by turn (what people said, the answers,
+// each turn's work under it), the live stream (tokens as they come, then each event), the
+// message box, the controls (cancel, resume with raised limits, fork from any event) and
+// its approvals. The stream is followed across turns: a follow-up from anywhere shows up.
 
 import { ApiError, api, seg } from "./api.js";
 import { approvalCard } from "./approval.js";
+import { MessageBox } from "./composer.js";
 import { count, h, moment, replace, statusBadge } from "./dom.js";
-import { TERMINAL, followStream } from "./stream.js";
 import { TaskFold } from "./fold.js";
-import { eventRow, retractedBlock } from "./timeline.js";
+import { LiveSteps } from "./live.js";
+import { TERMINAL, followStream } from "./stream.js";
+import { eventRow } from "./timeline.js";
+import { Conversation } from "./turns.js";
 
 const LOG_PAGE = 1000;
 const WINDOW = 200; // rows rendered at once; earlier ones on request
@@ -17,6 +22,7 @@ const RESUME_RETRY_MS = 500;
 const RESUME_RETRIES = 20;
 const STREAM_STATES = {
   connecting: "connecting…",
+  waiting: "live · the task waits for a message",
   reconnecting: "reconnecting…",
   failed: "the task failed; a resume would show here",
   ended: "ended",
@@ -44,20 +50,29 @@ class TaskPage {
     this.follower?.stop();
     this.follower = null;
     this.streamToken = null;
+    this.followerState = null;
     this.events = [];
+    this.turnAt = []; // seq -> the turn its event belongs to
     this.early = new Map(); // events that came ahead of a gap, by seq
     this.fold = new TaskFold();
-    this.streams = new Map(); // step -> {attempts: Map(attempt -> {text, node}), top}
-    this.finished = new Map(); // step -> what was streamed for it: {retracted, differs}
-    this.thoughts = new Map(); // step -> its thought event
-    this.rerender = new Set(); // seqs of rows to draw again (void text came late, the answer moved)
+    this.conversation = new Conversation();
+    this.live = new LiveSteps({ onLateText: (seq) => {
+      this.rerender.add(seq);
+      this.queueRefresh();
+    } });
+    this.box = new MessageBox(this.taskId, {
+      sender: this.session.name,
+      canSend: this.canDecide,
+      onRefused: () => this.catchUp(),
+      onResume: (text) => this.openResume(text),
+    });
+    this.rerender = new Set(); // seqs of rows to draw again (void text came late, an answer came)
     this.cards = new Map(); // request id -> approval card
     this.firstShown = 0;
     this.catchingUp = null;
     this.headQueued = false;
     this.controlsKey = null;
     this.outcomeKey = null;
-    this.resultBox = null;
     this.watchingFailure = false;
   }
 
@@ -91,8 +106,9 @@ class TaskPage {
     const measure = performance.measure("ws:timeline-render", "ws:task-data-loaded", "ws:timeline-rendered");
     this.main.dataset.renderMs = String(Math.round(measure.duration));
     this.main.dataset.loadedMs = String(Math.round(performance.now()));
-    // Followed even when the task has ended: the stream's latest items still tell which
-    // attempts were retried and what text they streamed (it stops at the ending).
+    // Followed even when the task has answered: the stream's latest items still tell which
+    // attempts were void and what text they streamed, and it goes on across turns (only a
+    // cancellation ends it).
     this.follow(Math.max(0, head - STREAM_OVERLAP));
   }
 
@@ -105,8 +121,6 @@ class TaskPage {
     this.outcome = h("div", { class: "task-outcome" });
     this.pendingList = h("div", { class: "pending-list", "aria-label": "Pending approvals of this task" });
     this.earlier = h("button", { type: "button", class: "earlier", onclick: () => this.showEarlier() });
-    this.rows = h("ol", { class: "timeline", "aria-label": "Events" });
-    this.live = h("div", { class: "live", "aria-live": "off" });
     this.notice = h("p", { class: "error", role: "alert" });
     replace(
       this.main,
@@ -118,53 +132,48 @@ class TaskPage {
       this.outcome, // a failure's reason first, then what can be done about it
       this.controls,
       this.pendingList,
-      h("h2", {}, "Timeline"),
+      h("h2", {}, "Conversation"),
       this.earlier,
-      this.rows,
-      this.live,
+      this.conversation.element,
+      this.live.element,
+      this.box.element,
     );
     this.firstShown = Math.max(0, this.events.length - WINDOW);
-    const fragment = document.createDocumentFragment();
-    for (const event of this.events.slice(this.firstShown)) fragment.append(this.row(event));
-    this.rows.append(fragment);
-    for (const step of this.streams.keys()) this.renderLive(step);
+    for (const event of this.events.slice(this.firstShown)) {
+      this.conversation.append(this.row(event), this.turnAt[event.seq]);
+    }
     this.refresh();
   }
 
   row(event) {
-    return eventRow(event, {
-      streamed: event.type === "thought" ? this.finished.get(event.step) : null,
-      answer: this.answerPlace(event),
-      onShowAnswer: () => this.showResult(),
+    const row = eventRow(event, {
+      streamed: event.type === "thought" ? this.live.streamed(event.step) : null,
+      answerBelow: this.isAnswer(event),
       onFork: (e, slot) => this.openFork(e, slot),
     });
+    row.dataset.turn = String(this.turnAt[event.seq]);
+    return row;
   }
 
-  /** Where `event`'s answer is shown instead of in its row (the answer is shown once in
-   * full): the Result box holds the task's answer; an earlier answer (a message came after
-   * it) stays in its thought, and its `done` row points there. */
-  answerPlace(event) {
-    const f = this.fold;
-    const next = event.type === "thought" ? this.events[event.seq + 1] : null;
-    const done = event.type === "done" ? event : next;
-    if (done?.type !== "done") return null;
-    const thought = this.events[done.seq - 1];
-    const sameText = thought?.type === "thought" && thought.content === done.result;
-    if (f.resultSeq === done.seq && (event === done || sameText)) return { at: "result" };
-    if (event === done && sameText) return { at: "thought", seq: thought.seq };
-    return null;
+  /** Whether `event` is a thought whose text its turn's answer, the next event, repeats:
+   * the answer is shown once in full, in the answer's row, and the thought refers to it. */
+  isAnswer(event) {
+    if (event?.type !== "thought") return false;
+    const next = this.events[event.seq + 1];
+    return next?.type === "done" && next.result === event.content;
   }
 
-  showResult() {
-    this.resultBox?.scrollIntoView({ block: "start" });
-    this.resultBox?.focus({ preventScroll: true });
+  /** Bring the latest answer into view and focus. */
+  showAnswer() {
+    const row = this.fold.resultSeq === null ? null : this.conversation.row(this.fold.resultSeq);
+    row?.scrollIntoView({ block: "start" });
+    row?.focus({ preventScroll: true });
   }
 
   showEarlier() {
     const from = Math.max(0, this.firstShown - WINDOW);
-    const fragment = document.createDocumentFragment();
-    for (const event of this.events.slice(from, this.firstShown)) fragment.append(this.row(event));
-    this.rows.prepend(fragment);
+    this.conversation.prepend(this.events.slice(from, this.firstShown)
+      .map((event) => [this.row(event), this.turnAt[event.seq]]));
     this.firstShown = from;
     this.refreshEarlier();
   }
@@ -192,16 +201,25 @@ class TaskPage {
       onState: (state) => {
         if (this.streamToken !== mine) return;
         this.watchingFailure = state === "failed";
-        if (!this.streamState) return;
-        this.streamState.textContent = STREAM_STATES[state] ?? state;
-        this.streamState.dataset.state = state;
+        this.followerState = state;
+        this.renderStreamState();
       },
+      follow: true, // on across turns: a follow-up sent from anywhere shows here
     });
   }
 
+  renderStreamState() {
+    const state = this.followerState;
+    if (!this.streamState || !state) return;
+    // Past an answer the stream stays open for the next turn.
+    const shown = state === "live" && this.fold.status === "done" ? "waiting" : state;
+    this.streamState.textContent = STREAM_STATES[shown] ?? shown;
+    this.streamState.dataset.state = state;
+  }
+
   onItem({ type, data }) {
-    if (type === "token") this.onToken(data);
-    else if (type === "llm_retry") this.onRetry(data);
+    if (type === "token") this.live.token(data);
+    else if (type === "llm_retry") this.live.retry(data);
     else if (type === "gap") this.catchUp();
     else if ("seq" in data) this.take(data, true);
   }
@@ -215,20 +233,16 @@ class TaskPage {
       return;
     }
     this.events.push(event);
-    const answerWas = this.fold.resultSeq;
     this.fold.apply(event);
-    if (live && this.fold.resultSeq !== answerWas) {
-      // The answer moved (the task ended, or a message reopened it): its rows are drawn again.
-      for (const seq of [answerWas, this.fold.resultSeq]) {
-        if (seq !== null) this.rerender.add(seq - 1).add(seq);
-      }
-    }
-    if (event.type === "thought") {
-      this.thoughts.set(event.step, event);
-      this.closeStream(event);
+    this.turnAt.push(this.fold.turn);
+    if (event.type === "thought") this.live.closed(event);
+    else if (event.type === "interrupted") this.live.interrupted(event);
+    else if (event.type === "user_message" && event.message_id) this.box.taken(event.message_id);
+    else if (event.type === "done" && live && this.isAnswer(this.events[event.seq - 1])) {
+      this.rerender.add(event.seq - 1); // the thought now refers to the answer below it
     }
     if (live) {
-      this.rows.append(this.row(event));
+      this.conversation.append(this.row(event), this.turnAt[event.seq]);
       this.queueRefresh();
     }
     const next = this.early.get(this.events.length);
@@ -255,104 +269,6 @@ class TaskPage {
     })();
   }
 
-  stream(step) {
-    let stream = this.streams.get(step);
-    if (!stream) {
-      stream = { attempts: new Map(), top: 0, block: null };
-      this.streams.set(step, stream);
-    }
-    return stream;
-  }
-
-  attempt(stream, number) {
-    let attempt = stream.attempts.get(number);
-    if (!attempt) {
-      attempt = { text: "", node: null };
-      stream.attempts.set(number, attempt);
-    }
-    return attempt;
-  }
-
-  onToken({ step, attempt, text }) {
-    const thought = this.thoughts.get(step);
-    if (thought) {
-      // Its thought is in and is the final word; text of an attempt before it was void.
-      if (attempt < thought.attempt) this.lateVoidText(thought, attempt, text);
-      return;
-    }
-    const stream = this.stream(step);
-    const entry = this.attempt(stream, attempt);
-    entry.text += text;
-    if (attempt > stream.top) {
-      stream.top = attempt;
-      this.renderLive(step);
-    } else if (entry.node) {
-      entry.node.append(text);
-    } else {
-      this.renderLive(step);
-    }
-  }
-
-  /** Text of a retried attempt that arrives after its step's thought (a page opened late). */
-  lateVoidText(thought, attempt, text) {
-    const done = this.finished.get(thought.step) ?? { retracted: [], differs: false, final: false };
-    let entry = done.retracted.find((r) => r.attempt === attempt);
-    if (!entry) {
-      entry = { attempt, text: "" };
-      done.retracted.push(entry);
-      done.retracted.sort((a, b) => a.attempt - b.attempt);
-    }
-    entry.text += text;
-    this.finished.set(thought.step, done);
-    this.rerender.add(thought.seq);
-    this.queueRefresh();
-  }
-
-  onRetry({ step, attempt }) {
-    if (this.thoughts.has(step)) return;
-    const stream = this.stream(step);
-    stream.top = Math.max(stream.top, attempt);
-    this.attempt(stream, attempt);
-    this.renderLive(step);
-  }
-
-  /** The streaming block of `step`: void attempts struck through, the current one growing. */
-  renderLive(step) {
-    const stream = this.streams.get(step);
-    if (!stream || !this.live) return;
-    const retracted = [...stream.attempts].filter(([n]) => n < stream.top)
-      .map(([attempt, { text }]) => ({ attempt, text }));
-    const current = this.attempt(stream, stream.top || 1);
-    current.node = h("p", { class: "text live-text", dataset: { attempt: String(stream.top || 1) } }, current.text);
-    const block = h("div", { class: "live-step", dataset: { step: String(step) } },
-      h("p", { class: "event-head" }, h("span", { class: "type" }, "Streaming"), h("span", { class: "muted" }, `step ${step}`),
-        stream.top > 1 ? h("span", { class: "retry-mark" }, ` attempt ${stream.top}`) : null),
-      retractedBlock(retracted),
-      current.node);
-    if (stream.block) stream.block.replaceWith(block);
-    else this.live.append(block);
-    stream.block = block;
-  }
-
-  /** A step's thought arrived: its streamed text is history, kept to show what was void. */
-  closeStream(thought) {
-    const stream = this.streams.get(thought.step);
-    if (!stream) {
-      this.finished.set(thought.step, null);
-      return;
-    }
-    const retracted = [...stream.attempts].filter(([n]) => n < thought.attempt)
-      .map(([attempt, { text }]) => ({ attempt, text }));
-    const streamedText = stream.attempts.get(thought.attempt)?.text ?? "";
-    this.finished.set(thought.step, {
-      retracted,
-      final: streamedText !== "",
-      differs: streamedText !== "" && streamedText !== thought.content,
-    });
-    stream.block?.remove();
-    this.streams.delete(thought.step);
-  }
-
   queueRefresh() {
     if (this.headQueued) return;
     this.headQueued = true;
@@ -360,7 +276,7 @@ class TaskPage {
       this.headQueued = false;
       if (this.stopped) return;
       for (const seq of this.rerender) {
-        const old = seq >= this.firstShown ? this.rows.querySelector(`li[data-seq="${seq}"]`) : null;
+        const old = seq >= this.firstShown ? this.conversation.row(seq) : null;
         old?.replaceWith(this.row(this.events[seq]));
       }
       this.rerender.clear();
@@ -376,9 +292,12 @@ class TaskPage {
     this.title.title = text;
     document.title = `${f.status} · ${text.slice(0, 60)} · waystation`;
     const tokens = f.usage.input + f.usage.output;
+    // max_steps is per turn: a follow-up's steps are counted from where its turn began.
+    const turnSteps = f.turn > 0 ? `${f.step} · ${f.step - f.turnFirstStep} of ${f.maxSteps} in this turn` : `${f.step} of ${f.maxSteps}`;
     replace(this.figures,
       h("div", {}, h("dt", {}, "Status"), h("dd", { class: "task-status" }, statusBadge(f.status))),
-      h("div", {}, h("dt", {}, "Step"), h("dd", { class: "task-step" }, f.maxSteps ? `${f.step} of ${f.maxSteps}` : String(f.step))),
+      h("div", {}, h("dt", {}, "Step"), h("dd", { class: "task-step" }, f.maxSteps ? turnSteps : String(f.step))),
+      f.turn > 0 ? h("div", {}, h("dt", {}, "Turns"), h("dd", { class: "task-turns" }, `${f.turn + 1} (${f.turn} follow-up${f.turn > 1 ? "s" : ""})`)) : null,
       h("div", {}, h("dt", {}, "Tokens"), h("dd", { class: "task-usage" },
         `${count(f.usage.input)} in · ${count(f.usage.output)} out · ${count(tokens)}` +
         (f.tokenBudget ? ` of ${count(f.tokenBudget)}` : ""))),
@@ -388,6 +307,8 @@ class TaskPage {
     this.renderOutcome();
     this.renderPending();
     this.refreshEarlier();
+    this.renderStreamState();
+    this.box.update(f.status);
   }
 
   renderControls() {
@@ -411,6 +332,7 @@ class TaskPage {
       value: String(f.failureKind === "max_steps" ? (f.maxSteps ?? 20) + 10 : (f.maxSteps ?? 20)) });
     const budget = h("input", { id: "resume-token-budget", type: "number", min: "1", step: "1",
       value: f.tokenBudget ? String(f.failureKind === "token_budget" ? f.tokenBudget * 2 : f.tokenBudget) : "" });
+    const message = h("textarea", { id: "resume-message", rows: "2" });
     const problem = h("p", { class: "error", role: "alert" });
     const submit = h("button", { type: "submit", class: "primary" }, "Resume");
     return h("form", { class: "resume inline-form", onsubmit: async (event) => {
@@ -420,6 +342,7 @@ class TaskPage {
       const body = {};
       if (steps.value) body.max_steps = Number(steps.value);
       if (budget.value) body.token_budget = Number(budget.value);
+      if (message.value.trim()) body.message = message.value;
       try {
         const view = await this.resume(body, problem);
         problem.textContent = "resumed; reading the task again…";
@@ -433,7 +356,16 @@ class TaskPage {
     h("h2", {}, "Resume from the last good point"),
     h("div", { class: "field" }, h("label", { for: "resume-max-steps" }, "Max steps"), steps),
     h("div", { class: "field" }, h("label", { for: "resume-token-budget" }, "Token budget"), budget),
+    h("div", { class: "field" }, h("label", { for: "resume-message" }, "Message to add (optional)"), message),
     submit, problem);
+  }
+
+  /** Bring the resume form into focus, with the message typed in the box (nothing is lost). */
+  openResume(text) {
+    const form = this.main.querySelector("form.resume");
+    const message = form?.querySelector("#resume-message");
+    if (message && !message.value.trim() && text.trim()) message.value = text;
+    form?.querySelector("input")?.focus();
   }
 
   /** POST /resume; right after a limit the run stays open a moment to meet a resume, and
@@ -473,13 +405,15 @@ class TaskPage {
   renderOutcome() {
     const f = this.fold;
     const key = JSON.stringify([f.status, f.resultSeq, f.failureKind, f.failure]);
-    if (this.outcomeKey === key) return; // keep focus on the Result box
+    if (this.outcomeKey === key) return; // keep focus where it is
     this.outcomeKey = key;
-    this.resultBox = null;
     if (f.status === "done") {
-      this.resultBox = h("section", { class: "result", tabindex: "-1" },
-        h("h2", {}, "Result"), h("div", { class: "result-text text" }, f.result ?? ""));
-      replace(this.outcome, this.resultBox);
+      // The answer itself is shown once, in its turn; here only the way to it.
+      replace(this.outcome, h("p", { class: "answered" },
+        f.turn > 0 ? `Answered follow-up ${f.turn}. ` : "Answered. ",
+        h("button", { type: "button", class: "link", onclick: () => this.showAnswer() }, "Go to the answer"),
+        " · ",
+        h("button", { type: "button", class: "link", onclick: () => this.box.focus() }, "Write a follow-up")));
     } else if (f.status === "failed" || f.status === "cancelled") {
       replace(this.outcome, h("section", { class: `failure status-${f.status}` }, h("h2", {}, f.status === "failed" ? "Failed" : "Cancelled"),
         h("p", { class: "text" }, f.failureKind ? h("strong", {}, `${f.failureKind}: `) : null, f.failure ?? "")));

@@ -1,13 +1,15 @@
 // The rows of a task's timeline: one per event, each rendered from the event's data as
-// text. Long outputs fold; retried attempts of a step show their void text struck through;
-// the answer the Result box shows in full is referred to, not repeated.
+// text. Long outputs fold; void text (of a retried attempt, or of a model call a message
+// interrupted) is shown struck through; a turn's answer is shown in full once, in its own
+// row, and the thought that gave it refers to it. What a person said and the answers read
+// as a chat; the rest is the turn's work (see turns.js).
 
 import { h, moment, pretty } from "./dom.js";
 
 const FOLD_AT = 2000; // characters of an output shown before "show all"
 
 const TITLES = {
-  task_started: "Task started",
+  task_started: "Task",
   thought: "Thought",
   action: "Action",
   observation: "Observation",
@@ -15,9 +17,10 @@ const TITLES = {
   approval_resolved: "Approval resolved",
   error: "Error",
   resumed: "Resumed",
-  user_message: "User message",
+  user_message: "Message",
+  interrupted: "Interrupted",
   context_compacted: "Context compacted",
-  done: "Done",
+  done: "Answer",
   failed: "Failed",
   cancelled: "Cancelled",
 };
@@ -42,37 +45,52 @@ function usageLine(usage) {
   return h("p", { class: "usage muted" }, `${usage.input_tokens} tokens in · ${usage.output_tokens} out`);
 }
 
-/** The void text of attempts that were retried (struck through), then a note per attempt. */
+// How each kind of event takes part in the conversation: what a person said, an answer, an
+// ending; everything else is the work of its turn, which can be folded away.
+const ROLES = {
+  task_started: "said",
+  user_message: "said",
+  done: "answer",
+  resumed: "ending",
+  failed: "ending",
+  cancelled: "ending",
+};
+
+/**
+ * The void text of a step's attempts, struck through: `retracted` is [{attempt, number, text,
+ * why}], `why` "retried" (a failed attempt, `number` its place in its call) or "interrupted"
+ * (a message cancelled the call).
+ */
 export function retractedBlock(retracted) {
   if (!retracted?.length) return null;
   return h("div", { class: "retracted-attempts" },
-    retracted.map(({ attempt, text }) => h("p", { class: "retracted", dataset: { attempt: String(attempt) } },
-      h("span", { class: "retry-mark" }, `attempt ${attempt} retried · its text is void: `),
+    retracted.map(({ attempt, number, text, why }) => h("p", { class: "retracted", dataset: { attempt: String(attempt), why } },
+      h("span", { class: "retry-mark" }, why === "interrupted"
+        ? "interrupted by a message · its text is void: "
+        : `attempt ${number ?? attempt} retried · its text is void: `),
       h("del", {}, text || "(no text)"))));
 }
 
-/** Where a row's answer is shown instead of in the row: under Result, or in the thought above. */
-function answerReference(event, answer, onShowAnswer) {
-  if (answer?.at === "result" && event.type === "thought") {
-    return h("p", { class: "answer-ref muted" }, "This is the answer, shown under Result above.");
+/** How a thought's step got to its final attempt: messages that interrupted its model call
+ * (`cuts`: the last attempt of each call they cancelled), then retries of the last call. */
+function attemptNote(event, cuts = []) {
+  const notes = [];
+  if (cuts.length) {
+    notes.push(cuts.length === 1
+      ? "a message interrupted the model call; the step started again with it"
+      : `messages interrupted the model call ${cuts.length} times; the step started again with them`);
   }
-  if (answer?.at === "result") {
-    return h("p", { class: "answer-ref muted" }, "Finished: the answer is shown under Result, above. ",
-      h("button", { type: "button", class: "link", onclick: onShowAnswer }, "Go to the result"));
+  const retries = event.attempt - 1 - (cuts.at(-1) ?? 0);
+  if (retries > 0) {
+    notes.push(`attempt ${retries + 1}: ${retries} earlier attempt${retries > 1 ? "s" : ""} failed and ${retries > 1 ? "were" : "was"} retried`);
   }
-  if (answer?.at === "thought") {
-    return h("p", { class: "answer-ref muted" }, `Finished: the answer is the thought just above (#${answer.seq}).`);
-  }
-  return null;
+  return notes.map((note) => h("p", { class: "retry-mark" }, note));
 }
 
-function thoughtBody(event, { streamed, answer, onShowAnswer }) {
-  const parts = [];
-  if (event.attempt > 1) {
-    parts.push(h("p", { class: "retry-mark" }, `attempt ${event.attempt}: ${event.attempt - 1} earlier attempt${event.attempt > 2 ? "s" : ""} failed and ${event.attempt > 2 ? "were" : "was"} retried`));
-  }
+function thoughtBody(event, { streamed, answerBelow }) {
+  const parts = [attemptNote(event, streamed?.cuts)];
   parts.push(retractedBlock(streamed?.retracted));
-  if (answer) parts.push(answerReference(event, answer, onShowAnswer));
+  if (answerBelow) parts.push(h("p", { class: "answer-ref muted" }, "This is the answer, shown in full below."));
   else if (event.content) parts.push(h("p", { class: "text" }, event.content));
   else if (!event.tool_calls.length) parts.push(h("p", { class: "muted" }, "(no text)"));
   if (streamed?.differs) {
@@ -126,36 +144,62 @@ const BODIES = {
       ? h("p", { class: "muted" }, [e.max_steps ? `max steps now ${e.max_steps}` : null, e.token_budget ? `token budget now ${e.token_budget}` : null].filter(Boolean).join(" · "))
       : null,
   ],
-  user_message: (e) => [h("p", { class: "text" }, e.content)],
+  user_message: (e) => {
+    const notes = messageNotes(e);
+    return [h("p", { class: "text" }, e.content), notes ? h("p", { class: "muted" }, notes) : null];
+  },
+  interrupted: (e) => [
+    h("p", {}, `A message cancelled the model call of step ${e.interrupted_step}: the text it had streamed is void, and the step starts again with the message.`),
+  ],
   context_compacted: (e) => [
     h("p", { class: "muted" }, `messages ${e.start}–${e.end - 1} replaced by a summary`),
     longText(e.summary, "code output"),
   ],
-  done: (e, { answer, onShowAnswer }) => [
-    answerReference(e, answer, onShowAnswer) ?? h("p", { class: "text" }, e.result),
-  ],
+  done: (e) => [h("div", { class: "answer-text text" }, e.result)],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
   cancelled: (e) => [h("p", { class: "text" }, e.reason)],
 };
 
+const VIA = { fork: "added by the fork", resume: "added by the resume" };
+
+/** What else a message says: how it came, what it did to the turn. */
+function messageNotes(e) {
+  return [
+    VIA[e.via],
+    e.interrupted ? "it interrupted the model call in flight" : null,
+    e.max_steps ? `max steps from now on: ${e.max_steps}` : null,
+  ].filter(Boolean).join(" · ");
+}
+
+/** Who said it: the sender of a message (a Python or Temporal client may name nobody). */
+function speaker(event) {
+  if (event.type !== "user_message") return null;
+  if (event.sender) return h("span", { class: "sender" }, `from ${event.sender}`);
+  return VIA[event.via] ? null : h("span", { class: "sender muted" }, "no sender named");
+}
+
 /**
- * One timeline row for `event`. `streamed`: what a thought's step streamed; `answer`: where
- * its answer is shown instead ({at: "result"} or {at: "thought", seq}), null to show it here;
- * `onShowAnswer()` brings the Result box into view; `onFork(event, slot)` opens the fork form.
+ * One timeline row for `event`. `streamed`: what a thought's step streamed ({retracted,
+ * final, differs, cuts}); `answerBelow`: the thought's text is its turn's answer, shown in
+ * full in the next row; `onFork(event, slot)` opens the fork form.
  */
-export function eventRow(event, { streamed, answer, onShowAnswer, onFork }) {
+export function eventRow(event, { streamed, answerBelow, onFork }) {
   const slot = h("div", { class: "fork-slot" });
   const render = BODIES[event.type] ?? ((e) => [h("pre", { class: "code" }, pretty(e))]);
-  const body = render(event, { streamed, answer, onShowAnswer });
+  const body = render(event, { streamed, answerBelow });
+  const role = ROLES[event.type] ?? "work";
   const row = h(
     "li",
     {
-      class: `event type-${event.type}`,
+      class: `event type-${event.type} ${role}`,
+      // An answer can be brought into view and focus ("Go to the answer").
+      tabindex: role === "answer" ? "-1" : undefined,
       dataset: { seq: String(event.seq), type: event.type, step: String(event.step) },
     },
     h("div", { class: "event-head" },
       h("span", { class: "seq" }, `#${event.seq}`),
       h("span", { class: "type" }, TITLES[event.type] ?? event.type),
+      speaker(event),
       h("span", { class: "muted" }, `step ${event.step}`),
       moment(event.at),
       onFork ? h("button", { type: "button", class: "link fork", "aria-label": `Fork from event ${event.seq}`,

@@ -30,6 +30,12 @@ def decided(page: Page, task_id: str) -> Locator:
     return page.locator(f'.decided-item[data-task-id="{task_id}"] .decided-text')
 
 
+def answer(page: Page) -> Locator:
+    """The text of the latest answer on a task's page (each turn's answer is shown once, in
+    its own row)."""
+    return page.locator("li.type-done .answer-text").last
+
+
 def task_id_of(page: Page) -> str:
     return page.url.split("#/tasks/", 1)[1]
 

@@ -19,7 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole
-from tests.browser.pages import card, decided, said, shoot, start, task_id_of
+from tests.browser.pages import answer, card, decided, said, shoot, start, task_id_of
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
 from tests.helpers import of_type, pending_requests, wait_for_state
 
@@ -65,7 +65,7 @@ async def test_start_from_the_form_watch_tokens_and_a_retry_approve_in_the_inbox
     await page.locator(f'.decided-item[data-task-id="{task_id}"] a').click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-observation")).to_contain_text("flow-one-output")
-    await expect(page.locator("section.result")).to_contain_text("The shell said:")
+    await expect(answer(page)).to_contain_text("The shell said:")
     resolved = page.locator("li.type-approval_resolved")
     await expect(resolved).to_contain_text("by alice")
     # Opened after the fact, the page still shows the void text of the retried attempt.
@@ -95,9 +95,9 @@ async def test_a_rejection_message_reaches_the_model(
     await page.locator(f'.decided-item[data-task-id="{handle.id}"] a').click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-approval_resolved")).to_contain_text("by alice")
-    # The model's answer (its step 2 thought) is shown once, under Result.
-    await expect(page.locator("section.result")).to_contain_text("The reviewer said:")
-    await expect(page.locator("section.result")).to_contain_text("use a dry run first")
+    # The model's answer (its step 2 thought) is shown once, in the answer's row.
+    await expect(answer(page)).to_contain_text("The reviewer said:")
+    await expect(answer(page)).to_contain_text("use a dry run first")
 
 
 async def test_the_stream_reconnects_after_the_api_restarts_mid_stream(
@@ -128,7 +128,7 @@ async def test_the_stream_reconnects_after_the_api_restarts_mid_stream(
     )
     assert shown == [event["seq"] for event in log]  # each line once, none missing
     thought = page.locator("li.type-thought")
-    await expect(page.locator("section.result .result-text")).to_have_text(words)
+    await expect(answer(page)).to_have_text(words)
     # The tokens the page put together are exactly the thought's text: no token twice or lost.
     await expect(thought).to_have_attribute("data-streamed", "match")
 
@@ -179,7 +179,7 @@ async def test_markup_in_model_and_tool_output_stays_text(
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("h1.task-title")).to_have_text(f"Show {SCRIPT} {IMG}")
     await expect(page.locator("li.type-observation").last).to_contain_text(IMG + SCRIPT)
-    await expect(page.locator("section.result")).to_contain_text(f"Done: {IMG} {SCRIPT}")
+    await expect(answer(page)).to_contain_text(f"Done: {IMG} {SCRIPT}")
     await page.get_by_role("link", name="Tasks", exact=True).click()
     await expect(page.locator(f'tr[data-task-id="{handle.id}"] a')).to_have_text(
         f"Show {SCRIPT} {IMG}"
@@ -260,13 +260,14 @@ async def test_resume_a_failed_task_and_fork_from_an_event(
     async with asyncio.timeout(30):
         while (await handle.describe()).status != WorkflowExecutionStatus.FAILED:
             await asyncio.sleep(0.05)
-    await page.get_by_label("Max steps").fill("5")
-    await page.get_by_role("button", name="Resume").click()
+    await page.get_by_label("Max steps", exact=True).fill("5")
+    await page.get_by_role("button", name="Resume", exact=True).click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-resumed")).to_have_count(1)
-    await expect(page.locator("section.result")).to_contain_text("finished after 2 calculations")
-    # The failure in its history is not the end: the page followed the stream to the end.
-    await expect(page.locator(".stream-state")).to_have_attribute("data-state", "ended")
+    await expect(answer(page)).to_contain_text("finished after 2 calculations")
+    # The failure in its history is not the end: the page followed the stream to the answer,
+    # and follows on for the next turn.
+    await expect(page.locator(".stream-state")).to_have_text("live · the task waits for a message")
     original = await handle.events()
 
     observation = page.locator("li.type-observation").first
@@ -388,7 +389,7 @@ async def test_with_encryption_on_the_console_reads_through_the_codec(
     await row.locator("a").click()
     await expect(page.locator(".task-status")).to_have_text("done")
     await expect(page.locator("li.type-observation")).to_contain_text("sealed-output")
-    await expect(page.locator("section.result")).to_contain_text("Sealed:")
+    await expect(answer(page)).to_contain_text("Sealed:")
     # What Temporal stores is ciphertext: read without the key, the task is not there.
     raw = console_temporal.client
     history = await raw.get_workflow_handle(task_id).fetch_history()
