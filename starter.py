@@ -618,7 +618,7 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
     from activities.mcp.manager import McpClientManager
     from activities.tool_modules import load_tools
 
-    registry = load_tools(settings.tools)
+    registry = load_tools(settings.tools, settings.agents)
     for name in registry.names():
         tool = registry.get(name)
         assert tool is not None

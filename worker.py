@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.chat import ChatBackend
+from activities.child_outcomes import ChildActivities
 from activities.conversation_cache import ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.event_archive import ArchiveActivities, EventArchive
@@ -195,7 +196,7 @@ def build_worker(
     names it to Temporal (default: the client's); a worker that takes tool calls adds its
     storage's kind to it.
     """
-    registry = registry or load_tools(settings.tools)
+    registry = registry or load_tools(settings.tools, settings.agents)
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
     owns_storage = storage is None
     storage = storage or Storage.from_settings(settings)
@@ -214,6 +215,7 @@ def build_worker(
     )
     tools = ToolActivities(registry, settings.workspace_dir, storage.ledger, conversations, mcp)
     turns = TurnActivities(storage.ledger)
+    children = ChildActivities()
     return AgentWorker(
         client,
         llm=llm,
@@ -232,6 +234,7 @@ def build_worker(
             tools.run_tool,
             mcp.list_tools,
             turns.claim_turn,
+            children.child_outcome,
         ],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,

@@ -18,13 +18,16 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
+from activities.agent_tools import agent_tool, agent_tools, agents_setting
 from activities.tools import Tool, ToolDefinitionError, ToolRegistry
+from workflows.models import AgentSpec
 
 
-def load_tools(entries: Sequence[str]) -> ToolRegistry:
-    """A registry of the tools `entries` name, in order (ToolDefinitionError, one sentence,
-    for an entry that names no tools or a name two tools share)."""
-    return ToolRegistry(_tools_of(tuple(entries)))
+def load_tools(entries: Sequence[str], agents: str | None = None) -> ToolRegistry:
+    """A registry of the tools `entries` name, in order, then the sub-agents they define and
+    `agents` (WAYSTATION_AGENTS) holds, as agent__<name> tools (ToolDefinitionError, one
+    sentence, for an entry that names no tools or a name two tools share)."""
+    return ToolRegistry([*_tools_of(tuple(entries)), *agent_tools(agents_setting(agents))])
 
 
 @functools.cache
@@ -39,7 +42,9 @@ def _entry_tools(entry: str) -> list[Tool[Any]]:
     module_name, _, attribute = entry.strip().partition(":")
     module = _import(module_name, entry)
     if not attribute:
-        tools = [value for value in vars(module).values() if isinstance(value, Tool)]
+        defined = vars(module).values()
+        tools = [value for value in defined if isinstance(value, Tool)]
+        tools += agent_tools(value for value in defined if isinstance(value, AgentSpec))
         if not tools:
             raise ToolDefinitionError(
                 f"WAYSTATION_TOOLS names {entry!r}, which defines no tools at its top level "
@@ -65,10 +70,12 @@ def _entry_tools(entry: str) -> list[Tool[Any]]:
 def _as_tools(value: object) -> list[Tool[Any]] | None:
     if isinstance(value, Tool):
         return [value]
+    if isinstance(value, AgentSpec):
+        return [agent_tool(value)]
     if isinstance(value, ToolRegistry):
         return value.allowed(None)
     if isinstance(value, Iterable) and not isinstance(value, str | bytes):
-        items = list(value)
+        items = [agent_tool(i) if isinstance(i, AgentSpec) else i for i in value]
         return items if all(isinstance(item, Tool) for item in items) else None
     return None
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 from activities.heartbeat import keep_heartbeating
 from activities.spans import span
 from activities.storage import Ledger, LedgerAttempt, StorageError
-from workflows.models import ApprovalRule, ToolCall, ToolRequest, ToolResult
+from workflows.models import AgentSpec, ApprovalRule, ToolCall, ToolRequest, ToolResult
 
 MAX_OBSERVATION_CHARS = 16_000
 SCRATCH_DIR = "scratch"
@@ -100,13 +100,16 @@ class Tool(Generic[ArgumentsT]):
     """Fast (milliseconds) and pure: run as a local activity, in the worker that runs the
     workflow task, instead of a round trip through the server. Only for retry-safe tools
     that finish well within the workflow's LOCAL_TOOL_TIMEOUT (10 s)."""
+    agent: AgentSpec | None = None
+    """A sub-agent offered as this tool (`agent__<name>`): the workflow runs it as a child
+    task, never a worker (activities/agent_tools.py)."""
 
     def __post_init__(self) -> None:
         if not TOOL_NAME.fullmatch(self.name):
             raise ToolDefinitionError(
                 f"tool name {self.name!r} must be 1 to 64 letters, digits, '_' or '-'"
             )
-        if "__" in self.name:
+        if "__" in self.name and not (self.agent and self.name == self.agent.tool_name):
             raise ToolDefinitionError(
                 f"tool {self.name!r}: names with '__' are MCP tools (server__tool)"
             )
@@ -226,6 +229,7 @@ class ToolRegistry:
         call.arguments = validated.model_dump(mode="json")
         call.retry_safe = tool.retry_safe
         call.local = tool.local and tool.retry_safe
+        call.agent = tool.agent
         reason = approval_needed(policy.get(name, tool.approval), call.arguments)
         call.needs_approval = reason is not None
         call.approval_reason = reason

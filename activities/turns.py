@@ -92,7 +92,7 @@ async def _answer_of_chain(client: Client, task_id: str, run_id: str) -> tuple[s
     from), following continue-as-new; refused when the chain did not end with an answer a
     message can continue (a failed task's continues it as a resumption would)."""
     for _ in range(MOST_RUNS_WALKED):
-        close = await _close_event(client, task_id, run_id)
+        close = await close_event(client, task_id, run_id)
         if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
             run_id = close.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
             continue
@@ -113,7 +113,7 @@ async def _answer_of_chain(client: Client, task_id: str, run_id: str) -> tuple[s
     )
 
 
-async def _close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent:
+async def close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent:
     handle = client.get_workflow_handle(task_id, run_id=run_id)
     events = handle.fetch_history_events(
         event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT

@@ -63,7 +63,7 @@ from runtime.task_errors import (
 )
 from runtime.task_list import InvalidPageTokenError, TaskSummary, list_page
 from runtime.task_log import TaskLog
-from workflows import errors, search
+from workflows import errors, options, search
 from workflows.agent import AgentWorkflow
 from workflows.approval import decision_problem
 from workflows.events import (
@@ -110,10 +110,7 @@ __all__ = [
     "UnreadableTaskError",
 ]
 
-# A workflow task taken by a worker that then dies is retried elsewhere after this (Temporal's
-# default is 10 s). Until then the task cannot answer queries either, and a retried LLM call
-# that reads its conversation by query waits on it.
-WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
+WORKFLOW_TASK_TIMEOUT = options.WORKFLOW_TASK_TIMEOUT  # (workflows/options.py)
 # A query or Update that no worker answers must not hang its caller.
 QUERY_TIMEOUT = timedelta(seconds=10)
 UPDATE_TIMEOUT = timedelta(seconds=30)
@@ -620,7 +617,9 @@ class AgentRuntime:
         load alike (ToolDefinitionError if one cannot be loaded)."""
         self.client = client
         self.settings = settings or Settings()
-        self.tools = tools if tools is not None else load_tools(self.settings.tools)
+        self.tools = (
+            tools if tools is not None else load_tools(self.settings.tools, self.settings.agents)
+        )
         self.tool_names = frozenset(self.tools.names())
         self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
         self._streams = StreamHub(client, self.settings.task_queue)

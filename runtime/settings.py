@@ -140,6 +140,14 @@ class Settings(BaseSettings):
         f"refuse a task naming a tool none of them defines. Default: {BUILTIN_TOOLS_MODULE}, "
         "the built-in tools; keep it in the list to keep them.",
     )
+    agents: str | None = Field(
+        default=None,
+        description="Sub-agents the deployment offers, as a JSON list of definitions (name, "
+        "description, system_prompt, tools, model, max_steps, token_budget, output_schema, "
+        "mcp_servers) or the path of a file holding one; each is offered to the model as the "
+        "tool agent__<name>. Python definitions (Agent) at the top level of a WAYSTATION_TOOLS "
+        "module count too.",
+    )
     mcp_servers: dict[str, McpServerConfig] = Field(
         default_factory=dict,
         description='JSON: {"<name>": {"command": "...", "args": [...]} or {"url": "...", '

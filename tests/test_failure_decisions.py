@@ -46,7 +46,8 @@ def test_calls_split_into_runs_and_answers_and_a_lost_call_says_it_may_have_run(
     good = ToolCall(call_id="a", tool="calculator", raw_arguments='{"expression": "1+1"}')
     good = good.model_copy(update={"arguments": {"expression": "1+1"}})
     broken = ToolCall(call_id="b", tool="calculator", raw_arguments="{", problem="bad JSON")
-    answers, runs = verdicts("task", 1, [good, broken], AgentState())
+    answers, runs, delegations = verdicts("task", 1, [good, broken], AgentState())
+    assert not delegations
     assert set(runs) == {"a"} and isinstance(runs["a"], Run)
     assert runs["a"].request.idempotency_key.startswith("task/1/a")
     assert answers["b"].is_error and answers["b"].output == "bad JSON"

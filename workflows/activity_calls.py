@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+from activities.child_outcomes import ChildActivities
 from activities.event_archive import ArchiveActivities
 from activities.llm import LlmActivities
 from activities.mcp.activities import McpActivities
@@ -31,7 +32,7 @@ from workflows.models import (
     SummaryResult,
     ToolResult,
 )
-from workflows.run import ArchiveRequest, ClaimedTurn, TurnClaim
+from workflows.run import ArchiveRequest, ChildOutcome, ClaimedTurn, TurnClaim
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog, unlisted
 
 LISTING_FAILURE_PATCH = "mcp-listing-failure"
@@ -65,6 +66,18 @@ def start_model_call(task: AgentTask, request: LlmRequest) -> workflow.ActivityH
     """The model call as a handle the loop can cancel (a message that interrupts it)."""
     return workflow.start_activity_method(
         LlmActivities.call_llm, request, **options.model_call(task)
+    )
+
+
+def task_cancelling() -> bool:
+    """Whether this task's own cancellation was asked (its main coroutine is cancelling)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def child_outcome(task: AgentTask, child_id: str) -> ChildOutcome:
+    return await workflow.execute_activity_method(
+        ChildActivities.child_outcome, child_id, **options.child_lookup(task)
     )
 
 

@@ -17,13 +17,30 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+)
+from temporalio.workflow import ChildWorkflowCancellationType, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from temporalio.contrib.workflow_streams import WorkflowStream, WorkflowStreamState
 
-    from workflows import activity_calls, approval, errors, messages, outputs, questions, search
-    from workflows.calls import verdicts
+    from workflows import (
+        activity_calls,
+        agents,
+        approval,
+        errors,
+        messages,
+        options,
+        outputs,
+        questions,
+        search,
+    )
+    from workflows.calls import Delegation, verdicts
     from workflows.conversation import (
         ConversationDigest,
         RunMessages,
@@ -31,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.events import (
         AgentEvent,
+        AgentStarted,
         AgentState,
         Cancelled,
         ContextCompacted,
@@ -66,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         Resumption,
         SummaryRequest,
         ToolCall,
+        ToolResult,
     )
     from workflows.plan import (
         AddMessage,
@@ -179,7 +198,7 @@ class AgentWorkflow:
         self._refusal: ApplicationError | None = None
         self._messages = RunMessages(task_messages(self._task.system_prompt, self._task.task))
         self._digest = ConversationDigest()
-        self._visibility = search.Visibility()
+        self._visibility = search.Visibility(self._task.parent)
         self._clock = _sample()
         self._first_step = self._state.step
         # The MCP tools this run saw (listed again by every run: a catalog is not carried).
@@ -304,20 +323,42 @@ class AgentWorkflow:
             await self._hand_over()  # due while a person decides: the next run waits on
 
     async def _run_calls(self, step: int, calls: list[ToolCall]) -> None:
-        """Run the step's calls (pure local ones first), then log every observation."""
+        """Run the step's calls (pure local ones first, then the rest and the sub-agents, at
+        once), then log every observation."""
         task_id = workflow.info().workflow_id
-        results, runs = verdicts(task_id, step, calls, self._state, self._task.questions)
-        for local in (True, False):
-            batch = [(k, r) for k, r in runs.items() if r.local == local]
+        questions_settings = self._task.questions
+        results, runs, delegations = verdicts(task_id, step, calls, self._state, questions_settings)
+        for index, key in enumerate(list(delegations)):
+            if (refused := agents.refusal(self._task, delegations[key].call, index)) is not None:
+                results[key] = refused
+                del delegations[key]
+        share = agents.budget_shares(self._task, self._state.usage.total, len(delegations))
+        for key, delegation in delegations.items():
+            child = agents.child_id(task_id, step, key)
+            name = delegation.spec.name
+            self._append(draft(AgentStarted, step, call_id=key, agent=name, child_id=child))
+        local = [(k, r) for k, r in runs.items() if r.local]
+        ran = await asyncio.gather(
+            *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in local)
+        )
+        results.update({k: out for (k, _), out in zip(local, ran, strict=True)})
+        remote = [(k, r) for k, r in runs.items() if not r.local]
+        if remote or delegations:
             ran = await asyncio.gather(
-                *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in batch)
+                *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in remote),
+                *(self._delegate(step, d, share) for d in delegations.values()),
             )
-            results.update({k: out for (k, _), out in zip(batch, ran, strict=True)})
-        if any(not r.local for r in runs.values()):
+            keys = [k for k, _ in remote] + list(delegations)
+            results.update(dict(zip(keys, ran, strict=True)))
             self._clock = _sample()
         for call in calls:
             result = results[call.call_id]
-            observed = {"output": result.output, "is_error": result.is_error}
+            observed = {
+                "output": result.output,
+                "is_error": result.is_error,
+                "usage": result.usage,
+                "agent_status": result.agent_status,
+            }
             self._append(draft(Observation, step, call_id=call.call_id, tool=call.tool, **observed))
         self._relist([server for r in results.values() for server in r.stale_servers])
         schema = self._task.output_schema
@@ -325,6 +366,52 @@ class AgentWorkflow:
         if schema is not None and final and not results[final[0].call_id].is_error:
             value = outputs.unwrap(schema, final[0].arguments or {})
             self._answer(step, outputs.as_text(value), value)
+
+    async def _delegate(self, step: int, delegation: Delegation, share: int | None) -> ToolResult:
+        """Run a sub-agent as a child task and give its answer (or its end) as the call's
+        observation. Cancelling this task cancels the child, and waits for it."""
+        task_id = workflow.info().workflow_id
+        call_id = delegation.call.call_id
+        at = agents.link(self._task, task_id, delegation.spec, call_id)
+        task = agents.child_task(self._task, delegation.spec, delegation.instruction, share, at)
+        child_id = agents.child_id(task_id, step, call_id)
+        name = delegation.spec.name
+        try:
+            handle = await workflow.start_child_workflow(
+                AgentWorkflow.run,
+                AgentRun(task=task),
+                id=child_id,
+                task_queue=workflow.info().task_queue,
+                cancellation_type=ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                task_timeout=options.WORKFLOW_TASK_TIMEOUT,
+                static_summary=f"{name}: {delegation.instruction[:180]}",
+            )
+        except WorkflowAlreadyStartedError:
+            return await self._rejoin(child_id, name)
+        try:
+            outcome = await handle
+        except ChildWorkflowError as err:
+            if activity_calls.task_cancelling():
+                raise asyncio.CancelledError() from None
+            return agents.child_ended(name, err.cause)
+        return agents.answered(outcome.output, outcome.result, outcome.usage)
+
+    async def _rejoin(self, child_id: str, name: str) -> ToolResult:
+        """A child that exists already (a repair or reset re-ran the step that started it):
+        Temporal keeps it but no longer reports its end here, so ask now and then."""
+        pause = agents.REJOIN_FIRST_PAUSE
+        try:
+            while True:
+                seen = await activity_calls.child_outcome(self._task, child_id)
+                if seen.closed:
+                    return agents.rejoined(name, seen)
+                await workflow.sleep(pause)
+                pause = min(pause * 2, agents.REJOIN_LONGEST_PAUSE)
+        except asyncio.CancelledError:
+            await workflow.get_external_workflow_handle(child_id).cancel()
+            raise
 
     async def _list_tools(self, servers: list[str]) -> None:
         listed = await activity_calls.list_tools(self._task, servers)
@@ -442,7 +529,8 @@ class AgentWorkflow:
             turn=state.turn,
             output=state.output,
             message_ids=self._turn_messages,
-            continuation=self._continuation(),
+            # A sub-agent answered its caller: nothing follows it up.
+            continuation=None if self._task.parent is not None else self._continuation(),
         )
 
     def _continuation(self) -> RunCarry:

@@ -13,12 +13,22 @@ from workflows.events import AgentState, call_signature
 from workflows.models import (
     ASK_PERSON_TOOL,
     FINAL_ANSWER_TOOL,
+    AgentSpec,
     QuestionSettings,
     ToolCall,
     ToolRequest,
     ToolResult,
     idempotency_key,
 )
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """Run a sub-agent: its definition (as the worker had it) and the task the model gave."""
+
+    call: ToolCall
+    spec: AgentSpec
+    instruction: str
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,7 @@ def verdict(
     call: ToolCall,
     state: AgentState,
     settings: QuestionSettings | None = None,
-) -> Run | ToolResult:
+) -> Run | ToolResult | Delegation:
     """A call to run, or the observation of a call that is not run (a repeat of the last
     step's identical call, a malformed call, a call a person rejected or left undecided, a
     question to a person, whose answer is its observation)."""
@@ -55,6 +65,9 @@ def verdict(
         return ToolResult(output=call.problem or "the call has no arguments", is_error=True)
     if call.tool == FINAL_ANSWER_TOOL:
         return ToolResult(output="Final answer accepted.")
+    if call.agent is not None:
+        instruction = str((call.arguments or {}).get("task", ""))
+        return Delegation(call, call.agent, instruction)
     if call.tool == ASK_PERSON_TOOL:
         answered = state.answers.get(request_id_for(step, call.call_id))
         output, is_error = questions.observation(answered, settings)
@@ -81,17 +94,21 @@ def verdicts(
     calls: list[ToolCall],
     state: AgentState,
     settings: QuestionSettings | None = None,
-) -> tuple[dict[str, ToolResult], dict[str, Run]]:
-    """(observations of the calls not run, the calls to run), by call id."""
+) -> tuple[dict[str, ToolResult], dict[str, Run], dict[str, Delegation]]:
+    """(observations of the calls not run, the calls to run, the sub-agents to start), by
+    call id."""
     results: dict[str, ToolResult] = {}
     runs: dict[str, Run] = {}
+    delegations: dict[str, Delegation] = {}
     for call in calls:
         match verdict(task_id, step, call, state, settings):
             case ToolResult() as result:
                 results[call.call_id] = result
             case Run() as run:
                 runs[call.call_id] = run
-    return results, runs
+            case Delegation() as delegation:
+                delegations[call.call_id] = delegation
+    return results, runs, delegations
 
 
 def lost_call(tool: str, detail: str) -> ToolResult:

@@ -51,6 +51,7 @@ RESULT_EXCERPT_CHARS = 500  # of each output of the recent steps, for the repeat
 # alternates between a few calls (A, B, A, B), not only one that repeats the last.
 REPEAT_WINDOW_STEPS = 3
 MESSAGE_IDS_KEPT = 200
+CHILDREN_KEPT = 50  # sub-agents of the latest calls, shown as the task's tree
 
 
 class EventBase(Contract):
@@ -98,6 +99,19 @@ class Observation(EventBase):
     tool: str
     output: str
     is_error: bool = False
+    usage: Usage | None = Field(
+        default=None, description="A sub-agent's answer: the tokens its tree used."
+    )
+    agent_status: Literal["done", "failed", "cancelled"] | None = None
+
+
+class AgentStarted(EventBase):
+    """A call of a sub-agent started its child task (`child_id`, its own log and stream)."""
+
+    type: Literal["agent_started"] = "agent_started"
+    call_id: str
+    agent: str
+    child_id: str
 
 
 class ApprovalRequested(EventBase):
@@ -250,6 +264,7 @@ AgentEvent = Annotated[
     | Thought
     | Action
     | Observation
+    | AgentStarted
     | ApprovalRequested
     | ApprovalResolved
     | QuestionAsked
@@ -369,6 +384,16 @@ class OpenStep(Contract):
         return [c for c in self.calls if c.call_id not in self.outputs]
 
 
+class ChildAgent(Contract):
+    """A sub-agent a call of this task started, and how it is doing."""
+
+    call_id: str
+    agent: str
+    task_id: str
+    step: int
+    status: Literal["running", "done", "failed", "cancelled"] = "running"
+
+
 class RecentCall(Contract):
     step: int = Field(description="The latest step that made the call.")
     output: str = Field(description="The start of what the call gave when it ran.")
@@ -441,6 +466,9 @@ class AgentState(Contract):
         default=0, description="Final answers of this turn that did not fit output_schema."
     )
     output: Any | None = Field(default=None, description="The last answer's data, if typed.")
+    children: dict[str, ChildAgent] = Field(
+        default_factory=dict, description="Sub-agents started by the latest calls, by call id."
+    )
 
     @property
     def finished(self) -> bool:
@@ -494,6 +522,12 @@ def _observation(state: AgentState, event: Observation) -> Changes:
     }
     if event.tool == FINAL_ANSWER_TOOL and event.is_error:
         changes["output_rejections"] = state.output_rejections + 1
+    if event.usage is not None:
+        changes["usage"] = state.usage + event.usage
+    child = state.children.get(event.call_id)
+    if child is not None and event.agent_status is not None:
+        finished = child.model_copy(update={"status": event.agent_status})
+        changes["children"] = {**state.children, event.call_id: finished}
     step = state.open_step
     if step is None or event.call_id not in {c.call_id for c in step.calls}:
         return changes
@@ -664,6 +698,13 @@ def _user_message(state: AgentState, event: UserMessage) -> Changes:
     return changes
 
 
+def _agent_started(state: AgentState, event: AgentStarted) -> Changes:
+    child = ChildAgent(
+        call_id=event.call_id, agent=event.agent, task_id=event.child_id, step=event.step
+    )
+    return {"children": _latest({**state.children, event.call_id: child}, CHILDREN_KEPT)}
+
+
 def _interrupted(state: AgentState, event: Interrupted) -> Changes:
     return {"interrupts": state.interrupts + 1}
 
@@ -710,6 +751,7 @@ _APPLY: dict[str, Callable[[AgentState, Any], Changes]] = {
     "repaired": _nothing,
     "user_message": _user_message,
     "interrupted": _interrupted,
+    "agent_started": _agent_started,
     "context_compacted": _context_compacted,
     "done": _done,
     "output_rejected": _output_rejected,

@@ -18,6 +18,9 @@ OFFLINE_MODEL = "offline"
 ASK_PERSON_TOOL = "ask_person"
 # The tool a task with an output schema answers with (workflows/outputs.py).
 FINAL_ANSWER_TOOL = "final_answer"
+# Sub-agents are offered to the model as tools named agent__<name> (workflows/agents.py).
+AGENT_TOOL_PREFIX = "agent__"
+AGENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,47}$"
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that completes the user's task step by step. "
@@ -137,6 +140,34 @@ class ApprovalSettings(Contract):
     on_timeout: Literal["reject", "fail"] = "reject"
 
 
+class AgentSpec(Contract):
+    """A sub-agent: a name and its own system prompt, tools, model, limits and optional
+    output schema. Offered to a task's model as the tool `agent__<name>` (arguments:
+    `task`); a call runs it as a child task (workflows/agents.py)."""
+
+    name: str = Field(pattern=AGENT_NAME_PATTERN)
+    description: str = Field(
+        min_length=1, max_length=2_000, description="What it is good for: the model reads it."
+    )
+    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, max_length=200_000)
+    tools: list[str] | None = Field(
+        default=None, max_length=200, description="Tools it may call; None: every one."
+    )
+    model: ModelSettings | None = Field(default=None, description="None: its caller's model.")
+    max_steps: int = Field(default=20, ge=1, le=100_000)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    output_schema: dict[str, Any] | None = None
+    mcp_servers: list[str] | None = Field(
+        default=None, max_length=50, description="None: its caller's MCP servers."
+    )
+
+    _schema_checked = field_validator("output_schema")(schema_problem)
+
+    @property
+    def tool_name(self) -> str:
+        return AGENT_TOOL_PREFIX + self.name
+
+
 class QuestionSettings(Contract):
     """How long a question to a person (the `ask_person` tool) waits for an answer."""
 
@@ -147,6 +178,17 @@ class QuestionSettings(Contract):
         description="How long one question may wait (at most a year); then the model is told "
         "nobody answered.",
     )
+
+
+class ParentLink(Contract):
+    """Where a sub-agent's task sits in its tree: the task that called it, the tree's
+    root, the chain of agent names from the root, and the call it answers."""
+
+    task_id: str
+    root_id: str
+    path: list[str] = Field(description="The agents from the root down to this one.")
+    depth: int = Field(ge=1)
+    call_id: str
 
 
 class AgentTask(Contract):
@@ -217,6 +259,21 @@ class AgentTask(Contract):
         description="Answers that do not fit output_schema the model may give before the "
         "task fails with kind `invalid_output` (resumable with a message).",
     )
+    max_agent_depth: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="How deep a tree of sub-agents may grow below the root task.",
+    )
+    max_agent_calls: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="Sub-agents one step may call; the model is told about the calls past it.",
+    )
+    parent: ParentLink | None = Field(
+        default=None, description="Set on a sub-agent's task: the task that called it."
+    )
 
     _task_not_blank = field_validator("task")(not_blank)
     _schema_checked = field_validator("output_schema")(schema_problem)
@@ -278,6 +335,9 @@ class ToolCall(Contract):
         default=False,
         description="A fast, pure tool: runs as a local activity inside the workflow task, "
         "saving a round trip through the server.",
+    )
+    agent: AgentSpec | None = Field(
+        default=None, description="A call of a sub-agent: its definition, as the worker had it."
     )
 
     @property
@@ -377,6 +437,12 @@ class ToolResult(Contract):
     stale_servers: list[str] = Field(
         default_factory=list,
         description="The MCP server called announced that its tools changed: list it again.",
+    )
+    usage: Usage | None = Field(
+        default=None, description="A sub-agent's: the tokens its whole tree used."
+    )
+    agent_status: Literal["done", "failed", "cancelled"] | None = Field(
+        default=None, description="A sub-agent's: how its task ended."
     )
 
 

@@ -127,6 +127,21 @@ def events_archive() -> workflow.ActivityConfig:
     )
 
 
+# A workflow task taken by a worker that then dies is retried elsewhere after this
+# (Temporal's default is 10 s); tasks, follow-ups and sub-agents all start with it.
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
+
+
+def child_lookup(task: AgentTask) -> workflow.ActivityConfig:
+    """Reading a sub-agent's end from Temporal: one describe and one history page."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(minutes=1),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+        ),
+    )
+
+
 def turn_claim(task: AgentTask) -> workflow.ActivityConfig:
     """Claiming a follow-up's turn: a read of the answer it follows and one row in the
     ledger, retried while the storage or Temporal is away (the turn waits for them)."""

@@ -98,6 +98,17 @@ class AgentOutcome(Contract):
     )
 
 
+class ChildOutcome(Contract):
+    """Input-free answer of `child_outcome`: how a sub-agent's task stands, read from
+    Temporal (for a parent that meets an existing child, after a repair or reset)."""
+
+    closed: bool
+    outcome: AgentOutcome | None = None
+    ended: Literal["failed", "cancelled"] | None = None
+    reason: str = ""
+    usage: Usage | None = None
+
+
 class TurnClaim(Contract):
     """Input of `claim_turn`: the run whose chain begins at `chain_id` takes the turn after
     the run `after_run_id` (None: after the task's latest closed run)."""

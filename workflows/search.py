@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 
-from workflows.models import Contract
+from workflows.models import Contract, ParentLink
 
 if TYPE_CHECKING:
     from workflows.events import AgentState, PendingApproval, PendingQuestion
@@ -43,6 +43,7 @@ def reports_stuck(attributes: Mapping[str, Sequence[Any]]) -> bool:
 # task that made them: what an approver may act on (a query can show a request earlier).
 MEMO_STATUS = "status"
 MEMO_PENDING = "pending"
+MEMO_PARENT = "parent"
 MEMO_ARGUMENT_CHARS = 300
 
 
@@ -60,6 +61,11 @@ def pending_memo(pending: PendingApproval) -> dict[str, Any]:
         "requested_at": pending.requested_at.isoformat(),
         "step": pending.step,
     }
+
+
+def parent_memo(link: ParentLink) -> dict[str, Any]:
+    """Where a sub-agent sits: its caller, the tree's root, the agents from the root."""
+    return {"task_id": link.task_id, "root_id": link.root_id, "path": link.path}
 
 
 def question_memo(pending: PendingQuestion) -> dict[str, Any]:
@@ -116,14 +122,18 @@ def visibility_updates(
 
 class Visibility:
     """Keeps a run's search attributes and memo in step with the task's state, writing only
-    what changed."""
+    what changed. A sub-agent's memo also names its tree (with its first write)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: ParentLink | None = None) -> None:
         self._published: Published | None = None
+        self._parent = parent
 
     def publish(self, state: AgentState, model: str) -> None:
+        first = self._published is None
         self._published, updates, memo = visibility_updates(state, model, self._published)
         if updates:
             workflow.upsert_search_attributes(updates)
         if memo is not None:
+            if first and self._parent is not None:
+                memo[MEMO_PARENT] = parent_memo(self._parent)
             workflow.upsert_memo(memo)

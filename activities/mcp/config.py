@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workflows.models import ApprovalRule
+from workflows.models import AGENT_TOOL_PREFIX, ApprovalRule
 
 SERVER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*$")
 MAX_SERVER_NAME = 30  # leaves 32 of OpenAI's 64 function-name characters for the tool
@@ -28,12 +28,21 @@ class McpConfigError(ValueError):
     """A server declaration that cannot be used (bad name, missing variable, bad file)."""
 
 
+# Sub-agents are the tools agent__<name>: no MCP server may be called that.
+RESERVED_SERVER_NAME = AGENT_TOOL_PREFIX.removesuffix("__")
+
+
 def check_server_name(name: str) -> str:
     """A server name that keeps `server__tool` unambiguous: letters, digits, `-`, single `_`."""
     if not 1 <= len(name) <= MAX_SERVER_NAME or not SERVER_NAME_PATTERN.match(name):
         raise McpConfigError(
             f"MCP server name {name!r} must be 1-{MAX_SERVER_NAME} letters, digits, '-' or "
             "single '_' (not at either end): its tools are offered as '<server>__<tool>'"
+        )
+    if name == RESERVED_SERVER_NAME:
+        raise McpConfigError(
+            f"MCP server name {name!r} is taken: sub-agents are offered as "
+            f"'{RESERVED_SERVER_NAME}__<name>'; name the server otherwise"
         )
     return name
 

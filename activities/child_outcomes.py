@@ -1,0 +1,42 @@
+"""The `child_outcome` activity: how a sub-agent's task stands, read from Temporal.
+
+A parent normally learns its child's end from Temporal itself (the child workflow's
+completion). A parent that meets a child already running or closed under its derived id
+(after a repair or a reset re-ran the step that starts it) is no longer that child's
+parent in Temporal's eyes, so it asks now and then instead (workflows/agents.py).
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
+
+from activities.turns import close_event, continuation_of
+from runtime.health import overview
+from workflows.run import AgentOutcome, ChildOutcome
+
+
+class ChildActivities:
+    """`child_outcome`, over the worker's Temporal client."""
+
+    @activity.defn(name="child_outcome")
+    async def child_outcome(self, child_id: str) -> ChildOutcome:
+        """Whether the child task has ended, and how (its answer, or why it did not)."""
+        client = activity.client()
+        seen = await overview(client, child_id)
+        if seen.status in (None, WorkflowExecutionStatus.RUNNING):
+            return ChildOutcome(closed=False)
+        close = await close_event(client, child_id, seen.run_id)
+        convert = client.data_converter
+        if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            payloads = close.workflow_execution_completed_event_attributes.result.payloads
+            [outcome] = await convert.decode(payloads, [AgentOutcome])
+            return ChildOutcome(closed=True, outcome=outcome)
+        carry = await continuation_of(convert, close)
+        usage = carry.state.usage if carry is not None else None
+        if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            failure = close.workflow_execution_failed_event_attributes.failure
+            return ChildOutcome(closed=True, ended="failed", reason=failure.message, usage=usage)
+        ended = EventType.Name(close.event_type).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_")
+        return ChildOutcome(closed=True, ended="cancelled", reason=ended.lower(), usage=usage)
