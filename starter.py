@@ -166,7 +166,7 @@ async def follow(
                     _say(
                         f"task {handle.id} waits for an answer to [{question.request_id}]; it "
                         "holds no process while it waits. Answer with:\n"
-                        f"  python starter.py answer {handle.id} {question.request_id} '...'"
+                        f"  {hints.command('answer', handle.id, question.request_id)} '...'"
                     )
                     return EXIT_WAITING
     return await _final_status(handle)
@@ -431,7 +431,8 @@ async def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
                 line = await asyncio.to_thread(input, "you> ")
             except EOFError:
                 print(file=sys.stderr)
-                where = f": continue with  ws chat {handle.id}" if handle is not None else ""
+                again = hints.command("chat", handle.id) if handle is not None else ""
+                where = f": continue with  {again}" if handle is not None else ""
                 _say(f"left the conversation; the task stays{where}")
                 return 0
             if not line.strip():
@@ -561,10 +562,15 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_FAILED
     async with hosted_worker(client, settings, args.worker, activities=False):
         state = await handle.state(within=timedelta(seconds=args.timeout))
+        running = not state.finished
+        queued = await handle.queued_messages(timedelta(seconds=args.timeout)) if running else []
     if args.json:
         print(state.model_dump_json(indent=2))
     else:
         print(render_state(state, args.id))
+        for message in queued:
+            who = f" from {message.sender}" if message.sender else ""
+            print(f"queued    [{message.message_id}]{who}: {message.content[:120]}")
     if state.status == "running" and (note := await no_worker_note(client, settings.task_queue)):
         _say(note)
     return STATUS_EXIT_CODES.get(state.status, 0)

@@ -313,6 +313,14 @@ class TaskHandle(Generic[OutputT]):
         except RPCError as err:
             raise _not_found(self.id, err) from err
 
+    async def queued_messages(self, within: timedelta = QUERY_TIMEOUT) -> list[Message]:
+        """Messages the task has received and not yet taken (its next model call will)."""
+        query = self._handle.query(AgentWorkflow.queued_messages, rpc_timeout=within + RPC_GRACE)
+        try:
+            return await self._runtime.bounded(self.id, query, within, "the messages query")
+        except RPCError as err:
+            raise _not_found(self.id, err) from err
+
     async def overview(self) -> TaskOverview:
         """Temporal's view of the latest run: status, run id and memo (no worker needed)."""
         try:

@@ -47,7 +47,8 @@ MCP_PATH = "/mcp"
 INSTRUCTIONS = (
     "Durable AI-agent tasks on Temporal. run_task starts one and returns its id; "
     "task_status shows its state and the tool calls waiting for approval; task_events "
-    "pages through its event log; approve / reject decide a pending call; send_message "
+    "pages through its event log; approve / reject decide a pending call; answer answers a "
+    "question the agent asked; send_message "
     "follows up a task that answered (the same task goes on) or steers one that works; "
     "cancel stops it."
 )
@@ -153,6 +154,12 @@ def _status_view(task_id: str, state: AgentState) -> TaskStatusView:
             )
             for p in state.pending_approvals.values()
         ],
+        pending_questions=[
+            PendingQuestionView(
+                request_id=q.request_id, question=q.question, choices=q.choices, details=q.details
+            )
+            for q in state.pending_questions.values()
+        ],
         usage=state.usage,
     )
 
@@ -227,6 +234,28 @@ class WaystationTools:
     ) -> DecisionView:
         """Reject a pending tool call; `message` tells the model why."""
         return await self._decide(ctx, task_id, request_id, True, message)
+
+    async def answer(
+        self, task_id: str, answer: str, ctx: Context, request_id: str | None = None
+    ) -> AnswerView:
+        """Answer a question the agent asked (the only pending one if no request_id); with
+        choices, the answer must be one of them. The first answer wins: a repeat gets it."""
+        who = self._approver(ctx)
+        handle = await _guarded(self._runtime_of().find(task_id))
+        answered = handle.answer(
+            answer, request_id, answerer=who.name, within=timedelta(seconds=UPDATE_TIMEOUT_SECONDS)
+        )
+        try:
+            outcome = await _within(DECISION_BACKSTOP_SECONDS, _guarded(answered), "the answer")
+        except ValidationError as err:
+            raise ToolError(f"invalid answer: {_problems(err)}") from None
+        return AnswerView(
+            task_id=task_id,
+            request_id=outcome.request_id,
+            answer=outcome.answer,
+            answerer=outcome.answerer,
+            duplicate=outcome.duplicate,
+        )
 
     async def send_message(
         self,
@@ -319,6 +348,7 @@ def build_mcp_server(runtime_of: Callable[[], AgentRuntime], caller_of: CallerOf
     server.add_tool(
         tools.reject, annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=True)
     )
+    server.add_tool(tools.answer, annotations=ToolAnnotations(destructive_hint=False))
     server.add_tool(tools.send_message, annotations=ToolAnnotations(destructive_hint=False))
     server.add_tool(tools.cancel, annotations=decide)
     return server

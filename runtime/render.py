@@ -222,9 +222,7 @@ def render_state(state: AgentState, task_id: str) -> str:
     for question in state.pending_questions.values():
         choices = f" [{' / '.join(question.choices)}]" if question.choices else ""
         lines.append(f"question  [{question.request_id}] {question.question}{choices}")
-        lines.append(
-            f"          answer: python starter.py answer {task_id} {question.request_id} '...'"
-        )
+        lines.append(f"          answer: {command('answer', task_id, question.request_id)} '...'")
     for pending in state.pending_approvals.values():
         lines.append(
             f"pending   [{pending.request_id}] {format_call(pending.tool, pending.arguments)}"

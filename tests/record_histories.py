@@ -316,6 +316,27 @@ async def mcp_tools_changed(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def question_and_approval(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A step that asks a person (with choices) and needs an approval: both wait, then the
+    answer is the question's observation."""
+    model = fake.script(
+        [
+            tools(
+                ("ask_person", {"question": "Which greeting?", "choices": ["hi", "hello"]}),
+                ("run_shell", {"command": "echo asked"}),
+            ),
+            text("greeted"),
+        ]
+    )
+    task = AgentTask(task="greet", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="question-and-approval")
+    await until(handle, lambda s: bool(s.pending_questions) and bool(s.pending_approvals))
+    await handle.approve(approver="alice")
+    await handle.answer("Hello", answerer="bob")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -331,6 +352,7 @@ SCENARIOS: dict[str, Scenario] = {
     "archived_runs": archived_runs,
     "three_turn_conversation": three_turn_conversation,
     "steered_task": steered_task,
+    "question_and_approval": question_and_approval,
 }
 
 

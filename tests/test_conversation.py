@@ -104,6 +104,11 @@ async def test_a_message_while_a_tool_runs_reaches_the_next_model_call_once(
         # Sent while the tool runs; a repeat of the same message counts once.
         await runtime.send(handle.id, "also mention the weather", message_id="note-1")
         await runtime.send(handle.id, "also mention the weather", message_id="note-1")
+        # Kept, not yet taken: the model is busy with nothing, the tool still runs.
+        queued = await handle.queued_messages()
+        assert [(m.message_id, m.content) for m in queued] == [
+            ("note-1", "also mention the weather")
+        ]
         release.set()
         outcome = await handle.result()
         messages = of_type(await handle.events(), "user_message")

@@ -636,3 +636,48 @@ async def test_bad_messages_are_refused_with_a_sentence(
         headers={"Authorization": f"Bearer {READER}"},
     )
     assert reader.status_code == 403
+
+
+async def test_a_question_is_in_the_inbox_and_answered_over_http(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    def reply(body: dict[str, Any]) -> Any:
+        told = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if not told:
+            return tools(("ask_person", {"question": "Which size?", "choices": ["S", "M"]}))
+        return text(f"so: {told[-1]}")
+
+    model = fake_openai.script(reply)
+    created = await api.post("/tasks", json={"task": "order a shirt", "model": {"name": model}})
+    task_id = created.json()["id"]
+    async with asyncio.timeout(60):
+        while not (inbox := (await api.get("/approvals")).json())["questions"]:
+            await asyncio.sleep(0.1)
+    [question] = inbox["questions"]
+    assert (question["task_id"], question["question"], question["choices"]) == (
+        task_id,
+        "Which size?",
+        ["S", "M"],
+    )
+    waiting = (await api.get("/tasks", params={"status": "waiting_input"})).json()["tasks"]
+    assert task_id in {t["id"] for t in waiting}
+    wrong = await api.post(f"/tasks/{task_id}/answer", json={"answer": "XL"})
+    assert wrong.status_code == 422 and wrong.json()["error"] == "invalid_choice"
+    assert "'S', 'M'" in wrong.json()["detail"]
+    reader = await api.post(
+        f"/tasks/{task_id}/answer",
+        json={"answer": "M"},
+        headers={"Authorization": f"Bearer {READER}"},
+    )
+    assert reader.status_code == 403
+    answered = await api.post(f"/tasks/{task_id}/answer", json={"answer": "m"})
+    assert answered.status_code == 200, answered.text
+    assert (answered.json()["answer"], answered.json()["answerer"]) == ("M", "alice")
+    done = await sse_items(api, f"/tasks/{task_id}/events")
+    assert done[-1]["data"]["result"] == "so: alice answered: M"
+    again = await api.post(
+        f"/tasks/{task_id}/answer",
+        json={"request_id": question["request_id"], "answer": "S"},
+    )
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert again.json()["answer"] == "M"

@@ -28,7 +28,16 @@ from testing.workers import REPO, running_worker, worker_environment
 
 READER = "reader-token"
 APPROVER = "approver-token"
-TOOLS = {"run_task", "task_status", "task_events", "approve", "reject", "send_message", "cancel"}
+TOOLS = {
+    "run_task",
+    "task_status",
+    "task_events",
+    "approve",
+    "reject",
+    "answer",
+    "send_message",
+    "cancel",
+}
 
 
 def shell_then_answer(fake_openai: FakeOpenAI) -> str:
@@ -220,3 +229,24 @@ async def test_over_http_send_message_follows_up_a_task_that_answered(
     async with mcp_client(api, READER) as reader:
         refused = await reader.call_tool("send_message", {"task_id": task_id, "content": "hi"})
         assert refused.is_error and "not decide, send messages or cancel" in str(refused.content)
+
+
+async def test_over_http_an_approver_answers_a_question_the_agent_asked(
+    api: str, fake_openai: FakeOpenAI
+) -> None:
+    def reply(body: dict[str, Any]) -> Any:
+        told = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if not told:
+            return tools(("ask_person", {"question": "Your name?"}))
+        return text(f"hello, {told[-1]}")
+
+    model = fake_openai.script(reply)
+    async with mcp_client(api, APPROVER) as client:
+        task_id = (await call(client, "run_task", task="greet me", model=model))["task_id"]
+        waiting = await status_when(client, task_id, "waiting_input")
+        [question] = waiting["pending_questions"]
+        assert question["question"] == "Your name?"
+        answered = await call(client, "answer", task_id=task_id, answer="Ada")
+        assert (answered["answer"], answered["answerer"]) == ("Ada", "alice")
+        done = await status_when(client, task_id, "done")
+        assert done["result"] == "hello, alice answered: Ada"

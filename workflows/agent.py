@@ -111,6 +111,7 @@ with workflow.unsafe.imports_passed_through():
         APPROVE_SIGNAL,
         DECIDE_UPDATE,
         MESSAGE_SIGNAL,
+        QUEUED_MESSAGES_QUERY,
         REJECT_SIGNAL,
         REPAIRED_SIGNAL,
         RESUME_SIGNAL,
@@ -816,6 +817,11 @@ class AgentWorkflow:
             catalog=self._catalog,
             output_schema=self._task.output_schema,
         )
+
+    @workflow.query(name=QUEUED_MESSAGES_QUERY)
+    def queued_messages(self) -> list[Message]:
+        """Messages received and not yet taken into the conversation, in arrival order."""
+        return [q.message for q in self._incoming]
 
     @workflow.query(name="conversation_content")
     def conversation_content(self, digests: list[str]) -> dict[str, ChatMessage]:

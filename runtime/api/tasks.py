@@ -304,6 +304,13 @@ async def reject(
     )
 
 
+@router.get("/tasks/{task_id}/messages", response_model=list[Message])
+async def queued_messages(task_id: str, runtime: Runtime, who: Reader) -> list[Message]:
+    """Messages the task has received and not yet taken (at its next model call)."""
+    handle = await runtime.find(task_id)
+    return await handle.queued_messages()
+
+
 @router.post("/tasks/{task_id}/messages", status_code=202, response_model=MessageAccepted)
 async def send_message(
     task_id: str,
