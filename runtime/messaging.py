@@ -23,6 +23,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import sending
+from runtime.commands import command
 from runtime.health import overview
 from runtime.task_errors import MessageRefusedError, TaskNotFoundError
 from workflows import errors, search
@@ -120,14 +121,14 @@ def refuse_unless_taking(task_id: str, status: str) -> None:
         raise MessageRefusedError(
             task_id,
             f"task {task_id} failed: a message cannot continue it; resume it, with a message "
-            f"if you like (ws resume {task_id} --message '...')",
+            f"if you like ({command('resume', task_id, '--message')} '...')",
             errors.TASK_NOT_TAKING_MESSAGES,
         )
     if status == "cancelled":
         raise MessageRefusedError(
             task_id,
             f"task {task_id} was cancelled: a message cannot continue it; fork it to go on "
-            f"(ws fork {task_id} --at SEQ --message '...')",
+            f"({command('fork', task_id, '--at')} SEQ --message '...')",
             errors.TASK_NOT_TAKING_MESSAGES,
         )
 
@@ -138,20 +139,26 @@ async def _continuation(client: Client, task_id: str, run_id: str) -> AgentRun:
     closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
         AgentWorkflow.run, task_id, run_id=run_id
     )
-    outcome = await closed.result(follow_runs=False)
-    if outcome.continuation is None:
-        raise MessageRefusedError(
-            task_id,
-            f"task {task_id} answered before this version of waystation kept conversations "
-            f"going: fork it to go on (ws fork {task_id} --at {outcome.last_seq} --message ...)",
-            errors.TASK_NOT_TAKING_MESSAGES,
-        )
+    task = None
     async for start in closed.fetch_history_events(page_size=1):
         payloads = start.workflow_execution_started_event_attributes.input.payloads
         [run] = await client.data_converter.decode(payloads, [AgentRun])
-        if isinstance(run, AgentRun) and run.task is not None:
-            return AgentRun(task=run.task, carry=outcome.continuation)
+        task = run.task if isinstance(run, AgentRun) else None
         break
-    raise MessageRefusedError(
-        task_id, f"run {run_id} of task {task_id} has no task in its input", None
-    )
+    if task is not None and task.parent is not None:
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} is a sub-agent of {task.parent.task_id}: it answered its caller; "
+            f"send your message to {task.parent.task_id}",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+    outcome = await closed.result(follow_runs=False)
+    if outcome.continuation is None or task is None:
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} answered before this version of waystation kept conversations "
+            "going: fork it to go on "
+            f"({command('fork', task_id, '--at', str(outcome.last_seq))} --message '...')",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+    return AgentRun(task=task, carry=outcome.continuation)
