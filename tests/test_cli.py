@@ -415,3 +415,25 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
             '{"request_id": "1-call_1_0", "decision": "approve"}',
         )
         assert code == 0 and "decision:approve" in out
+
+
+async def test_an_output_schema_that_is_not_one_is_refused_before_anything_starts(
+    dev_env: WorkflowEnvironment, settings: Settings, tmp_path: Any
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "thing"}')
+    code, _, err = await starter(dev_env, settings, "run", "--output-schema", str(bad), "x")
+    assert code == 2 and "not a valid JSON Schema at type" in err and "Traceback" not in err
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    code, _, err = await starter(dev_env, settings, "run", "--output-schema", str(broken), "x")
+    assert code == 2 and "is not JSON" in err
+    good = tmp_path / "good.json"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    good.write_text(json.dumps(schema))
+    code, out, err = await starter(
+        dev_env, settings, "run", "--id", "typed-cli", "--output-schema", str(good), "6 * 7?"
+    )
+    assert code == 0, err
+    code, out, err = await starter(dev_env, settings, "status", "typed-cli")
+    assert "output    n  42" in out, out

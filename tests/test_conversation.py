@@ -23,7 +23,7 @@ from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from workflows.agent import AgentWorkflow
 from workflows.events import Interrupted, Thought, UserMessage
-from workflows.models import Message, MessageReceipt
+from workflows.models import ApprovalSettings, Message, MessageReceipt
 from workflows.run import AgentOutcome, AgentRun
 from workflows.stream import TokenDelta
 
@@ -267,25 +267,26 @@ async def test_an_interrupting_message_cancels_the_model_call_and_voids_its_text
     assert void and all(i.offset < cut for i in void)
 
 
-async def test_an_interrupting_message_lets_a_tool_call_in_flight_finish(
-    dev_env: Any, settings: Settings, fake_openai: FakeOpenAI
+async def test_an_interrupting_message_lets_a_shell_command_in_flight_finish(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI, settings: Settings
 ) -> None:
-    started, release = threading.Event(), threading.Event()
-    registry = builtin_registry()
-    registry.register(held_tool(started, release))
-    model = fake_openai.script([tools(("hold", {})), text("finished")])
-    async with running_worker(dev_env.client, settings, registry=registry):
-        runtime = AgentRuntime(dev_env.client, settings, tools=registry)
-        handle = await runtime.run(agent_task(model, task="hold on"))
-        assert await asyncio.to_thread(started.wait, 60)
-        await runtime.send(handle.id, "hurry up", interrupt=True)
-        release.set()
-        outcome = await handle.result()
-        events = await handle.events()
-    assert outcome.result == "finished"
-    observation = of_type(events, "observation")[0]
-    assert json.loads(observation.output) == {"held": True}
+    scratch = settings.workspace_dir / "scratch"
+    command = "touch scratch/running; while [ ! -e scratch/go ]; do sleep 0.05; done; echo finished"
+    model = fake_openai.script([tools(("run_shell", {"command": command})), text("all done")])
+    policy = ApprovalSettings(policy={"run_shell": "never"})
+    handle = await dev_runtime.run(agent_task(model, task="run it", approval=policy))
+    async with asyncio.timeout(60):
+        while not (scratch / "running").exists():
+            await asyncio.sleep(0.05)
+    await handle.send("hurry up", interrupt=True)
+    (scratch / "go").touch()
+    outcome = await handle.result()
+    events = await handle.events()
+    assert outcome.result == "all done"
+    [observation] = of_type(events, "observation")
+    assert "finished" in observation.output and not observation.is_error
     assert not of_type(events, "interrupted")
-    assert [e.type for e in events].index("observation") < [e.type for e in events].index(
-        "user_message"
-    )
+    types = [e.type for e in events]
+    assert types.index("observation") < types.index("user_message")
+    [_, second] = fake_openai.requests[model]
+    assert user_texts(second) == ["run it", "hurry up"]

@@ -681,3 +681,11 @@ async def test_a_question_is_in_the_inbox_and_answered_over_http(
     )
     assert again.status_code == 200 and again.json()["duplicate"] is True
     assert again.json()["answer"] == "M"
+
+
+async def test_an_output_schema_that_is_not_one_is_a_422_naming_the_problem(
+    api: httpx.AsyncClient,
+) -> None:
+    refused = await api.post("/tasks", json={"task": "x", "output_schema": {"type": "thing"}})
+    assert refused.status_code == 422
+    assert "not a valid JSON Schema at type" in json.dumps(refused.json())
