@@ -24,6 +24,9 @@ from workflows import errors
 from workflows.run import AgentOutcome, AgentRun, ClaimedTurn, RunCarry, RunRef, TurnClaim
 
 CLAIM_TOOL = "follow_up"
+# Attempts (~3 s with the claim's backoff) before a start with nothing in it is told that
+# visibility lists no run of its id to follow.
+NOTHING_TO_FOLLOW_ATTEMPTS = 5
 # Runs of a chain followed from one answer to the next before giving up (a corrupt chain).
 MOST_RUNS_WALKED = 10_000
 
@@ -77,11 +80,14 @@ async def _latest_closed_run(client: Client, task_id: str) -> str:
         )
     ]
     if not closed:
+        # Visibility may not list a run that closed a moment ago yet: ask a few more times
+        # before saying there is nothing to follow.
+        patient = activity.info().attempt < NOTHING_TO_FOLLOW_ATTEMPTS
         raise ApplicationError(
             f"there is no task {task_id!r} to follow up (no closed run of it): start one with "
             "a task, not with an empty input",
-            type=errors.NOTHING_TO_FOLLOW,
-            non_retryable=True,
+            type=None if patient else errors.NOTHING_TO_FOLLOW,
+            non_retryable=not patient,
         )
     latest = max(closed, key=lambda e: (e.close_time or e.start_time, e.start_time))
     return latest.run_id

@@ -290,3 +290,16 @@ async def test_an_interrupting_message_lets_a_shell_command_in_flight_finish(
     assert types.index("observation") < types.index("user_message")
     [_, second] = fake_openai.requests[model]
     assert user_texts(second) == ["run it", "hurry up"]
+
+
+async def test_a_temporal_cli_follow_up_of_a_task_that_does_not_exist_says_so(
+    dev_runtime: AgentRuntime,
+) -> None:
+    client = dev_runtime.client
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        _ = await client.execute_update_with_start_workflow(
+            AgentWorkflow.send_message,  # type: ignore[arg-type]
+            Message(content="hello?"),
+            start_workflow_operation=_with_start("never-started", dev_runtime.settings),
+        )
+    assert "there is no task 'never-started' to follow up" in str(refused.value.cause)
