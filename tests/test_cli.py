@@ -299,7 +299,7 @@ async def test_a_worker_that_a_finished_command_hosted_does_not_count_as_serving
     assert err.strip() == (
         "error: no worker answered the events query within 1 s: no worker polls task queue "
         f"'{settings.task_queue}': the task waits until one does; start one with "
-        "`python worker.py` (or `python starter.py worker`)"
+        f"`{command('worker')}`"
     )
 
 

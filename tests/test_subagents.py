@@ -94,7 +94,7 @@ async def test_two_sub_agents_called_in_one_step_run_in_parallel_and_answer(
         outcome = await handle.result()
         events = await handle.events()
         state = await handle.state()
-        child_ids = [e.child_id for e in of_type(events, "agent_started")]
+        child_ids = sorted(e.child_id for e in of_type(events, "agent_started"))
         child_states = [await runtime.get(c).state() for c in child_ids]
         child_overview = await runtime.get(child_ids[0]).overview()
     assert outcome.result == "both looked"
@@ -103,7 +103,7 @@ async def test_two_sub_agents_called_in_one_step_run_in_parallel_and_answer(
         "two found it",
     ]
     # The children are tasks of their own, with ids derived from the parent's.
-    assert child_ids == [f"{handle.id}/1/call_1_0", f"{handle.id}/1/call_1_1"]
+    assert sorted(child_ids) == [f"{handle.id}/1/call_1_0", f"{handle.id}/1/call_1_1"]
     assert [s.status for s in child_states] == ["done", "done"]
     [started] = [e for e in events if e.type == "task_started"]
     assert started.task_id == handle.id

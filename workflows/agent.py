@@ -334,10 +334,6 @@ class AgentWorkflow:
                 results[key] = refused
                 del delegations[key]
         share = agents.budget_shares(self._task, self._state.usage.total, len(delegations))
-        for key, delegation in delegations.items():
-            child = agents.child_id(task_id, step, key)
-            name = delegation.spec.name
-            self._append(draft(AgentStarted, step, call_id=key, agent=name, child_id=child))
         local = [(k, r) for k, r in runs.items() if r.local]
         ran = await asyncio.gather(
             *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in local)
@@ -390,7 +386,9 @@ class AgentWorkflow:
                 static_summary=f"{name}: {delegation.instruction[:180]}",
             )
         except WorkflowAlreadyStartedError:
+            self._started(step, call_id, name, child_id)
             return await self._rejoin(child_id, name)
+        self._started(step, call_id, name, child_id)
         try:
             outcome = await handle
         except ChildWorkflowError as err:
@@ -398,6 +396,11 @@ class AgentWorkflow:
                 raise asyncio.CancelledError() from None
             return agents.child_ended(name, err.cause)
         return agents.answered(outcome.output, outcome.result, outcome.usage)
+
+    def _started(self, step: int, call_id: str, name: str, child_id: str) -> None:
+        """The log says a sub-agent's task exists once Temporal has started it."""
+        self._clock = _sample()
+        self._append(draft(AgentStarted, step, call_id=call_id, agent=name, child_id=child_id))
 
     async def _rejoin(self, child_id: str, name: str) -> ToolResult:
         """A child that exists already (a repair or reset re-ran the step that started it):
