@@ -46,8 +46,9 @@ async def test_a_question_waits_for_its_answer_and_the_answer_is_the_observation
     [question] = state.pending_questions.values()
     assert (question.question, question.details) == ("Which account?", "the one to bill")
     # Findable without a worker: visibility and the memo.
-    listed, _ = await dev_runtime.list_tasks("waiting_input")
-    assert handle.id in {t.id for t in listed}
+    async with asyncio.timeout(30):  # Temporal's visibility lists it a moment later
+        while handle.id not in {t.id for t in (await dev_runtime.list_tasks("waiting_input"))[0]}:
+            await asyncio.sleep(0.1)
     overview = await handle.overview()
     [pending] = overview.memo[search.MEMO_PENDING]
     assert (pending["kind"], pending["question"]) == ("question", "Which account?")
