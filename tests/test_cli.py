@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -16,7 +17,7 @@ from runtime.commands import command
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
 from runtime.temporal import temporal_binary
-from testing.fake_openai import FakeOpenAI, error, text
+from testing.fake_openai import FakeOpenAI, error, text, tools
 from testing.workers import REPO, WorkerProcess
 
 
@@ -415,6 +416,242 @@ async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
             '{"request_id": "1-call_1_0", "decision": "approve"}',
         )
         assert code == 0 and "decision:approve" in out
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_a_fork_after_a_resume_has_the_limits_the_resume_raised(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    task = "What is 2 + 3? Write it to scratch/sum.txt"  # three steps for the offline model
+    code, _, err = await starter(
+        dev_env, settings, "run", "--id", "cli-lim", "--max-steps", "1", task
+    )
+    assert code == 1 and "reached max_steps=1" in err, err
+    code, out, err = await starter(dev_env, settings, "resume", "cli-lim", "--max-steps", "5")
+    assert code == 0 and "✔ done after 3 step(s)" in out, out + err
+    code, out, err = await starter(dev_env, settings, "events", "cli-lim")
+    assert code == 0, err
+    [resumed] = [e for e in map(json.loads, out.splitlines()) if e["type"] == "resumed"]
+    assert resumed["max_steps"] == 5
+
+    at = str(resumed["seq"])
+    code, out, err = await starter(
+        dev_env, settings, "fork", "cli-lim", "--at", at, "--new-id", "cli-lim-fork"
+    )
+    assert code == 0 and "✔ done after 3 step(s)" in out, out + err
+    # Before the resume, max_steps=1 was in force: a fork there stops where the task did.
+    code, out, err = await starter(dev_env, settings, "fork", "cli-lim", "--at", "1")
+    assert code == 1 and "reached max_steps=1" in err, out + err
+    # The resumed task is listed once, as its latest run (a resume resets its failed run).
+    code, out, err = await starter(dev_env, settings, "list")
+    assert code == 0, err
+    [row] = [line.split() for line in out.splitlines() if line.split()[0] == "cli-lim"]
+    assert row[1:4] == ["done", "step", "3"]
+
+
+async def listed_ids(dev_env: WorkflowEnvironment, settings: Settings, *args: str) -> list[str]:
+    code, out, err = await starter(dev_env, settings, "list", *args)
+    assert code == 0, err
+    return [line.split()[0] for line in out.splitlines()]
+
+
+@pytest.mark.long(minutes=0.5)
+async def test_list_shows_tasks_newest_started_first_not_by_when_they_ended(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-older", "Run `echo o`")
+    assert code == 3, err
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-newer", "What is 2 + 2?")
+    assert code == 0, err
+    code, _, err = await starter(dev_env, settings, "approve", "cli-older")
+    assert code == 0, err  # the older task ends last
+    async with asyncio.timeout(60):  # until visibility shows both as done
+        while not {"cli-older", "cli-newer"} <= set(
+            ids := await listed_ids(dev_env, settings, "--status", "done")
+        ):
+            pass
+    assert [i for i in ids if i in ("cli-older", "cli-newer")] == ["cli-newer", "cli-older"]
+
+
+async def test_cancel_of_a_task_that_has_ended_says_so_with_its_own_exit_code(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-ended", "What is 2 + 2?")
+    assert code == 0, err
+    code, out, err = await starter(dev_env, settings, "cancel", "cli-ended")
+    assert (code, out, err.strip()) == (
+        4,
+        "",
+        "task cli-ended has already ended (done): there is nothing to cancel",
+    )
+    code, _, err = await starter(dev_env, settings, "run", "--no-wait", "--id", "cli-going", "hi")
+    assert code == 0, err
+    code, _, err = await starter(dev_env, settings, "cancel", "cli-going")
+    assert (code, err.strip()) == (0, "cancellation of cli-going requested")
+
+
+async def test_an_api_port_in_use_is_one_sentence_and_exit_code_1(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = await starter(
+            dev_env, settings, "api", extra_env={"WAYSTATION_API_PORT": str(port)}
+        )
+    assert (code, out, err.strip()) == (
+        1,
+        "",
+        f"error: cannot serve the API on 127.0.0.1:{port}: the port is in use (another "
+        f"`{command('api')}`?): stop that, or set WAYSTATION_API_PORT to a free port",
+    )
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_the_temporal_cli_signal_needs_no_worker_and_the_update_waits_for_one(
+    dev_env: WorkflowEnvironment, settings: Settings, spawn_worker: Any
+) -> None:
+    # Two tasks wait for approval; the `run`s that hosted their worker have exited.
+    for task_id in ("cli-by-signal", "cli-by-update"):
+        code, _, err = await starter(dev_env, settings, "run", "--id", task_id, "Run `echo x`")
+        assert code == 3, err
+    approve = '{"request_id": "1-call_1_0", "decision": "approve"}'
+    code, out = await temporal_cli(
+        dev_env,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        "cli-by-signal",
+        "--name",
+        "approve",
+        "--input",
+        '{"request_id": "1-call_1_0"}',
+    )
+    assert code == 0 and "Signal workflow succeeded" in out  # recorded, with no worker
+    update = asyncio.create_task(
+        temporal_cli(
+            dev_env,
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            "cli-by-update",
+            "--name",
+            "decide",
+            "--update-id",
+            "decision-1",
+            "--input",
+            approve,
+        )
+    )
+    async with asyncio.timeout(60):  # until Temporal holds the Update for a worker
+        while True:
+            code, out = await temporal_cli(
+                dev_env,
+                "workflow",
+                "update",
+                "describe",
+                "--workflow-id",
+                "cli-by-update",
+                "--update-id",
+                "decision-1",
+            )
+            if code == 0:
+                break
+    assert "Admitted" in out and not update.done()
+    await spawn_worker()
+    code, out = await update
+    assert code == 0 and "decision:approve" in out
+    for task_id in ("cli-by-signal", "cli-by-update"):
+        code, out, err = await starter(dev_env, settings, "stream", task_id, "--no-worker")
+        assert code == 0 and "✔ done after 2 step(s)" in out, out + err
+
+
+async def test_say_follows_up_a_task_and_shows_the_next_answer_live(
+    dev_env: WorkflowEnvironment, settings: Settings, tmp_path: Any
+) -> None:
+    code, _, err = await starter(dev_env, settings, "run", "--id", "cli-talk", "What is 6 * 7?")
+    assert code == 0, err
+    code, out, err = await starter(dev_env, settings, "say", "cli-talk", "And 2^10?")
+    assert code == 0, err
+    assert "(it had answered: a new turn)" in err
+    assert "calculator(expression=2^10)" in out and "2^10 = 1024" in out
+    assert "6 * 7" not in out  # the live view starts at the new turn
+    long = tmp_path / "message.txt"
+    long.write_text("What is 1 + 1?\n" + "(please)" * 1000)
+    code, out, err = await starter(dev_env, settings, "say", "cli-talk", "--file", str(long))
+    assert code == 0, err
+    assert "1 + 1 = 2" in out
+    code, out, err = await starter(dev_env, settings, "status", "cli-talk", "--json")
+    state = json.loads(out)
+    assert (state["turn"], state["status"]) == (2, "done")
+    # Bad input: one sentence, exit code 2, nothing sent.
+    too_long = tmp_path / "too-long.txt"
+    too_long.write_text("x" * 200_001)
+    for args in (
+        ["say", "cli-talk", "   "],
+        ["say", "cli-talk"],
+        ["say", "cli-talk", "--file", str(too_long)],
+        ["say", "cli-talk", "--file", str(tmp_path / "missing.txt")],
+    ):
+        code, _, err = await starter(dev_env, settings, *args)
+        assert code == 2, err
+        assert err.startswith("error:") and "Traceback" not in err
+    code, _, err = await starter(dev_env, settings, "say", "no-such-task", "hi")
+    assert code == 1 and "no task with id 'no-such-task'" in err
+
+
+async def test_answer_answers_a_question_and_run_says_how_while_it_waits(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    def reply(body: dict[str, Any]) -> Any:
+        told = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if not told:
+            return tools(("ask_person", {"question": "Which city?", "choices": ["Oslo", "Rome"]}))
+        return text(f"so: {told[-1]}")
+
+    model = fake_openai.script(reply)
+    code, _, err = await starter(
+        dev_env,
+        settings,
+        "run",
+        "--id",
+        "cli-ask",
+        "--model",
+        model,
+        "plan a trip",
+        endpoint=fake_openai,
+    )
+    assert code == 3, err
+    assert "waits for an answer to [1-call_1_0]" in err
+    assert f"{command('answer', 'cli-ask', '1-call_1_0')} '...'" in err
+    async with asyncio.timeout(60):  # Temporal's visibility lists it a moment later
+        while (
+            "cli-ask"
+            not in (await starter(dev_env, settings, "list", "--status", "waiting_input"))[1]
+        ):
+            await asyncio.sleep(0.2)
+    code, out, err = await starter(dev_env, settings, "status", "cli-ask")
+    assert code == 3 and "question  [1-call_1_0] Which city? [Oslo / Rome]" in out
+    code, _, err = await starter(
+        dev_env, settings, "answer", "cli-ask", "Paris", "--no-follow", endpoint=fake_openai
+    )
+    assert code == 1 and "not one of the choices" in err and "'Oslo', 'Rome'" in err
+    code, out, err = await starter(
+        dev_env,
+        settings,
+        "answer",
+        "cli-ask",
+        "1-call_1_0",
+        "rome",
+        "--answerer",
+        "ann",
+        endpoint=fake_openai,
+    )
+    assert code == 0, err
+    assert "question 1-call_1_0: answered 'Rome'" in err
+    assert "so: ann answered: Rome" in out
 
 
 async def test_an_output_schema_that_is_not_one_is_refused_before_anything_starts(
