@@ -169,7 +169,7 @@ async def listed_tasks(
     return ListedTaskPage(tasks=found, next_page_token=encoded, scanned=scanned)
 
 
-@router.get("/console/api/tasks/{task_id}/timeline", response_model=Timeline)
+@router.get("/console/api/tasks/{task_id:path}/timeline", response_model=Timeline)
 async def timeline(task_id: str, runtime: Runtime, who: Reader) -> Timeline:
     """Everything a task page starts from, in one round: the log (across runs) and the
     stream's head, read concurrently (a finished task answers each by a replay)."""
