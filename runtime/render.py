@@ -263,11 +263,10 @@ def render_tree(tree: TaskTree) -> list[str]:
     lines: list[str] = []
     parent = tree.parent
     if parent is not None:
-        lines.append(
-            f"parent    {parent.task_id} (this is its sub-agent {' > '.join(parent.path)})"
-        )
+        lines.append(f"parent    {parent.task_id}")
         if parent.root_id != parent.task_id:
             lines.append(f"root      {parent.root_id}")
+        lines.append(f"path      {' > '.join(parent.path)}")
     if not tree.children:
         return lines
     lines.append("sub-agents")

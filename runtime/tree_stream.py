@@ -118,7 +118,7 @@ def parse_cursor(text: str) -> TreeCursor:
     return TreeCursor(int(first) + 1, open_streams)
 
 
-_Got = StreamItem | BaseException | None  # an item, a reading error, or the stream's end
+_Got = StreamItem | Exception | None  # an item, a reading error, or the stream's end
 
 
 @dataclass(eq=False)
@@ -174,7 +174,7 @@ class TreeStream:
                 if self._nodes.get(node.task_id) is not node:
                     continue  # its caller has answered: it left the tree's stream
                 node.held.append(got)
-                async for item in self._deliver():
+                for item in await self._deliverable():
                     yield item
                 if self._root.ended:
                     return
@@ -190,24 +190,33 @@ class TreeStream:
         self._pumps.append(node.pump)
 
     async def _read(self, node: _Node) -> None:
+        """Put the node's items on the queue, then its end. A sub-agent's stream is read on
+        past a failure: its run waits a moment for a resumption, which goes on in it."""
         root = node is self._root
+        since = node.next
         try:
-            async for item in self._hub.subscribe(
-                node.task_id,
-                since=node.next,
-                wait_for_start=self._wait_for_start if root else CHILD_START_WAIT,
-                follow=self._follow and root,
-            ):
-                await self._queue.put((node, item))
+            while True:
+                last: StreamItem | None = None
+                async for last in self._hub.subscribe(
+                    node.task_id,
+                    since=since,
+                    wait_for_start=self._wait_for_start if root else CHILD_START_WAIT,
+                    follow=self._follow and root,
+                ):
+                    await self._queue.put((node, last))
+                if root or last is None or last.data.type != "failed":
+                    break
+                since = last.offset + 1
         except asyncio.CancelledError:
             raise
-        except BaseException as err:  # the root's error is the stream's; a child's ends it
+        except Exception as err:  # the root's error is the stream's; a child's ends it
             await self._queue.put((node, err))
             return
         await self._queue.put((node, None))
 
-    async def _deliver(self) -> AsyncGenerator[TreeItem, None]:
+    async def _deliverable(self) -> list[TreeItem]:
         """Every held item that may go out now, each stream in its order."""
+        out: list[TreeItem] = []
         moved = True
         while moved and not self._root.ended:
             moved = False
@@ -223,9 +232,10 @@ class TreeStream:
                     moved = True
                     item = self._take(node, got)
                     if item is not None and self._shown(item):
-                        yield item
+                        out.append(item)
                     if self._root.ended:
-                        return
+                        return out
+        return out
 
     async def _hold(self, node: _Node, item: StreamItem) -> bool:
         """Whether `item` must wait: an observation of a sub-agent's answer waits for the
@@ -275,8 +285,8 @@ class TreeStream:
 
     def _take(self, node: _Node, got: _Got) -> TreeItem | None:
         """Apply `got` to the reader's position; the item to deliver, if any."""
-        if got is None or isinstance(got, BaseException):
-            if node is self._root and isinstance(got, BaseException):
+        if got is None or isinstance(got, Exception):
+            if node is self._root and isinstance(got, Exception):
                 raise got
             node.ended = True
             return None
@@ -284,7 +294,7 @@ class TreeStream:
         node.next = data.end if isinstance(data, StreamGap) else got.offset + 1
         if node is self._root:
             node.ended = got.ends(self._follow)
-        elif got.ends(False):
+        elif got.ends(False) and data.type != "failed":
             node.ended = True  # its own end: nothing more is read from it
         if isinstance(data, AgentStarted):
             self._open(node, data)

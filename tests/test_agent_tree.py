@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from temporalio.testing import WorkflowEnvironment
 
@@ -165,6 +166,7 @@ async def test_the_parent_stream_carries_the_tree_and_reconnects_mid_tree_withou
         }
         plain = await sse(api, f"/tasks/{task_id}/events")
         parent_view = (await api.get(f"/tasks/{task_id}")).json()
+        deep_log = (await api.get(f"/tasks/{seg(task_id + '/1/call_1_1/1/call_1_0')}/log")).json()
 
     one_id, two_id = f"{task_id}/1/call_1_0", f"{task_id}/1/call_1_1"
     deep_id = f"{two_id}/1/call_1_0"
@@ -201,12 +203,16 @@ async def test_the_parent_stream_carries_the_tree_and_reconnects_mid_tree_withou
     assert [int(i["id"]) for i in plain] == list(range(len(plain)))
     assert [i["id"] for i in got if not i["data"]["path"] and ";" not in i["id"]]
     assert parent_view["state"]["result"] == "both looked"
+    # Each sub-agent keeps its own log too.
+    last = deep_log["events"][-1]
+    assert (last["type"], last["result"]) == ("done", "deep down here")
 
 
 def approve_hints(out: str) -> list[str]:
     return re.findall(r"^ +approve: (.+ approve \S+ \S+)$", out, re.MULTILINE)
 
 
+@pytest.mark.long(minutes=0.5)
 async def test_status_shows_the_tree_and_a_sub_agents_approval_is_decided_by_cli_and_api(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
 ) -> None:
@@ -281,7 +287,7 @@ async def test_status_shows_the_tree_and_a_sub_agents_approval_is_decided_by_cli
         # A sub-agent's views name its parent.
         code, out, err = await ws("status", "--no-worker", a_id)
         assert code == 0, err
-        assert "parent    tree-cli (this is its sub-agent shell_a)" in out
+        assert "parent    tree-cli\npath      shell_a\n" in out, out
         child_view = (await api.get(f"/tasks/{seg(b_id)}")).json()
         assert child_view["tree"]["parent"] == {
             "task_id": "tree-cli",
