@@ -295,6 +295,8 @@ async def test_status_shows_the_tree_and_a_sub_agents_approval_is_decided_by_cli
             "path": ["shell_b"],
         }
         assert child_view["state"]["status"] == "done"
+        # A route's task id may hold slashes, but it is never empty.
+        assert (await api.get("/tasks//log")).json()["fields"][0]["loc"] == ["path", "task_id"]
 
 
 async def test_a_cancelled_parents_tree_stream_shows_each_childs_end_before_its_own(

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from temporalio.service import RPCError
@@ -30,6 +30,9 @@ from workflows.models import (
 )
 
 router = APIRouter(tags=["tasks"])
+
+# A task id in a route: a sub-agent's holds slashes, sent as they are or as %2F.
+TaskId = Annotated[str, Path(min_length=1, max_length=1000)]
 
 ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
 SSE_PING_SECONDS = 15.0
@@ -277,7 +280,7 @@ async def _decide(
 @router.post("/tasks/{task_id:path}/approve", response_model=ApprovalResult)
 async def approve(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Approver,
     body: ApprovalBody | None = None,
@@ -292,7 +295,7 @@ async def approve(
 @router.post("/tasks/{task_id:path}/reject", response_model=ApprovalResult)
 async def reject(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Approver,
     body: ApprovalBody | None = None,
@@ -306,7 +309,7 @@ async def reject(
 
 @router.post("/tasks/{task_id:path}/messages", status_code=202, response_model=MessageAccepted)
 async def send_message(
-    task_id: str,
+    task_id: TaskId,
     body: MessageBody,
     runtime: Runtime,
     who: Approver,
@@ -340,7 +343,9 @@ async def send_message(
 
 
 @router.post("/tasks/{task_id:path}/answer", response_model=AnswerResult)
-async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver) -> AnswerResult:
+async def answer(
+    task_id: TaskId, body: AnswerBody, runtime: Runtime, who: Approver
+) -> AnswerResult:
     """Answer a question the model asked (the `ask_person` tool); the answer, and who gave
     it, is the call's observation. The first answer wins: a later one gets it back. An
     answer that is not one of the question's choices is refused (422) with the list."""
@@ -358,7 +363,7 @@ async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver
 
 @router.post("/tasks/{task_id:path}/resume", response_model=TaskView)
 async def resume(
-    task_id: str, runtime: Runtime, who: Approver, body: ResumeBody | None = None
+    task_id: TaskId, runtime: Runtime, who: Approver, body: ResumeBody | None = None
 ) -> TaskView:
     """Resume a failed task from its last good point, limits raised if given."""
     body = body or ResumeBody()
@@ -369,14 +374,14 @@ async def resume(
 
 
 @router.post("/tasks/{task_id:path}/repair", response_model=TaskView)
-async def repair(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
+async def repair(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Reset a stuck task to its last good workflow task (signals and Updates re-applied)."""
     handle = await runtime.repair(task_id, by=who.name)
     return TaskView(id=task_id, state=await handle.state())
 
 
 @router.post("/tasks/{task_id:path}/fork", status_code=201, response_model=TaskCreated)
-async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
+async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
     """A new task from the state just after event `at_seq`; the original is untouched."""
     await runtime.find(task_id)
     handle = await runtime.fork(
@@ -390,7 +395,7 @@ async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> T
 
 
 @router.post("/tasks/{task_id:path}/cancel", status_code=202, response_model=TaskView)
-async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
+async def cancel(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Request cancellation: the running call is cancelled, a `cancelled` event follows.
     A task that has already ended is a 409 `task_ended`."""
     handle = await runtime.find(task_id)
@@ -400,7 +405,7 @@ async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
 
 @router.get("/tasks/{task_id:path}/log", response_model=EventLogPage)
 async def event_log(
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Reader,
     since: Annotated[int, Query(ge=0)] = 0,
@@ -419,7 +424,7 @@ async def event_log(
 )
 async def events(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Reader,
     since: Annotated[int | None, Query(ge=0)] = None,
@@ -485,7 +490,7 @@ async def events(
 # Last: a task id may hold slashes (a sub-agent's does), so this route would take the paths
 # of the routes above it.
 @router.get("/tasks/{task_id:path}", response_model=TaskView)
-async def get_task(task_id: str, runtime: Runtime, who: Reader) -> TaskView:
+async def get_task(task_id: TaskId, runtime: Runtime, who: Reader) -> TaskView:
     """The folded state (status, step, pending approvals, result, usage) and the task's
     tree: its sub-agents, nested, each with its own status, and the task that called it."""
     handle = await runtime.find(task_id)
