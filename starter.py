@@ -50,6 +50,7 @@ from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.streaming import StreamItem
 from runtime.temporal import DevServer, TemporalUnavailableError, connect
+from runtime.tree_stream import TreeItem
 from workflows import errors
 from workflows.events import ApprovalRequested, QuestionAsked, UserMessage
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
@@ -125,51 +126,63 @@ async def follow(
     interactive: bool,
     on_approval: str,
     answer_to: str | None = None,
+    tree: bool | None = None,
 ) -> int:
     """Show the task's stream until it ends (or waits, as `on_approval` says); with
-    `answer_to`, until the answer to that message (earlier answers are shown and passed)."""
+    `answer_to`, until the answer to that message (earlier answers are shown and passed).
+    The live view shows the sub-agents' items too (`tree`: by default for people, not for
+    --json), and their approvals and questions are asked or named like the task's own."""
     view = LiveView()
     taken = answer_to is None
     following = answer_to is not None
-    with shows_failed_attempts(view, handle.id, enabled=not as_json):
-        async for item in runtime.stream(handle.id, since=since, follow=following):
+    whole = not as_json if tree is None else tree
+    with shows_failed_attempts(view, handle.id, enabled=not as_json, tree=whole):
+        async for item in runtime.stream(handle.id, since=since, follow=following, tree=whole):
             if as_json:
                 print(item.model_dump_json(), flush=True)
             else:
                 view.show(item)
+            below = item if isinstance(item, TreeItem) and item.path else None
+            owner = handle if below is None else runtime.get(below.task_id)
             if isinstance(item.data, UserMessage) and item.data.message_id == answer_to:
-                taken = True
+                taken = taken or below is None
             if item.terminal and (taken or item.data.type != "done"):
                 break
+            waiting = f"task {handle.id}" if below is None else _whose(handle, below)
             if isinstance(item.data, ApprovalRequested):
                 request = item.data
-                if not await _still_pending(handle, request.request_id):
+                if not await _still_pending(owner, request.request_id):
                     continue  # decided since (a replayed stream of an older task)
                 if interactive:
-                    await _ask(handle, request)
+                    await _ask(owner, request)
                 elif on_approval == "exit":
                     _say(
-                        f"task {handle.id} waits for approval of [{request.request_id}]; it holds "
+                        f"{waiting} waits for approval of [{request.request_id}]; it holds "
                         "no process while it waits. Decide with:\n"
-                        f"  {hints.command('approve', handle.id, request.request_id)}\n"
-                        f"  {hints.command('approve', handle.id, request.request_id, '--reject')} "
+                        f"  {hints.command('approve', owner.id, request.request_id)}\n"
+                        f"  {hints.command('approve', owner.id, request.request_id, '--reject')} "
                         "--message 'why'"
                     )
                     return EXIT_WAITING
             if isinstance(item.data, QuestionAsked):
                 question = item.data
-                if not await _still_asked(handle, question.request_id):
+                if not await _still_asked(owner, question.request_id):
                     continue  # answered since
                 if interactive:
-                    await _ask_question(handle, question)
+                    await _ask_question(owner, question)
                 elif on_approval == "exit":
                     _say(
-                        f"task {handle.id} waits for an answer to [{question.request_id}]; it "
+                        f"{waiting} waits for an answer to [{question.request_id}]; it "
                         "holds no process while it waits. Answer with:\n"
-                        f"  {hints.command('answer', handle.id, question.request_id)} '...'"
+                        f"  {hints.command('answer', owner.id, question.request_id)} '...'"
                     )
                     return EXIT_WAITING
     return await _final_status(handle)
+
+
+def _whose(handle: TaskHandle, item: TreeItem) -> str:
+    """Who waits, for a request of a sub-agent: the task followed, through its sub-agent."""
+    return f"task {handle.id}: its sub-agent {' > '.join(item.path)} ({item.task_id})"
 
 
 async def _still_asked(handle: TaskHandle, request_id: str) -> bool:
@@ -221,14 +234,20 @@ MODEL_ACTIVITIES = frozenset({"call_llm", "summarize_context"})
 
 
 @contextlib.contextmanager
-def shows_failed_attempts(view: LiveView, task_id: str, *, enabled: bool) -> Iterator[None]:
-    """While following a task, its failed model attempts are one line in the live view."""
+def shows_failed_attempts(
+    view: LiveView, task_id: str, *, enabled: bool, tree: bool = False
+) -> Iterator[None]:
+    """While following a task, its failed model attempts are one line in the live view (with
+    `tree`, its sub-agents' too)."""
     if not enabled:
         yield
         return
 
     def show(failure: worker_log.AttemptFailure) -> bool:
-        mine = failure.workflow_id == task_id and failure.activity in MODEL_ACTIVITIES
+        ours = failure.workflow_id == task_id or (
+            tree and failure.workflow_id.startswith(task_id + "/")
+        )
+        mine = ours and failure.activity in MODEL_ACTIVITIES
         return mine and view.attempt_failed(failure)
 
     worker_log.listen(show)
@@ -356,6 +375,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             as_json=args.json,
             interactive=interactive,
             on_approval="wait" if args.on_approval == "wait" else "exit",
+            tree=args.tree or not args.json,
         )
 
 
@@ -403,6 +423,7 @@ async def _send_and_follow(
         interactive=interactive,
         on_approval="ask" if interactive else "exit",
         answer_to=handle.awaited_message,
+        tree=args.tree or not args.json,
     )
 
 
@@ -417,7 +438,7 @@ async def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     if not sys.stdin.isatty():
         raise UsageError("ws chat needs a terminal; from a script, use: ws say TASK_ID MESSAGE")
-    args.follow, args.json, args.interrupt = True, False, False
+    args.follow, args.json, args.interrupt, args.tree = True, False, False, False
     async with session(settings, args.worker) as runtime:
         handle = await runtime.find(args.id) if args.id else None
         if handle is not None:
@@ -532,12 +553,14 @@ async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
     async with hosted_worker(client, settings, args.worker):
         handle = runtime.get(args.id)
         view = LiveView()
-        with shows_failed_attempts(view, args.id, enabled=not args.json):
+        tree = args.tree or not args.json
+        with shows_failed_attempts(view, args.id, enabled=not args.json, tree=tree):
             async for item in runtime.stream(
                 args.id,
                 since=args.since,
                 topics=args.topics.split(",") if args.topics else None,
                 wait_for_start=timedelta(seconds=args.wait) if args.wait else None,
+                tree=tree,
             ):
                 _emit(item, view, args.json)
         return await _final_status(handle)
@@ -567,7 +590,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(state.model_dump_json(indent=2))
     else:
-        print(render_state(state, args.id))
+        print(render_state(state, args.id, await handle.tree(state)))
         for message in queued:
             who = f" from {message.sender}" if message.sender else ""
             print(f"queued    [{message.message_id}]{who}: {message.content[:120]}")
@@ -807,6 +830,11 @@ def _task_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     run.add_argument("--quiet", action="store_true", help="no live view: print only the result")
     run.add_argument("--json", action="store_true", help="stream items as JSON lines")
     run.add_argument(
+        "--tree",
+        action="store_true",
+        help="with --json, the sub-agents' items too (the live view always shows them)",
+    )
+    run.add_argument(
         "--on-approval",
         choices=["ask", "exit", "wait"],
         default="ask",
@@ -875,6 +903,11 @@ def _conversation_commands(commands: argparse._SubParsersAction[argparse.Argumen
     )
     say.add_argument("--max-steps", type=int, help="the turn's step limit from now on")
     say.add_argument("--json", action="store_true", help="stream items as JSON lines")
+    say.add_argument(
+        "--tree",
+        action="store_true",
+        help="with --json, the sub-agents' items too (the live view always shows them)",
+    )
     say.add_argument("--no-follow", dest="follow", action="store_false")
     _add_worker_flag(say)
 
@@ -894,6 +927,11 @@ def _reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     stream.add_argument("--since", type=int, default=0, help="stream offset to start from")
     stream.add_argument("--topics", help="events,tokens (default: both)")
     stream.add_argument("--json", action="store_true", help="JSON lines for programs")
+    stream.add_argument(
+        "--tree",
+        action="store_true",
+        help="with --json, the sub-agents' items too (the live view always shows them)",
+    )
     stream.add_argument("--wait", type=float, help="seconds to wait for the task to start")
     _add_worker_flag(stream)
 

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, cast, overload
+from typing import Any, Generic, Literal, cast, overload
 
 from pydantic import TypeAdapter
 from temporalio.client import (
@@ -63,6 +63,8 @@ from runtime.task_errors import (
 )
 from runtime.task_list import InvalidPageTokenError, TaskSummary, list_page
 from runtime.task_log import TaskLog
+from runtime.task_tree import TaskTree, read_tree
+from runtime.tree_stream import InvalidCursorError, TreeCursor, TreeItem, TreeStream, parse_cursor
 from workflows import errors, options, search
 from workflows.agent import AgentWorkflow
 from workflows.approval import decision_problem
@@ -96,6 +98,7 @@ from workflows.tool_catalog import split_name
 __all__ = [
     "AgentRuntime",
     "DecisionError",
+    "InvalidCursorError",
     "InvalidPageTokenError",
     "MessageRefusedError",
     "NoWorkerError",
@@ -106,6 +109,7 @@ __all__ = [
     "TaskHandle",
     "TaskNotFoundError",
     "TaskSummary",
+    "TreeItem",
     "UnknownToolsError",
     "UnreadableTaskError",
 ]
@@ -338,6 +342,13 @@ class TaskHandle(Generic[OutputT]):
         events = await self.events(within=within)
         return conversation_of(events, await self.state(within))
 
+    async def tree(self, state: AgentState | None = None) -> TaskTree:
+        """The sub-agents below this task, nested, each with its own status, and the task
+        that called it, from Temporal (runtime/task_tree.py); `state` saves its query."""
+        state = state if state is not None else await self.state()
+        seen = await self.overview()
+        return await read_tree(self._runtime.client, self.id, seen.memo, state.children)
+
     async def pending_requests(self) -> dict[str, dict[str, Any]]:
         """Requests waiting for a person, as committed to history (no worker needed)."""
         memo = (await self.overview()).memo
@@ -556,9 +567,18 @@ class TaskHandle(Generic[OutputT]):
             raise _not_found(self.id, err) from err
 
     def stream(
-        self, since: int = 0, topics: list[str] | None = None, *, follow: bool = False
+        self,
+        since: int = 0,
+        topics: list[str] | None = None,
+        *,
+        follow: bool = False,
+        tree: bool = False,
+        after: str | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        return self._runtime.stream(self.id, since=since, topics=topics, follow=follow)
+        """`AgentRuntime.stream` of this task (with `tree`, its items are TreeItems)."""
+        return self._runtime.stream(
+            self.id, since=since, topics=topics, follow=follow, tree=tree, after=after
+        )
 
 
 def _takes(event: AgentEvent, message_id: str | None) -> bool:
@@ -926,6 +946,7 @@ class AgentRuntime:
         """A handle for `task_id`, without asking anyone whether it exists."""
         return TaskHandle(self, task_id)
 
+    @overload
     def stream(
         self,
         task_id: str,
@@ -934,17 +955,80 @@ class AgentRuntime:
         *,
         wait_for_start: timedelta | None = None,
         follow: bool = False,
-    ) -> AsyncGenerator[StreamItem, None]:
+        tree: Literal[False] = False,
+        after: str | None = None,
+    ) -> AsyncGenerator[StreamItem, None]: ...
+
+    @overload
+    def stream(
+        self,
+        task_id: str,
+        since: int = 0,
+        topics: list[str] | None = None,
+        *,
+        wait_for_start: timedelta | None = None,
+        follow: bool = False,
+        tree: Literal[True],
+        after: str | None = None,
+    ) -> AsyncGenerator[TreeItem, None]: ...
+
+    @overload
+    def stream(
+        self,
+        task_id: str,
+        since: int = 0,
+        topics: list[str] | None = None,
+        *,
+        wait_for_start: timedelta | None = None,
+        follow: bool = False,
+        tree: bool,
+        after: str | None = None,
+    ) -> AsyncGenerator[StreamItem, None]: ...
+
+    def stream(
+        self,
+        task_id: str,
+        since: int = 0,
+        topics: list[str] | None = None,
+        *,
+        wait_for_start: timedelta | None = None,
+        follow: bool = False,
+        tree: bool = False,
+        after: str | None = None,
+    ) -> AsyncGenerator[StreamItem, None] | AsyncGenerator[TreeItem, None]:
         """Items of the task's stream from offset `since`, ending after the terminal event;
         with `follow`, across the conversation's turns, ending only when it fails or is
         cancelled (after each answer it waits for the next message, asking Temporal, not a
         worker).
 
+        With `tree`, its sub-agents' items too (and theirs), each a TreeItem naming the
+        task it comes from and its path (runtime/tree_stream.py); the stream still ends
+        with the task's own end. `after` is an item's `cursor`: the stream goes on right
+        after that item, in every stream of the tree. A plain `since` counts the task's own
+        offsets: the sub-agents it starts from there on are followed from their first
+        item, and those it started before (still at work at `since`) are left out.
+        InvalidCursorError for an `after` no stream gave out.
+
         Observes only. An unknown task raises TaskNotFoundError at once, or once
         `wait_for_start` has passed without the task appearing.
         """
+        cursor = parse_cursor(after) if after is not None else TreeCursor(since)
+        if tree:
+            merged = TreeStream(
+                self._streams,
+                task_id,
+                cursor,
+                topics,
+                wait_for_start=wait_for_start,
+                follow=follow,
+            )
+            return merged.items()
         return self._streams.subscribe(
-            task_id, since=since, topics=topics, wait_for_start=wait_for_start, follow=follow
+            task_id,
+            since=cursor.root_next,
+            topics=topics,
+            wait_for_start=wait_for_start,
+            follow=follow,
         )
 
     async def stream_head(self, task_id: str, within: timedelta = QUERY_TIMEOUT) -> int:

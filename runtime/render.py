@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from runtime.commands import command
 from runtime.streaming import StreamGap, StreamItem
+from runtime.task_tree import TaskTree, TreeNode
+from runtime.tree_stream import TreeItem
 from runtime.worker_log import AttemptFailure
 from workflows.events import (
     Action,
+    AgentStarted,
     AgentState,
     ApprovalRequested,
     ApprovalResolved,
@@ -46,26 +50,54 @@ def format_call(tool: str, arguments: dict[str, Any] | None) -> str:
     return f"{tool}({args})"
 
 
+@dataclass
+class _Track:
+    """What the view knows of one task's stream (the task followed, or a sub-agent of it)."""
+
+    prefix: str = ""
+    text_shown: set[tuple[int, int]] = field(default_factory=set)  # (step, attempt) shown
+    model_step: int | None = None  # the step whose model call is under way
+    failures_shown: set[tuple[int | None, int]] = field(default_factory=set)  # failed
+    interrupted: dict[int, int] = field(default_factory=dict)  # step -> void up to attempt
+    max_attempts: int | None = None
+
+
+def tree_prefix(path: list[str]) -> str:
+    """How a sub-agent's lines begin: indented by its depth, named by its path."""
+    return "  " * len(path) + " > ".join(path) + " │ " if path else ""
+
+
 class LiveView:
-    """Renders a task's stream for people. Colour only on a terminal."""
+    """Renders a task's stream for people. Colour only on a terminal. On a tree's stream,
+    a sub-agent's lines are indented by its depth and begin with its path."""
 
     def __init__(self, out: TextIO = sys.stdout, *, color: bool | None = None) -> None:
         self.out = out
         self.color = out.isatty() if color is None else color
-        self._streaming: tuple[int, int] | None = None  # (step, attempt) whose tokens are shown
-        self._text_shown: set[tuple[int, int]] = set()  # every (step, attempt) with text shown
-        self._model_step: int | None = None  # the step whose model call is under way
-        self._failures_shown: set[tuple[int | None, int]] = set()  # (step, attempt) failed
-        self._interrupted: dict[int, int] = {}  # step -> its attempts up to this are void
-        self.max_attempts: int | None = None
+        # The task followed is None; its sub-agents, on a tree's stream, go by their ids.
+        self._tracks: dict[str | None, _Track] = {}
+        self._track = self._of(None)
+        self._root: str | None = None  # the id of the task followed, once a tree says it
+        self._streaming: tuple[str | None, int, int] | None = None  # whose tokens are shown
+
+    @property
+    def max_attempts(self) -> int | None:
         """Model attempts per step, for "attempt n of m"; learnt from `task_started`."""
+        return self._of(None).max_attempts
+
+    def _of(self, task_id: str | None, path: list[str] | None = None) -> _Track:
+        track = self._tracks.get(task_id)
+        if track is None:
+            track = self._tracks[task_id] = _Track(prefix=tree_prefix(path or []))
+        return track
 
     def _paint(self, text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
     def _line(self, text: str) -> None:
         self._end_tokens()
-        print(text, file=self.out, flush=True)
+        prefix = self._paint(self._track.prefix, "2") if self._track.prefix else ""
+        print(prefix + text, file=self.out, flush=True)
 
     def _end_tokens(self) -> None:
         if self._streaming is not None:
@@ -73,27 +105,34 @@ class LiveView:
             self._streaming = None
 
     def show(self, item: StreamItem) -> None:
+        key = self._key(item)
+        if isinstance(item, TreeItem) and not item.path:
+            self._root = item.task_id
+        self._track = self._of(key, item.path if isinstance(item, TreeItem) else None)
+        track = self._track
         data = item.data
         match data:
             case TokenDelta():
-                key = (data.step, data.attempt)
-                self._model_step = data.step
-                self._text_shown.add(key)
-                if self._streaming != key:
+                streaming = (key, data.step, data.attempt)
+                track.model_step = data.step
+                track.text_shown.add((data.step, data.attempt))
+                if self._streaming != streaming:
                     self._end_tokens()
+                    if track.prefix:
+                        self.out.write(self._paint(track.prefix, "2"))
                     self.out.write(self._paint(f"[step {data.step}] ", "2"))
-                    self._streaming = key
+                    self._streaming = streaming
                 self.out.write(data.text)
                 self.out.flush()
             case LlmAttemptStarted():
-                self._model_step = data.step
-                if data.attempt > self._interrupted.get(data.step, data.attempt):
+                track.model_step = data.step
+                if data.attempt > track.interrupted.get(data.step, data.attempt):
                     return  # the step starts again after an interrupt, which said so
                 void = any(
                     step == data.step and attempt < data.attempt
-                    for step, attempt in self._text_shown
+                    for step, attempt in track.text_shown
                 )
-                if not void and (data.step, data.attempt - 1) in self._failures_shown:
+                if not void and (data.step, data.attempt - 1) in track.failures_shown:
                     return  # the failure's own line said a next try comes
                 note = " (the text above is void)" if void else ""
                 self._line(
@@ -102,17 +141,19 @@ class LiveView:
             case StreamGap():
                 self._line(self._paint(f"… offsets {data.start}-{data.end - 1} were lost", "31"))
             case TaskStarted():
-                self.max_attempts = data.task.model.max_attempts
-                self._model_step = 1
+                track.max_attempts = data.task.model.max_attempts
+                track.model_step = 1
                 self._line(self._paint(f"▶ {data.task_id}: {_short(data.task.task, 200)}", "1"))
                 self._line(self._paint(f"  model: {data.task.model.name}", "2"))
             case Thought():
-                self._model_step = data.step + 1
-                if self._streaming != (data.step, data.attempt) and data.content:
+                track.model_step = data.step + 1
+                if self._streaming != (key, data.step, data.attempt) and data.content:
                     self._line(f"[step {data.step}] {data.content}")
                 self._end_tokens()
             case Action():
                 self._line(self._paint(f"  → {format_call(data.tool, data.arguments)}", "36"))
+            case AgentStarted():
+                self._line(self._paint(f"  ⤷ sub-agent {data.agent}: {data.child_id}", "36"))
             case Observation():
                 code = "31" if data.is_error else "32"
                 self._line(self._paint(f"  ← {_short(data.output, 300)}", code))
@@ -157,9 +198,9 @@ class LiveView:
             case Interrupted():
                 void = any(
                     step == data.interrupted_step and attempt <= data.attempt
-                    for step, attempt in self._text_shown
+                    for step, attempt in track.text_shown
                 )
-                self._interrupted[data.interrupted_step] = data.attempt
+                track.interrupted[data.interrupted_step] = data.attempt
                 note = " (the text above is void)" if void else ""
                 self._line(
                     self._paint(
@@ -178,18 +219,28 @@ class LiveView:
             case Cancelled():
                 self._line(self._paint(f"✘ cancelled: {data.reason}", "1;31"))
 
+    def _key(self, item: StreamItem) -> str | None:
+        return item.task_id if isinstance(item, TreeItem) and item.path else None
+
     def _attempt(self, attempt: int) -> str:
-        of = f" of {self.max_attempts}" if self.max_attempts else ""
+        most = self._track.max_attempts
+        of = f" of {most}" if most else ""
         return f"attempt {attempt}{of}"
 
     def attempt_failed(self, failure: AttemptFailure) -> bool:
-        """One line for a failed attempt the hosted worker ran (see runtime.worker_log)."""
+        """One line for a failed attempt the hosted worker ran (see runtime.worker_log), in
+        the lines of the task it belongs to: the task followed, or a sub-agent the view has
+        shown (False, nothing shown, for another task of the tree)."""
+        theirs = self._tracks.get(failure.workflow_id)
+        if theirs is None and self._root not in (None, failure.workflow_id):
+            return False
+        self._track = track = theirs or self._of(None)
         what = ATTEMPT_NAMES.get(failure.activity, failure.activity)
         # The log comes straight from the hosted worker, ahead of the stream: the failure's
         # own step, where it names one, not the step the view has reached.
-        step = failure.step if failure.step is not None else self._model_step
+        step = failure.step if failure.step is not None else track.model_step
         where = f"step {step}: " if step is not None else ""
-        self._failures_shown.add((step, failure.attempt))
+        track.failures_shown.add((step, failure.attempt))
         self._line(self._paint(f"✗ {where}{what} {failure.describe()}", "33"))
         return True
 
@@ -206,7 +257,41 @@ def _data(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2)
 
 
-def render_state(state: AgentState, task_id: str) -> str:
+def render_tree(tree: TaskTree) -> list[str]:
+    """The task's caller and its sub-agents, nested, each with its status and id, and the
+    command for each request one of them waits for."""
+    lines: list[str] = []
+    parent = tree.parent
+    if parent is not None:
+        lines.append(f"parent    {parent.task_id}")
+        if parent.root_id != parent.task_id:
+            lines.append(f"root      {parent.root_id}")
+        lines.append(f"path      {' > '.join(parent.path)}")
+    if not tree.children:
+        return lines
+    lines.append("sub-agents")
+
+    def add(nodes: list[TreeNode], depth: int) -> None:
+        width = max(len(n.agent) for n in nodes)
+        for node in nodes:
+            indent = "  " * depth
+            lines.append(f"{indent}{node.agent.ljust(width)}  {node.status:<16}  {node.task_id}")
+            for request in node.waiting:
+                if request.kind == "approval":
+                    hint = f"approve: {command('approve', node.task_id, request.request_id)}"
+                else:
+                    hint = f"answer: {command('answer', node.task_id, request.request_id)} '...'"
+                lines.append(f"{indent}  {hint}")
+            if node.children:
+                add(node.children, depth + 1)
+
+    add(tree.children, 1)
+    if tree.truncated:
+        lines.append("  … and more (the tree is too large to show whole)")
+    return lines
+
+
+def render_state(state: AgentState, task_id: str, tree: TaskTree | None = None) -> str:
     lines = [
         f"task      {task_id}",
         f"status    {state.status}",
@@ -232,4 +317,6 @@ def render_state(state: AgentState, task_id: str) -> str:
             f"          approve: {command('approve', task_id, pending.request_id)}"
             f"   reject: ... --reject --message 'why'"
         )
+    if tree is not None:
+        lines.extend(render_tree(tree))
     return "\n".join(lines)

@@ -54,7 +54,9 @@ from runtime.task_errors import (
     UnknownToolsError,
     UnreadableTaskError,
 )
+from runtime.task_tree import TaskTree, TreeNode
 from runtime.temporal import TemporalUnavailableError, connect
+from runtime.tree_stream import TreeItem
 from worker import AgentWorker, build_worker
 from workflows.events import AgentEvent, AgentState
 from workflows.models import (
@@ -104,12 +106,15 @@ __all__ = [
     "TaskHandle",
     "TaskNotFoundError",
     "TaskSummary",
+    "TaskTree",
     "TemporalUnavailableError",
     "Tool",
     "ToolContext",
     "ToolDefinitionError",
     "ToolError",
     "ToolRegistry",
+    "TreeItem",
+    "TreeNode",
     "UnknownToolsError",
     "UnreadableTaskError",
     "__version__",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from runtime.agent_runtime import QUERY_TIMEOUT, AgentRuntime, TaskSummary
 from runtime.api.auth import Reader, Runtime, settings_of
 from runtime.api.paging import decode_page_token, encode_page_token
+from runtime.api.tasks import TaskId
 from workflows.events import AgentEvent
 from workflows.models import AgentTask, ApprovalRule
 
@@ -169,8 +170,8 @@ async def listed_tasks(
     return ListedTaskPage(tasks=found, next_page_token=encoded, scanned=scanned)
 
 
-@router.get("/console/api/tasks/{task_id}/timeline", response_model=Timeline)
-async def timeline(task_id: str, runtime: Runtime, who: Reader) -> Timeline:
+@router.get("/console/api/tasks/{task_id:path}/timeline", response_model=Timeline)
+async def timeline(task_id: TaskId, runtime: Runtime, who: Reader) -> Timeline:
     """Everything a task page starts from, in one round: the log (across runs) and the
     stream's head, read concurrently (a finished task answers each by a replay)."""
     handle = await runtime.find(task_id)

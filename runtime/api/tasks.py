@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from temporalio.service import RPCError
@@ -17,6 +17,8 @@ from runtime.api.auth import Approver, Caller, Reader, Runtime
 from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
 from runtime.task_errors import NoWorkerError, TaskStuckError
+from runtime.task_tree import TaskTree
+from runtime.tree_stream import CURSOR_CHARS, CURSOR_PATTERN, InvalidCursorError, parse_cursor
 from workflows.events import AgentEvent, AgentState, TaskStarted
 from workflows.models import (
     ANSWER_CHARS,
@@ -28,6 +30,9 @@ from workflows.models import (
 )
 
 router = APIRouter(tags=["tasks"])
+
+# A task id in a route: a sub-agent's holds slashes, sent as they are or as %2F.
+TaskId = Annotated[str, Path(min_length=1, max_length=1000)]
 
 ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
 SSE_PING_SECONDS = 15.0
@@ -53,6 +58,11 @@ class TaskPage(BaseModel):
 class TaskView(BaseModel):
     id: str
     state: AgentState
+    tree: TaskTree | None = Field(
+        default=None,
+        description="The sub-agents below the task, nested, each with its own status, and "
+        "the task that called it (GET /tasks/{id}).",
+    )
 
 
 class ApprovalBody(BaseModel):
@@ -217,13 +227,6 @@ async def list_tasks(
     return TaskPage(tasks=tasks, next_page_token=encoded)
 
 
-@router.get("/tasks/{task_id}", response_model=TaskView)
-async def get_task(task_id: str, runtime: Runtime, who: Reader) -> TaskView:
-    """The folded state: status, step, pending approvals, result, usage."""
-    handle = await runtime.find(task_id)
-    return TaskView(id=task_id, state=await _state_or_stuck(handle))
-
-
 async def _state_or_stuck(handle: TaskHandle) -> AgentState:
     """The state; a task that answers no query because it is stuck says so, and why."""
     try:
@@ -274,10 +277,10 @@ async def _decide(
     return result
 
 
-@router.post("/tasks/{task_id}/approve", response_model=ApprovalResult)
+@router.post("/tasks/{task_id:path}/approve", response_model=ApprovalResult)
 async def approve(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Approver,
     body: ApprovalBody | None = None,
@@ -289,10 +292,10 @@ async def approve(
     )
 
 
-@router.post("/tasks/{task_id}/reject", response_model=ApprovalResult)
+@router.post("/tasks/{task_id:path}/reject", response_model=ApprovalResult)
 async def reject(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Approver,
     body: ApprovalBody | None = None,
@@ -304,16 +307,16 @@ async def reject(
     )
 
 
-@router.get("/tasks/{task_id}/messages", response_model=list[Message])
+@router.get("/tasks/{task_id:path}/messages", response_model=list[Message])
 async def queued_messages(task_id: str, runtime: Runtime, who: Reader) -> list[Message]:
     """Messages the task has received and not yet taken (at its next model call)."""
     handle = await runtime.find(task_id)
     return await handle.queued_messages()
 
 
-@router.post("/tasks/{task_id}/messages", status_code=202, response_model=MessageAccepted)
+@router.post("/tasks/{task_id:path}/messages", status_code=202, response_model=MessageAccepted)
 async def send_message(
-    task_id: str,
+    task_id: TaskId,
     body: MessageBody,
     runtime: Runtime,
     who: Approver,
@@ -346,8 +349,10 @@ async def send_message(
     )
 
 
-@router.post("/tasks/{task_id}/answer", response_model=AnswerResult)
-async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver) -> AnswerResult:
+@router.post("/tasks/{task_id:path}/answer", response_model=AnswerResult)
+async def answer(
+    task_id: TaskId, body: AnswerBody, runtime: Runtime, who: Approver
+) -> AnswerResult:
     """Answer a question the model asked (the `ask_person` tool); the answer, and who gave
     it, is the call's observation. The first answer wins: a later one gets it back. An
     answer that is not one of the question's choices is refused (422) with the list."""
@@ -363,9 +368,9 @@ async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver
     )
 
 
-@router.post("/tasks/{task_id}/resume", response_model=TaskView)
+@router.post("/tasks/{task_id:path}/resume", response_model=TaskView)
 async def resume(
-    task_id: str, runtime: Runtime, who: Approver, body: ResumeBody | None = None
+    task_id: TaskId, runtime: Runtime, who: Approver, body: ResumeBody | None = None
 ) -> TaskView:
     """Resume a failed task from its last good point, limits raised if given."""
     body = body or ResumeBody()
@@ -375,15 +380,15 @@ async def resume(
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.post("/tasks/{task_id}/repair", response_model=TaskView)
-async def repair(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
+@router.post("/tasks/{task_id:path}/repair", response_model=TaskView)
+async def repair(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Reset a stuck task to its last good workflow task (signals and Updates re-applied)."""
     handle = await runtime.repair(task_id, by=who.name)
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.post("/tasks/{task_id}/fork", status_code=201, response_model=TaskCreated)
-async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
+@router.post("/tasks/{task_id:path}/fork", status_code=201, response_model=TaskCreated)
+async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
     """A new task from the state just after event `at_seq`; the original is untouched."""
     await runtime.find(task_id)
     handle = await runtime.fork(
@@ -396,8 +401,8 @@ async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> T
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
 
 
-@router.post("/tasks/{task_id}/cancel", status_code=202, response_model=TaskView)
-async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
+@router.post("/tasks/{task_id:path}/cancel", status_code=202, response_model=TaskView)
+async def cancel(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Request cancellation: the running call is cancelled, a `cancelled` event follows.
     A task that has already ended is a 409 `task_ended`."""
     handle = await runtime.find(task_id)
@@ -405,9 +410,9 @@ async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.get("/tasks/{task_id}/log", response_model=EventLogPage)
+@router.get("/tasks/{task_id:path}/log", response_model=EventLogPage)
 async def event_log(
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Reader,
     since: Annotated[int, Query(ge=0)] = 0,
@@ -420,13 +425,13 @@ async def event_log(
 
 
 @router.get(
-    "/tasks/{task_id}/events",
+    "/tasks/{task_id:path}/events",
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
 async def events(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     runtime: Runtime,
     who: Reader,
     since: Annotated[int | None, Query(ge=0)] = None,
@@ -434,8 +439,18 @@ async def events(
     follow: Annotated[
         bool, Query(description="Go on across the conversation's turns, past each answer.")
     ] = False,
-    # An offset this stream sent: bounded like `since`, so both refuse a negative one alike.
-    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    tree: Annotated[
+        bool,
+        Query(
+            description="Include the sub-agents' items (and theirs), each marked with the "
+            "task it comes from and its path."
+        ),
+    ] = False,
+    # An id this stream sent: an offset (bounded like `since`, so both refuse a negative one
+    # alike) or, on a tree's stream, a cursor.
+    last_event_id: Annotated[
+        str | None, Header(pattern=CURSOR_PATTERN, max_length=CURSOR_CHARS)
+    ] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: `id` is the stream offset, `event` the item's type.
 
@@ -443,16 +458,48 @@ async def events(
     stream ends after the task's terminal event (an answer, a failure, a cancellation); with
     `?follow=true` it goes on across the conversation's turns and ends only when the task
     fails or is cancelled. Comments keep proxies from timing out.
+
+    With `?tree=true` the task's sub-agents' items come too: each `data` is then
+    `{task_id, path, offset, topic, data}` (`path` [] for the task's own items, `offset` the
+    item's offset in its own task's stream), and `id` is a cursor that `Last-Event-ID`
+    resumes in every stream of the tree (the plain offset while no sub-agent is open). The
+    stream still ends with the task's own end; `?since=` counts the task's own offsets.
     """
-    start = last_event_id + 1 if last_event_id is not None else since or 0
+    try:
+        after = parse_cursor(last_event_id) if last_event_id is not None else None
+    except InvalidCursorError as err:
+        raise ApiError(422, "invalid_last_event_id", str(err)) from None
     # Unknown or unreadable (encrypted with a key this side lacks): an error, not a stream.
     await runtime.get(task_id).overview()
     wanted = topics.split(",") if topics else None
 
     async def items() -> AsyncIterator[ServerSentEvent]:
-        async for item in runtime.stream(task_id, since=start, topics=wanted, follow=follow):
+        if tree:
+            cursor = after.text() if after is not None else None
+            async for item in runtime.stream(
+                task_id, since=since or 0, topics=wanted, follow=follow, tree=True, after=cursor
+            ):
+                yield ServerSentEvent(
+                    data=item.model_dump_json(exclude={"cursor"}),
+                    event=item.data.type,
+                    id=item.cursor,
+                )
+            return
+        start = after.root_next if after is not None else since or 0
+        async for plain in runtime.stream(task_id, since=start, topics=wanted, follow=follow):
             yield ServerSentEvent(
-                data=item.data.model_dump_json(), event=item.data.type, id=str(item.offset)
+                data=plain.data.model_dump_json(), event=plain.data.type, id=str(plain.offset)
             )
 
     return EventSourceResponse(items(), ping=request.app.state.sse_ping_seconds)
+
+
+# Last: a task id may hold slashes (a sub-agent's does), so this route would take the paths
+# of the routes above it.
+@router.get("/tasks/{task_id:path}", response_model=TaskView)
+async def get_task(task_id: TaskId, runtime: Runtime, who: Reader) -> TaskView:
+    """The folded state (status, step, pending approvals, result, usage) and the task's
+    tree: its sub-agents, nested, each with its own status, and the task that called it."""
+    handle = await runtime.find(task_id)
+    state = await _state_or_stuck(handle)
+    return TaskView(id=task_id, state=state, tree=await handle.tree(state))
