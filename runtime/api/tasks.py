@@ -16,6 +16,7 @@ from runtime.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, T
 from runtime.api.auth import Approver, Caller, Reader, Runtime
 from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
+from runtime.api.paths import TASK
 from runtime.task_errors import NoWorkerError, TaskStuckError
 from workflows.events import AgentEvent, AgentState, TaskStarted
 from workflows.models import (
@@ -217,7 +218,7 @@ async def list_tasks(
     return TaskPage(tasks=tasks, next_page_token=encoded)
 
 
-@router.get("/tasks/{task_id}", response_model=TaskView)
+@router.get(f"/tasks/{TASK}", response_model=TaskView)
 async def get_task(task_id: str, runtime: Runtime, who: Reader) -> TaskView:
     """The folded state: status, step, pending approvals, result, usage."""
     handle = await runtime.find(task_id)
@@ -274,7 +275,7 @@ async def _decide(
     return result
 
 
-@router.post("/tasks/{task_id}/approve", response_model=ApprovalResult)
+@router.post(f"/tasks/{TASK}/approve", response_model=ApprovalResult)
 async def approve(
     request: Request,
     task_id: str,
@@ -289,7 +290,7 @@ async def approve(
     )
 
 
-@router.post("/tasks/{task_id}/reject", response_model=ApprovalResult)
+@router.post(f"/tasks/{TASK}/reject", response_model=ApprovalResult)
 async def reject(
     request: Request,
     task_id: str,
@@ -304,14 +305,14 @@ async def reject(
     )
 
 
-@router.get("/tasks/{task_id}/messages", response_model=list[Message])
+@router.get(f"/tasks/{TASK}/messages", response_model=list[Message])
 async def queued_messages(task_id: str, runtime: Runtime, who: Reader) -> list[Message]:
     """Messages the task has received and not yet taken (at its next model call)."""
     handle = await runtime.find(task_id)
     return await handle.queued_messages()
 
 
-@router.post("/tasks/{task_id}/messages", status_code=202, response_model=MessageAccepted)
+@router.post(f"/tasks/{TASK}/messages", status_code=202, response_model=MessageAccepted)
 async def send_message(
     task_id: str,
     body: MessageBody,
@@ -346,7 +347,7 @@ async def send_message(
     )
 
 
-@router.post("/tasks/{task_id}/answer", response_model=AnswerResult)
+@router.post(f"/tasks/{TASK}/answer", response_model=AnswerResult)
 async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver) -> AnswerResult:
     """Answer a question the model asked (the `ask_person` tool); the answer, and who gave
     it, is the call's observation. The first answer wins: a later one gets it back. An
@@ -363,7 +364,7 @@ async def answer(task_id: str, body: AnswerBody, runtime: Runtime, who: Approver
     )
 
 
-@router.post("/tasks/{task_id}/resume", response_model=TaskView)
+@router.post(f"/tasks/{TASK}/resume", response_model=TaskView)
 async def resume(
     task_id: str, runtime: Runtime, who: Approver, body: ResumeBody | None = None
 ) -> TaskView:
@@ -375,14 +376,14 @@ async def resume(
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.post("/tasks/{task_id}/repair", response_model=TaskView)
+@router.post(f"/tasks/{TASK}/repair", response_model=TaskView)
 async def repair(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
     """Reset a stuck task to its last good workflow task (signals and Updates re-applied)."""
     handle = await runtime.repair(task_id, by=who.name)
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.post("/tasks/{task_id}/fork", status_code=201, response_model=TaskCreated)
+@router.post(f"/tasks/{TASK}/fork", status_code=201, response_model=TaskCreated)
 async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
     """A new task from the state just after event `at_seq`; the original is untouched."""
     await runtime.find(task_id)
@@ -396,7 +397,7 @@ async def fork(task_id: str, body: ForkBody, runtime: Runtime, who: Reader) -> T
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
 
 
-@router.post("/tasks/{task_id}/cancel", status_code=202, response_model=TaskView)
+@router.post(f"/tasks/{TASK}/cancel", status_code=202, response_model=TaskView)
 async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
     """Request cancellation: the running call is cancelled, a `cancelled` event follows.
     A task that has already ended is a 409 `task_ended`."""
@@ -405,7 +406,7 @@ async def cancel(task_id: str, runtime: Runtime, who: Approver) -> TaskView:
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.get("/tasks/{task_id}/log", response_model=EventLogPage)
+@router.get(f"/tasks/{TASK}/log", response_model=EventLogPage)
 async def event_log(
     task_id: str,
     runtime: Runtime,
@@ -420,7 +421,7 @@ async def event_log(
 
 
 @router.get(
-    "/tasks/{task_id}/events",
+    f"/tasks/{TASK}/events",
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
