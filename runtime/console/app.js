@@ -2,7 +2,7 @@
 
 import { ApiError, api, auth } from "./api.js";
 import { h, replace } from "./dom.js";
-import { InboxFeed, mountInbox } from "./inbox.js";
+import { InboxFeed, mountInbox, waitingCount } from "./inbox.js";
 import { mountNewTask, mountTaskList } from "./tasks.js";
 import { mountTask } from "./task.js";
 
@@ -46,7 +46,7 @@ async function start() {
   feed?.stop();
   feed = new InboxFeed();
   feed.subscribe((inbox) => {
-    const n = inbox.approvals.length;
+    const n = waitingCount(inbox);
     inboxCount.textContent = n ? String(n) : "";
   });
   feed.start();
