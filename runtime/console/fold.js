@@ -25,8 +25,8 @@ export class TaskFold {
     this.pending = new Map();
     this.questions = new Map(); // request id -> the pending question, with its event's seq
     this.answers = new Map(); // request id -> its question_answered event
-    this.children = new Map(); // call id -> {agent, taskId, instruction, step, status}
-    this.instructions = new Map(); // call id -> what a sub-agent call asked
+    this.children = new Map(); // call id -> {agent, taskId, instruction, step, order, status}
+    this.calls = new Map(); // call id -> {task, order}: a sub-agent call, in the order made
     this.result = null;
     this.output = null; // the latest answer's data, with an output schema
     this.resultSeq = null; // the `done` event of the latest answer
@@ -48,16 +48,21 @@ export class TaskFold {
         this.countUsage(e.usage);
         break;
       case "action":
-        if (e.tool.startsWith(AGENT_TOOL_PREFIX) && typeof e.arguments?.task === "string") {
-          this.instructions.set(e.call_id, e.arguments.task);
+        if (e.tool.startsWith(AGENT_TOOL_PREFIX)) {
+          const task = typeof e.arguments?.task === "string" ? e.arguments.task : "";
+          this.calls.set(e.call_id, { task, order: this.calls.size });
         }
         break;
-      case "agent_started":
+      case "agent_started": {
+        // Children start in any order (each once Temporal has started it); the tree lists
+        // them in the order of their calls.
+        const call = this.calls.get(e.call_id);
         this.children.set(e.call_id, {
-          agent: e.agent, taskId: e.child_id, instruction: this.instructions.get(e.call_id) ?? "",
-          step: e.step, status: "running",
+          agent: e.agent, taskId: e.child_id, instruction: call?.task ?? "",
+          step: e.step, order: call?.order ?? this.calls.size, status: "running",
         });
         break;
+      }
       case "observation": {
         this.countUsage(e.usage); // a sub-agent's answer: the tokens its tree used
         const child = this.children.get(e.call_id);

@@ -23,9 +23,9 @@ export class SubAgents {
     this.shown = null;
   }
 
-  /** The children as the parent's events have them (TaskFold.children). */
+  /** The children as the parent's events have them (TaskFold.children), in call order. */
   update(children) {
-    this.children = [...children.values()];
+    this.children = [...children.values()].sort((a, b) => a.step - b.step || a.order - b.order);
     this.render();
     this.schedule(0);
   }
