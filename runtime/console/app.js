@@ -10,7 +10,9 @@ const ROUTES = [
   [/^#\/inbox$/, (main, ctx) => mountInbox(main, ctx)],
   [/^#\/tasks$/, (main, ctx) => mountTaskList(main, ctx)],
   [/^#\/new$/, (main, ctx) => mountNewTask(main, ctx)],
-  [/^#\/tasks\/([^/]+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
+  // A sub-agent's id holds slashes: its address takes them encoded (as the console's links
+  // write them) or as they are (typed, or from another tool).
+  [/^#\/tasks\/(.+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
 ];
 
 // Without WAYSTATION_API_TOKENS nobody signs in: the API listens on localhost only and lets

@@ -125,6 +125,10 @@ async def test_a_parent_page_shows_its_sub_agents_live_and_a_child_page_links_ba
     await chain.locator("a.chain-root").click()
     await expect(page).to_have_url(stack.url + "/" + href(handle.id))
     await expect(page.locator(".sub-agents li.child")).to_have_count(2)
+    # A child's address with its slashes as they are opens its page too.
+    await page.goto(f"{stack.url}/#/tasks/{child_ids[1]}")
+    await expect(page.locator("h1.task-title")).to_have_text(cellar)
+    await expect(page.locator(".task-status")).to_have_text("done")
     assert await page.locator("main img, main script").count() == 0
     assert await page.evaluate("window.__xss") is None
 
