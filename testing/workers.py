@@ -51,6 +51,8 @@ def worker_environment(
         env["WAYSTATION_DATABASE_URL"] = settings.database_url.get_secret_value()
     if settings.tools != [BUILTIN_TOOLS_MODULE]:
         env["WAYSTATION_TOOLS"] = ",".join(settings.tools)
+    if settings.agents:
+        env["WAYSTATION_AGENTS"] = settings.agents
     if settings.openai_base_url:
         env["OPENAI_BASE_URL"] = settings.openai_base_url
     if settings.api_key:

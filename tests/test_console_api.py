@@ -4,11 +4,13 @@ inbox across tasks, tasks with their text, and a task's log with its stream head
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -219,6 +221,89 @@ async def test_a_task_page_starts_from_its_whole_log_and_stream_head(
     ]
     assert timeline["head"] == await runtime.stream_head(handle.id)
     assert (await http.get("/console/api/tasks/nope/timeline")).status_code == 404
+
+
+async def test_requests_inside_a_sub_agent_name_their_chain_and_decide_the_tree(
+    dev_env: WorkflowEnvironment, console_settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    # root -> planner -> shell: the shell agent asks for an approval and a question at once.
+    leaf = fake_openai.script(
+        [
+            tools(
+                ("run_shell", {"command": "echo deep"}),
+                ("ask_person", {"question": "Which host?", "choices": ["web-1", "web-2"]}),
+            ),
+            text("ran on the host"),
+        ]
+    )
+    planner = fake_openai.script(
+        [tools(("agent__shell", {"task": "run it deep"})), text("planned")]
+    )
+    root = fake_openai.script(
+        [tools(("agent__planner", {"task": "plan the run"})), text("all done")]
+    )
+    agents = [
+        {"name": "planner", "description": "plans", "model": {"name": planner}},
+        {"name": "shell", "description": "runs commands", "model": {"name": leaf}},
+    ]
+    settings = console_settings.model_copy(update={"agents": json.dumps(agents)})
+    runtime = AgentRuntime(dev_env.client, settings)
+    api = Api(runtime)
+    async with running_worker(dev_env.client, settings), await api.start() as http:
+        handle = await runtime.run(agent_task(root, "the root task"))
+        async with asyncio.timeout(60):
+            while True:
+                inbox = (await http.get("/approvals")).json()
+                approvals = [i for i in inbox["approvals"] if i["task_id"].startswith(handle.id)]
+                asked = [i for i in inbox["questions"] if i["task_id"].startswith(handle.id)]
+                if approvals and asked:
+                    break
+                await asyncio.sleep(0.05)
+        [approval], [question] = approvals, asked
+        planner_id = f"{handle.id}/1/call_1_0"  # ids derive from the parent's, step and call
+        expected = {
+            "root_id": handle.id,
+            "root_task": "the root task",
+            "parent_id": planner_id,
+            "parent_task": "planner: plan the run",
+            "path": ["planner", "shell"],
+        }
+        assert approval["chain"] == expected and question["chain"] == expected
+        assert approval["task"] == "shell: run it deep"
+        assert question["task_id"] == approval["task_id"]
+        # A sub-agent's id holds slashes: every task route takes it, as it is or encoded.
+        leaf_id = approval["task_id"]
+        assert leaf_id == f"{planner_id}/1/call_1_0"
+        for path in (leaf_id, quote(leaf_id, safe="")):
+            assert (await http.get(f"/tasks/{path}")).json()["id"] == leaf_id
+            log = (await http.get(f"/tasks/{path}/log")).json()["events"]
+            assert log[0]["task_id"] == leaf_id
+            timeline = await http.get(f"/console/api/tasks/{path}/timeline")
+            assert timeline.json()["events"][0]["task_id"] == leaf_id
+        assert (await http.get(f"/tasks/{handle.id}/nope")).status_code == 404
+        # Decided from the inbox's items, the tree finishes.
+        decided = await http.post(
+            f"/tasks/{leaf_id}/approve", json={"request_id": approval["request_id"]}
+        )
+        assert decided.status_code == 200
+        answered = await http.post(
+            f"/tasks/{leaf_id}/answer",
+            json={"request_id": question["request_id"], "answer": "web-2"},
+        )
+        assert answered.json()["answerer"] == "ada"
+        assert (await asyncio.wait_for(handle.result(), 60)).result == "all done"
+        # A task of its own names no chain.
+        alone_model = fake_openai.script([tools(("run_shell", {"command": "true"}))])
+        alone = await runtime.run(agent_task(alone_model, "on its own"))
+        await pending_requests(alone)
+        [mine] = [
+            i
+            for i in (await http.get("/approvals")).json()["approvals"]
+            if i["task_id"] == alone.id
+        ]
+        assert mine["chain"] is None
+        await alone.cancel()
+    await api.stop()
 
 
 async def _mine(http: httpx.AsyncClient, task_ids: set[str], count: int) -> list[dict[str, Any]]:

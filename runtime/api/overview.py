@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from runtime.agent_runtime import QUERY_TIMEOUT, AgentRuntime, TaskSummary
 from runtime.api.auth import Reader, Runtime, settings_of
 from runtime.api.paging import decode_page_token, encode_page_token
+from runtime.api.paths import TASK
 from runtime.api.tasks import TaskId
 from workflows.events import AgentEvent
 from workflows.models import AgentTask, ApprovalRule
@@ -21,7 +22,9 @@ from workflows.models import AgentTask, ApprovalRule
 router = APIRouter(tags=["console"])
 
 # `stuck` is the lead's status for a task whose workflow task keeps failing.
-StatusFilter = Literal["running", "waiting_approval", "done", "failed", "cancelled", "stuck"]
+StatusFilter = Literal[
+    "running", "waiting_approval", "waiting_input", "done", "failed", "cancelled", "stuck"
+]
 STATUSES: list[str] = list(StatusFilter.__args__)  # type: ignore[attr-defined]
 TEXTS_KEPT = 10_000  # task texts remembered per process (a task's text never changes)
 SCANNED_PER_SEARCH = 500  # tasks read for one page of search results, at most
@@ -170,7 +173,7 @@ async def listed_tasks(
     return ListedTaskPage(tasks=found, next_page_token=encoded, scanned=scanned)
 
 
-@router.get("/console/api/tasks/{task_id:path}/timeline", response_model=Timeline)
+@router.get(f"/console/api/tasks/{TASK}/timeline", response_model=Timeline)
 async def timeline(task_id: TaskId, runtime: Runtime, who: Reader) -> Timeline:
     """Everything a task page starts from, in one round: the log (across runs) and the
     stream's head, read concurrently (a finished task answers each by a replay)."""

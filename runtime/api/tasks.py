@@ -16,6 +16,7 @@ from runtime.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, T
 from runtime.api.auth import Approver, Caller, Reader, Runtime
 from runtime.api.errors import ApiError
 from runtime.api.paging import decode_page_token, encode_page_token
+from runtime.api.paths import TASK
 from runtime.task_errors import NoWorkerError, TaskStuckError
 from runtime.task_tree import TaskTree
 from runtime.tree_stream import CURSOR_CHARS, CURSOR_PATTERN, InvalidCursorError, parse_cursor
@@ -277,7 +278,7 @@ async def _decide(
     return result
 
 
-@router.post("/tasks/{task_id:path}/approve", response_model=ApprovalResult)
+@router.post(f"/tasks/{TASK}/approve", response_model=ApprovalResult)
 async def approve(
     request: Request,
     task_id: TaskId,
@@ -292,7 +293,7 @@ async def approve(
     )
 
 
-@router.post("/tasks/{task_id:path}/reject", response_model=ApprovalResult)
+@router.post(f"/tasks/{TASK}/reject", response_model=ApprovalResult)
 async def reject(
     request: Request,
     task_id: TaskId,
@@ -307,14 +308,14 @@ async def reject(
     )
 
 
-@router.get("/tasks/{task_id:path}/messages", response_model=list[Message])
+@router.get(f"/tasks/{TASK}/messages", response_model=list[Message])
 async def queued_messages(task_id: str, runtime: Runtime, who: Reader) -> list[Message]:
     """Messages the task has received and not yet taken (at its next model call)."""
     handle = await runtime.find(task_id)
     return await handle.queued_messages()
 
 
-@router.post("/tasks/{task_id:path}/messages", status_code=202, response_model=MessageAccepted)
+@router.post(f"/tasks/{TASK}/messages", status_code=202, response_model=MessageAccepted)
 async def send_message(
     task_id: TaskId,
     body: MessageBody,
@@ -349,7 +350,7 @@ async def send_message(
     )
 
 
-@router.post("/tasks/{task_id:path}/answer", response_model=AnswerResult)
+@router.post(f"/tasks/{TASK}/answer", response_model=AnswerResult)
 async def answer(
     task_id: TaskId, body: AnswerBody, runtime: Runtime, who: Approver
 ) -> AnswerResult:
@@ -368,7 +369,7 @@ async def answer(
     )
 
 
-@router.post("/tasks/{task_id:path}/resume", response_model=TaskView)
+@router.post(f"/tasks/{TASK}/resume", response_model=TaskView)
 async def resume(
     task_id: TaskId, runtime: Runtime, who: Approver, body: ResumeBody | None = None
 ) -> TaskView:
@@ -380,14 +381,14 @@ async def resume(
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.post("/tasks/{task_id:path}/repair", response_model=TaskView)
+@router.post(f"/tasks/{TASK}/repair", response_model=TaskView)
 async def repair(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Reset a stuck task to its last good workflow task (signals and Updates re-applied)."""
     handle = await runtime.repair(task_id, by=who.name)
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.post("/tasks/{task_id:path}/fork", status_code=201, response_model=TaskCreated)
+@router.post(f"/tasks/{TASK}/fork", status_code=201, response_model=TaskCreated)
 async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
     """A new task from the state just after event `at_seq`; the original is untouched."""
     await runtime.find(task_id)
@@ -401,7 +402,7 @@ async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
 
 
-@router.post("/tasks/{task_id:path}/cancel", status_code=202, response_model=TaskView)
+@router.post(f"/tasks/{TASK}/cancel", status_code=202, response_model=TaskView)
 async def cancel(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Request cancellation: the running call is cancelled, a `cancelled` event follows.
     A task that has already ended is a 409 `task_ended`."""
@@ -410,7 +411,7 @@ async def cancel(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
     return TaskView(id=task_id, state=await handle.state())
 
 
-@router.get("/tasks/{task_id:path}/log", response_model=EventLogPage)
+@router.get(f"/tasks/{TASK}/log", response_model=EventLogPage)
 async def event_log(
     task_id: TaskId,
     runtime: Runtime,
@@ -425,7 +426,7 @@ async def event_log(
 
 
 @router.get(
-    "/tasks/{task_id:path}/events",
+    f"/tasks/{TASK}/events",
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
@@ -494,9 +495,7 @@ async def events(
     return EventSourceResponse(items(), ping=request.app.state.sse_ping_seconds)
 
 
-# Last: a task id may hold slashes (a sub-agent's does), so this route would take the paths
-# of the routes above it.
-@router.get("/tasks/{task_id:path}", response_model=TaskView)
+@router.get(f"/tasks/{TASK}", response_model=TaskView)
 async def get_task(task_id: TaskId, runtime: Runtime, who: Reader) -> TaskView:
     """The folded state (status, step, pending approvals, result, usage) and the task's
     tree: its sub-agents, nested, each with its own status, and the task that called it."""

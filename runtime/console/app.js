@@ -2,7 +2,7 @@
 
 import { ApiError, api, auth } from "./api.js";
 import { h, replace } from "./dom.js";
-import { InboxFeed, mountInbox } from "./inbox.js";
+import { InboxFeed, mountInbox, waitingCount } from "./inbox.js";
 import { mountNewTask, mountTaskList } from "./tasks.js";
 import { mountTask } from "./task.js";
 
@@ -10,7 +10,9 @@ const ROUTES = [
   [/^#\/inbox$/, (main, ctx) => mountInbox(main, ctx)],
   [/^#\/tasks$/, (main, ctx) => mountTaskList(main, ctx)],
   [/^#\/new$/, (main, ctx) => mountNewTask(main, ctx)],
-  [/^#\/tasks\/([^/]+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
+  // A sub-agent's id holds slashes: its address takes them encoded (as the console's links
+  // write them) or as they are (typed, or from another tool).
+  [/^#\/tasks\/(.+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
 ];
 
 // Without WAYSTATION_API_TOKENS nobody signs in: the API listens on localhost only and lets
@@ -46,7 +48,7 @@ async function start() {
   feed?.stop();
   feed = new InboxFeed();
   feed.subscribe((inbox) => {
-    const n = inbox.approvals.length;
+    const n = waitingCount(inbox);
     inboxCount.textContent = n ? String(n) : "";
   });
   feed.start();

@@ -2,7 +2,8 @@
 // approver) approve, reject with a message, or edit the arguments and approve.
 
 import { ApiError, api, idempotencyKey, seg } from "./api.js";
-import { h, moment, pretty, replace, since } from "./dom.js";
+import { cardHead, taskLines } from "./card.js";
+import { h, pretty, replace } from "./dom.js";
 
 const VERBS = { approve: "approved", reject: "rejected", timeout: "timed out" };
 
@@ -37,13 +38,13 @@ export async function lookUpOutcome(taskId, requestId) {
 
 /**
  * A card for `item` ({task_id, task, request_id, tool, arguments, reason, model_reason,
- * requested_at, step}). `onDecided(item, text, outcome)` is called once it is decided,
+ * requested_at, step, chain}). `onDecided(item, text, outcome)` is called once it is decided,
  * here or elsewhere. Returns {element, approve(), reject(), edit(), refreshAge(), gone()}.
  */
 export function approvalCard(item, { me, canDecide, showTask = true, onDecided = () => {} }) {
   const outcomeLine = h("p", { class: "outcome", role: "status" });
   const formSlot = h("div", { class: "form-slot" });
-  const age = h("span", { class: "age" }, since(item.requested_at));
+  const head = cardHead(h("span", { class: "tool" }, item.tool), item);
   let decided = false;
   let busy = false;
 
@@ -68,14 +69,8 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
       dataset: { taskId: item.task_id, requestId: item.request_id },
       "aria-label": `${item.tool} on task ${item.task || item.task_id}`,
     },
-    h("header", {},
-      h("h3", {}, h("span", { class: "tool" }, item.tool), h("span", { class: "muted request-id" }, item.request_id)),
-      h("p", { class: "waiting" }, "waiting ", age,
-        h("span", { class: "waiting-detail" }, " · since ", moment(item.requested_at), ` · step ${item.step}`))),
-    showTask
-      ? h("p", { class: "task-line" }, "Task ",
-          h("a", { href: `#/tasks/${seg(item.task_id)}`, class: "task-link" }, item.task || item.task_id))
-      : null,
+    head.header,
+    showTask ? taskLines(item) : null,
     item.reason ? h("p", { class: "reason" }, h("strong", {}, "Policy: "), item.reason) : null,
     item.model_reason ? h("blockquote", { class: "model-reason" }, h("strong", {}, "Model: "), item.model_reason) : null,
     h("pre", { class: "arguments", "aria-label": "arguments" }, pretty(item.arguments)),
@@ -225,6 +220,7 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
     edit,
     gone,
     get decided() { return decided; },
-    refreshAge() { age.textContent = since(item.requested_at); },
+    kind: "approval",
+    refreshAge: head.refreshAge,
   };
 }

@@ -15,6 +15,7 @@ const WHAT_SENDING_DOES = {
   pending: "Steers the task: the model reads your message at its next call.",
   running: "Steers the task: the model reads your message at its next call, after the current step's tool calls.",
   waiting_approval: "The task waits for an approval: your message is kept, and the model reads it after the decision.",
+  waiting_input: "The task waits for an answer to its question (answer it above): your message is kept, and the model reads it after the answer.",
   done: "Follows up: the same task goes on, with the whole conversation so far.",
 };
 // Why nothing can be sent, and which way goes on.
@@ -34,6 +35,7 @@ function queuedNote(message, status) {
   if (status === "cancelled") return "not taken: the task was cancelled before reading it";
   if (message.followUp || status === "done") return "queued: it starts the next turn once the task takes it";
   if (status === "waiting_approval") return "queued: kept until the approval is decided";
+  if (status === "waiting_input") return "queued: kept until the question is answered";
   return message.interrupt
     ? "queued: interrupting the model call in flight"
     : "queued: the model reads it at its next call";

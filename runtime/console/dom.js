@@ -65,7 +65,12 @@ export function moment(iso) {
 
 /** "4 s", "3 min", "2 h 5 min", "3 d 4 h": how long ago `iso` was. */
 export function since(iso, now = Date.now()) {
-  const seconds = Math.max(0, Math.round((now - new Date(iso).getTime()) / 1000));
+  return duration((now - new Date(iso).getTime()) / 1000);
+}
+
+/** "4 s", "3 min", "2 h 5 min", "3 d 4 h": a span of `seconds`. */
+export function duration(seconds) {
+  seconds = Math.max(0, Math.round(seconds));
   if (seconds < 60) return `${seconds} s`;
   const minutes = Math.floor(seconds / 60);
   if (minutes < 60) return `${minutes} min`;

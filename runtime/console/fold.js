@@ -1,5 +1,15 @@
 // The events of a task folded into what its page shows: status, step, turn, usage, limits,
-// pending approvals and the outcome (what `fold` in workflows/events.py keeps of them).
+// pending approvals and questions, sub-agents, and the outcome (what `fold` in
+// workflows/events.py keeps of them).
+
+const AGENT_TOOL_PREFIX = "agent__"; // a sub-agent's tool name (workflows/models.py)
+
+/** Whom a running task waits for: an approver first, then whoever answers questions
+ * (workflows/events.py `waiting_status`). */
+function waitingStatus(approvals, questions) {
+  if (approvals.size) return "waiting_approval";
+  return questions.size ? "waiting_input" : "running";
+}
 
 /** The client-side fold of the events: what the header and controls show. */
 export class TaskFold {
@@ -13,7 +23,12 @@ export class TaskFold {
     this.maxSteps = null;
     this.tokenBudget = null;
     this.pending = new Map();
+    this.questions = new Map(); // request id -> the pending question, with its event's seq
+    this.answers = new Map(); // request id -> its question_answered event
+    this.children = new Map(); // call id -> {agent, taskId, instruction, step, order, status}
+    this.calls = new Map(); // call id -> {task, order}: a sub-agent call, in the order made
     this.result = null;
+    this.output = null; // the latest answer's data, with an output schema
     this.resultSeq = null; // the `done` event of the latest answer
     this.failure = null;
     this.failureKind = null;
@@ -30,26 +45,56 @@ export class TaskFold {
         break;
       case "thought":
       case "context_compacted":
-        this.usage.input += e.usage?.input_tokens ?? 0;
-        this.usage.output += e.usage?.output_tokens ?? 0;
+        this.countUsage(e.usage);
         break;
+      case "action":
+        if (e.tool.startsWith(AGENT_TOOL_PREFIX)) {
+          const task = typeof e.arguments?.task === "string" ? e.arguments.task : "";
+          this.calls.set(e.call_id, { task, order: this.calls.size });
+        }
+        break;
+      case "agent_started": {
+        // Children start in any order (each once Temporal has started it); the tree lists
+        // them in the order of their calls.
+        const call = this.calls.get(e.call_id);
+        this.children.set(e.call_id, {
+          agent: e.agent, taskId: e.child_id, instruction: call?.task ?? "",
+          step: e.step, order: call?.order ?? this.calls.size, status: "running",
+        });
+        break;
+      }
+      case "observation": {
+        this.countUsage(e.usage); // a sub-agent's answer: the tokens its tree used
+        const child = this.children.get(e.call_id);
+        if (child && e.agent_status) child.status = e.agent_status;
+        break;
+      }
       case "approval_requested":
         this.pending.set(e.request_id, { ...e, requested_at: e.at });
-        this.status = "waiting_approval";
+        this.status = waitingStatus(this.pending, this.questions);
         break;
       case "approval_resolved":
         this.pending.delete(e.request_id);
-        this.status = this.pending.size ? "waiting_approval" : "running";
+        this.status = waitingStatus(this.pending, this.questions);
+        break;
+      case "question_asked":
+        this.questions.set(e.request_id, { ...e, requested_at: e.at });
+        this.status = waitingStatus(this.pending, this.questions);
+        break;
+      case "question_answered":
+        this.questions.delete(e.request_id);
+        this.answers.set(e.request_id, e);
+        this.status = waitingStatus(this.pending, this.questions);
         break;
       case "resumed":
         this.status = "running";
-        this.failure = this.failureKind = this.result = this.resultSeq = null;
+        this.failure = this.failureKind = this.result = this.resultSeq = this.output = null;
         this.maxSteps = e.max_steps ?? this.maxSteps;
         this.tokenBudget = e.token_budget ?? this.tokenBudget;
         break;
       case "user_message":
         this.status = "running";
-        this.result = this.resultSeq = null;
+        this.result = this.resultSeq = this.output = null;
         if (e.turn > this.turn) {
           this.turn = e.turn;
           this.turnFirstStep = this.step;
@@ -60,6 +105,7 @@ export class TaskFold {
         this.status = "done";
         this.result = e.result;
         this.resultSeq = e.seq;
+        this.output = e.output ?? null;
         break;
       case "failed":
         this.status = "failed";
@@ -69,9 +115,21 @@ export class TaskFold {
       case "cancelled":
         this.status = "cancelled";
         this.pending.clear();
+        this.questions.clear();
         this.failure = e.reason;
         break;
       default:
     }
+  }
+
+  countUsage(usage) {
+    this.usage.input += usage?.input_tokens ?? 0;
+    this.usage.output += usage?.output_tokens ?? 0;
+  }
+
+  /** The deadline of a pending question, from the task's question timeout. */
+  deadline(question) {
+    const seconds = this.task?.questions?.timeout_seconds;
+    return seconds ? new Date(Date.parse(question.at) + seconds * 1000).toISOString() : null;
   }
 }

@@ -1,16 +1,22 @@
-// A task's page: its state, the conversation turn by turn (what people said, the answers,
-// each turn's work under it), the live stream (tokens as they come, then each event), the
-// message box, the controls (cancel, resume with raised limits, fork from any event) and
-// its approvals. The stream is followed across turns: a follow-up from anywhere shows up.
+// A task's page: its state, the conversation turn by turn (what people said, the questions
+// the agent asked them, the answers, each turn's work under it), the live stream (tokens as
+// they come, then each event), the message box, the controls (cancel, resume with raised
+// limits, fork from any event), its approvals, its sub-agents, and for a sub-agent the
+// chain back to its parent. The stream is followed across turns: a follow-up from anywhere
+// shows up.
 
 import { ApiError, api, seg } from "./api.js";
 import { approvalCard } from "./approval.js";
+import { chainLine, chainOfTask } from "./chain.js";
 import { MessageBox } from "./composer.js";
+import { textIsData } from "./data.js";
 import { count, h, moment, replace, statusBadge } from "./dom.js";
 import { TaskFold } from "./fold.js";
 import { LiveSteps } from "./live.js";
+import { questionCard } from "./question.js";
 import { TERMINAL, followStream } from "./stream.js";
 import { eventRow } from "./timeline.js";
+import { SubAgents } from "./tree.js";
 import { Conversation } from "./turns.js";
 
 const LOG_PAGE = 1000;
@@ -49,6 +55,8 @@ class TaskPage {
   reset() {
     this.follower?.stop();
     this.follower = null;
+    this.tree?.stop();
+    this.tree = new SubAgents();
     this.streamToken = null;
     this.followerState = null;
     this.events = [];
@@ -68,6 +76,8 @@ class TaskPage {
     });
     this.rerender = new Set(); // seqs of rows to draw again (void text came late, an answer came)
     this.cards = new Map(); // request id -> approval card
+    this.questionCards = new Map(); // request id -> the answer box of a pending question
+    this.chainShown = false;
     this.firstShown = 0;
     this.catchingUp = null;
     this.headQueued = false;
@@ -79,6 +89,7 @@ class TaskPage {
   stop() {
     this.stopped = true;
     this.follower?.stop();
+    this.tree?.stop();
   }
 
   async load() {
@@ -119,7 +130,8 @@ class TaskPage {
     this.streamState = h("span", { class: "stream-state", role: "status", "aria-live": "polite" });
     this.controls = h("div", { class: "controls" });
     this.outcome = h("div", { class: "task-outcome" });
-    this.pendingList = h("div", { class: "pending-list", "aria-label": "Pending approvals of this task" });
+    this.chain = h("div", { class: "task-chain" });
+    this.pendingList = h("div", { class: "pending-list", "aria-label": "Pending requests of this task" });
     this.earlier = h("button", { type: "button", class: "earlier", onclick: () => this.showEarlier() });
     this.notice = h("p", { class: "error", role: "alert" });
     replace(
@@ -127,11 +139,13 @@ class TaskPage {
       h("header", { class: "task-head" },
         this.title,
         h("p", { class: "muted ids" }, h("span", { class: "task-id" }, this.taskId), " · stream ", this.streamState),
+        this.chain,
         this.figures),
       this.notice,
       this.outcome, // a failure's reason first, then what can be done about it
       this.controls,
       this.pendingList,
+      this.tree.element,
       h("h2", {}, "Conversation"),
       this.earlier,
       this.conversation.element,
@@ -149,18 +163,22 @@ class TaskPage {
     const row = eventRow(event, {
       streamed: event.type === "thought" ? this.live.streamed(event.step) : null,
       answerBelow: this.isAnswer(event),
+      questionTimeout: this.fold.task?.questions?.timeout_seconds,
       onFork: (e, slot) => this.openFork(e, slot),
     });
     row.dataset.turn = String(this.turnAt[event.seq]);
     return row;
   }
 
-  /** Whether `event` is a thought whose text its turn's answer, the next event, repeats:
-   * the answer is shown once in full, in the answer's row, and the thought refers to it. */
+  /** Whether `event` is a thought whose text its turn's answer, the next event, repeats
+   * (as text, or as the JSON of its data): the answer is shown once in full, in the
+   * answer's row, and the thought refers to it. */
   isAnswer(event) {
     if (event?.type !== "thought") return false;
     const next = this.events[event.seq + 1];
-    return next?.type === "done" && next.result === event.content;
+    if (next?.type !== "done") return false;
+    if (next.result === event.content) return true;
+    return next.output !== null && next.output !== undefined && Boolean(event.content) && textIsData(event.content, next.output);
   }
 
   /** Bring the latest answer into view and focus. */
@@ -303,12 +321,22 @@ class TaskPage {
         (f.tokenBudget ? ` of ${count(f.tokenBudget)}` : ""))),
       h("div", {}, h("dt", {}, "Events"), h("dd", { class: "task-events" }, count(this.events.length))),
       h("div", {}, h("dt", {}, "Started"), h("dd", {}, moment(this.events[0]?.at))));
+    this.renderChain();
     this.renderControls();
     this.renderOutcome();
     this.renderPending();
+    this.renderQuestions();
+    this.tree.update(f.children);
     this.refreshEarlier();
     this.renderStreamState();
     this.box.update(f.status);
+  }
+
+  /** A sub-agent's page names its tree, linking back to its parent (`task.parent`). */
+  renderChain() {
+    if (this.chainShown || !this.fold.task) return;
+    this.chainShown = true;
+    replace(this.chain, chainLine(chainOfTask(this.fold.task)));
   }
 
   renderControls() {
@@ -440,6 +468,30 @@ class TaskPage {
       });
       this.cards.set(requestId, card);
       this.pendingList.append(card.element);
+    }
+  }
+
+  /** Each pending question's answer box, under the question in the conversation (or with
+   * the approvals, when its row is not drawn); gone once it is answered or timed out. */
+  renderQuestions() {
+    const asked = this.fold.questions;
+    for (const [requestId, card] of this.questionCards) {
+      if (asked.has(requestId)) continue;
+      card.element.remove();
+      this.questionCards.delete(requestId);
+    }
+    for (const [requestId, question] of asked) {
+      let card = this.questionCards.get(requestId);
+      if (card) card.refreshAge();
+      else {
+        card = questionCard({ ...question, task_id: this.taskId }, {
+          me: this.session.name, canAnswer: this.canDecide, showTask: false, showQuestion: false,
+          deadline: this.fold.deadline(question),
+        });
+        this.questionCards.set(requestId, card);
+      }
+      const home = this.conversation.row(question.seq)?.querySelector(".question-slot") ?? this.pendingList;
+      if (card.element.parentElement !== home) home.append(card.element);
     }
   }
 

@@ -1,10 +1,13 @@
 // The rows of a task's timeline: one per event, each rendered from the event's data as
 // text. Long outputs fold; void text (of a retried attempt, or of a model call a message
 // interrupted) is shown struck through; a turn's answer is shown in full once, in its own
-// row, and the thought that gave it refers to it. What a person said and the answers read
-// as a chat; the rest is the turn's work (see turns.js).
+// row (as data when the task has an output schema), and the thought that gave it refers to
+// it. What a person said, the questions the agent asked them and the answers read as a
+// chat; the rest is the turn's work (see turns.js).
 
-import { h, moment, pretty } from "./dom.js";
+import { taskHref } from "./chain.js";
+import { dataView } from "./data.js";
+import { duration, h, moment, pretty } from "./dom.js";
 
 const FOLD_AT = 2000; // characters of an output shown before "show all"
 
@@ -15,6 +18,11 @@ const TITLES = {
   observation: "Observation",
   approval_requested: "Approval requested",
   approval_resolved: "Approval resolved",
+  agent_started: "Sub-agent started",
+  question_asked: "Question",
+  question_answered: "Answer to the question",
+  output_rejected: "Answer refused",
+  repaired: "Repaired",
   error: "Error",
   resumed: "Resumed",
   user_message: "Message",
@@ -50,6 +58,8 @@ function usageLine(usage) {
 const ROLES = {
   task_started: "said",
   user_message: "said",
+  question_asked: "asks",
+  question_answered: "said",
   done: "answer",
   resumed: "ending",
   failed: "ending",
@@ -122,8 +132,32 @@ const BODIES = {
     argumentsBlock(e.arguments, e.raw_arguments),
   ],
   observation: (e) => [
-    h("p", {}, h("span", { class: "tool" }, e.tool), e.is_error ? h("span", { class: "badge status-failed" }, "error") : null),
+    h("p", {}, h("span", { class: "tool" }, e.tool), e.is_error ? h("span", { class: "badge status-failed" }, "error") : null,
+      e.agent_status ? h("span", { class: `badge status-${e.agent_status}` }, `sub-agent ${e.agent_status}`) : null),
     longText(e.output, "code output"),
+  ],
+  agent_started: (e) => [
+    h("p", {}, "The sub-agent ", h("span", { class: "agent-name" }, e.agent), " works on its own task: ",
+      h("a", { href: taskHref(e.child_id), class: "child-link" }, e.child_id)),
+  ],
+  question_asked: (e) => [
+    h("p", { class: "question-text text" }, e.question),
+    e.details ? h("p", { class: "details text muted" }, e.details) : null,
+    e.choices?.length
+      ? h("ul", { class: "choices-list", "aria-label": "Choices" }, e.choices.map((choice) => h("li", { class: "text" }, choice)))
+      : null,
+    h("div", { class: "question-slot" }), // the answer box while it waits (task.js places it)
+  ],
+  question_answered: (e, { questionTimeout }) => e.timed_out
+    ? [h("p", { class: "text" }, `Nobody answered${questionTimeout ? ` within ${duration(questionTimeout)}` : " in time"}: the model decides without the answer.`)]
+    : [h("p", { class: "answer-given text" }, e.answer ?? ""),
+       h("p", { class: "muted" }, `to question ${e.request_id} · via ${e.via}`)],
+  output_rejected: (e) => [
+    h("p", { class: "text" }, h("strong", {}, "It did not fit the output schema: "), e.problem),
+    h("p", { class: "muted" }, "The model was told why and asked again."),
+  ],
+  repaired: (e) => [
+    h("p", { class: "text" }, `${e.problem} · reset to history event ${e.reset_to_event} by ${e.by}`),
   ],
   approval_requested: (e) => [
     h("p", {}, h("span", { class: "tool" }, e.tool), h("span", { class: "muted" }, ` request ${e.request_id}`)),
@@ -155,7 +189,9 @@ const BODIES = {
     h("p", { class: "muted" }, `messages ${e.start}–${e.end - 1} replaced by a summary`),
     longText(e.summary, "code output"),
   ],
-  done: (e) => [h("div", { class: "answer-text text" }, e.result)],
+  done: (e) => [e.output !== null && e.output !== undefined
+    ? h("div", { class: "answer-data" }, dataView(e.output))
+    : h("div", { class: "answer-text text" }, e.result)],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
   cancelled: (e) => [h("p", { class: "text" }, e.reason)],
 };
@@ -171,8 +207,13 @@ function messageNotes(e) {
   ].filter(Boolean).join(" · ");
 }
 
-/** Who said it: the sender of a message (a Python or Temporal client may name nobody). */
+/** Who said it: the sender of a message (a Python or Temporal client may name nobody), or
+ * the person who answered a question. */
 function speaker(event) {
+  if (event.type === "question_answered") {
+    if (event.timed_out) return null;
+    return event.answerer ? h("span", { class: "sender" }, `from ${event.answerer}`) : h("span", { class: "sender muted" }, "no answerer named");
+  }
   if (event.type !== "user_message") return null;
   if (event.sender) return h("span", { class: "sender" }, `from ${event.sender}`);
   return VIA[event.via] ? null : h("span", { class: "sender muted" }, "no sender named");
@@ -181,12 +222,13 @@ function speaker(event) {
 /**
  * One timeline row for `event`. `streamed`: what a thought's step streamed ({retracted,
  * final, differs, cuts}); `answerBelow`: the thought's text is its turn's answer, shown in
- * full in the next row; `onFork(event, slot)` opens the fork form.
+ * full in the next row; `questionTimeout`: how long a question waits (seconds), for a
+ * timeout's row; `onFork(event, slot)` opens the fork form.
  */
-export function eventRow(event, { streamed, answerBelow, onFork }) {
+export function eventRow(event, { streamed, answerBelow, questionTimeout, onFork }) {
   const slot = h("div", { class: "fork-slot" });
   const render = BODIES[event.type] ?? ((e) => [h("pre", { class: "code" }, pretty(e))]);
-  const body = render(event, { streamed, answerBelow });
+  const body = render(event, { streamed, answerBelow, questionTimeout });
   const role = ROLES[event.type] ?? "work";
   const row = h(
     "li",

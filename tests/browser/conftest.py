@@ -90,7 +90,7 @@ async def clean_slate(stack: ConsoleStack) -> AsyncIterator[None]:
     """Each test starts with nothing running or waiting: the inbox is its own."""
     yield
     left: list[str] = []
-    for status in ("running", "waiting_approval"):
+    for status in ("running", "waiting_approval", "waiting_input"):
         tasks, _ = await stack.runtime.list_tasks(status, 200)
         left += [task.id for task in tasks]
     await asyncio.gather(*(cancelled(stack.runtime, task_id) for task_id in left))

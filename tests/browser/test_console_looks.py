@@ -21,43 +21,23 @@ from playwright.async_api import Page, Route, expect
 from runtime.agent_runtime import TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole, sign_in
-from tests.browser.pages import answer, card, decided, said, start
+from tests.browser.pages import (
+    answer,
+    assert_fits,
+    card,
+    decided,
+    long_word,
+    readable,
+    said,
+    start,
+)
 from tests.browser.stack import ALICE, ApiProcess, ConsoleStack, free_port
 from tests.helpers import pending_requests
-
-
-def long_word(label: str) -> str:
-    """3,000-odd characters without a break opportunity: a URL, a hash, base64."""
-    return f"https://example.com/{label}/" + "Zm9vYmFyYmF6" * 250
 
 
 async def finished(handle: TaskHandle) -> None:
     async with asyncio.timeout(60):
         await handle.result()
-
-
-# Code blocks (tool output) keep their lines and may scroll sideways inside themselves, and a
-# one-line preview may end in an ellipsis; nothing else may be wider than its box.
-CODE_BLOCKS = "pre.code"
-MEASURE_WIDTHS = """(codeBlocks) => {
-  const root = document.documentElement;
-  const wide = [];
-  for (const element of document.querySelectorAll("body *")) {
-    if (element.closest(codeBlocks) || element.clientWidth === 0) continue;
-    if (getComputedStyle(element).textOverflow === "ellipsis") continue;
-    if (element.scrollWidth > element.clientWidth + 1) {
-      const name = `${element.tagName.toLowerCase()}.${element.className}`;
-      wide.push(`${name}: ${element.scrollWidth} px in ${element.clientWidth} px`);
-    }
-  }
-  return { page: root.scrollWidth, window: root.clientWidth, wide };
-}"""
-
-
-async def assert_fits(page: Page, where: str) -> None:
-    widths = await page.evaluate(MEASURE_WIDTHS, CODE_BLOCKS)
-    assert widths["page"] <= widths["window"], f"{where}: {widths}"
-    assert widths["wide"] == [], f"{where}: {widths}"
 
 
 async def test_long_unbroken_words_never_widen_a_page(
@@ -163,72 +143,6 @@ async def test_the_inbox_says_it_is_reading_until_its_first_answer(
     await expect(card(page, handle.id)).to_be_visible()
     await expect(page.locator(".inbox-list")).to_have_attribute("aria-busy", "false")
     await expect(page.locator("#inbox-count")).to_have_text("1")
-
-
-# The text of every visible element that holds text, with its colour and the background it
-# is drawn on (semi-transparent layers and opacity composed), and the WCAG contrast ratio.
-CONTRAST = """() => {
-  const parse = (value) => {
-    const [r, g, b, a = 1] = value.match(/[\\d.]+/g).map(Number);
-    return { r, g, b, a };
-  };
-  const over = (top, bottom) => ({
-    r: top.r * top.a + bottom.r * (1 - top.a),
-    g: top.g * top.a + bottom.g * (1 - top.a),
-    b: top.b * top.a + bottom.b * (1 - top.a),
-    a: 1,
-  });
-  const luminance = ({ r, g, b }) => {
-    const linear = (c) =>
-      c / 255 <= 0.03928 ? c / 255 / 12.92 : ((c / 255 + 0.055) / 1.055) ** 2.4;
-    return 0.2126 * linear(r) + 0.7152 * linear(g) + 0.0722 * linear(b);
-  };
-  const backdrop = (element) => {
-    const layers = [];
-    for (let at = element; at; at = at.parentElement) {
-      const colour = parse(getComputedStyle(at).backgroundColor);
-      if (colour.a > 0) layers.push(colour);
-      if (colour.a >= 1) break;
-    }
-    const white = { r: 255, g: 255, b: 255, a: 1 };
-    return layers.reverse().reduce((below, layer) => over(layer, below), white);
-  };
-  const found = [];
-  for (const element of document.querySelectorAll("body *")) {
-    const own = [...element.childNodes]
-      .some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim());
-    if (!own || !element.getClientRects().length || element.closest("button:disabled")) continue;
-    const style = getComputedStyle(element);
-    if (style.visibility === "hidden") continue;
-    let opacity = 1;
-    for (let at = element; at; at = at.parentElement) {
-      opacity *= Number(getComputedStyle(at).opacity);
-    }
-    const background = backdrop(element);
-    const colour = parse(style.color);
-    const ink = over({ ...colour, a: colour.a * opacity }, background);
-    const [light, dark] = [luminance(ink), luminance(background)].sort((x, y) => y - x);
-    const size = parseFloat(style.fontSize);
-    const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
-    found.push({
-      text: element.textContent.trim().slice(0, 40),
-      selector: `${element.tagName.toLowerCase()}.${element.className}`,
-      ratio: Math.round(((light + 0.05) / (dark + 0.05)) * 100) / 100,
-      needed: large ? 3 : 4.5,
-    });
-  }
-  return { background: getComputedStyle(document.documentElement).backgroundColor,
-           paper: luminance(backdrop(document.body)), texts: found };
-}"""
-
-
-async def readable(page: Page, where: str) -> dict[str, Any]:
-    """The page's background and its text colours; fails on text below WCAG AA contrast."""
-    measured: dict[str, Any] = await page.evaluate(CONTRAST)
-    faint = [t for t in measured["texts"] if t["ratio"] < t["needed"]]
-    assert measured["texts"], f"{where}: no text measured"
-    assert faint == [], f"{where}: text too faint to read: {faint}"
-    return measured
 
 
 async def test_the_dark_theme_follows_the_system_and_every_text_stays_readable(

@@ -1,0 +1,24 @@
+"""How a task id sits in a route's path. A sub-agent's id is its parent's id, the step and
+the call id joined by slashes (workflows/agents.py `child_id`), so `TASK` takes those
+segments too, and only those: `/tasks/ID/log` is still the log of task ID, and
+`/tasks/ID/1/call_1_0/log` the log of ID's sub-agent."""
+
+from __future__ import annotations
+
+from starlette.convertors import Convertor, register_url_convertor
+
+
+class TaskIdConvertor(Convertor[str]):
+    """A task id: one segment, then a `/<step>/<call id>` pair per level of sub-agent."""
+
+    regex = r"[^/]+(?:/[0-9]+/[^/]+)*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("task_id", TaskIdConvertor())
+TASK = "{task_id:task_id}"  # the path parameter `task_id` of every task route
