@@ -40,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         questions,
         search,
     )
-    from workflows.calls import Delegation, verdicts
+    from workflows.calls import Delegation, Run, verdicts
     from workflows.conversation import (
         ConversationDigest,
         RunMessages,
@@ -341,10 +341,7 @@ class AgentWorkflow:
         results.update({k: out for (k, _), out in zip(local, ran, strict=True)})
         remote = [(k, r) for k, r in runs.items() if not r.local]
         if remote or delegations:
-            ran = await asyncio.gather(
-                *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in remote),
-                *(self._delegate(step, d, share) for d in delegations.values()),
-            )
+            ran = await self._run_remote(step, remote, list(delegations.values()), share)
             keys = [k for k, _ in remote] + list(delegations)
             results.update(dict(zip(keys, ran, strict=True)))
             self._clock = _sample()
@@ -364,15 +361,44 @@ class AgentWorkflow:
             value = outputs.unwrap(schema, final[0].arguments or {})
             self._answer(step, outputs.as_text(value), value)
 
-    async def _delegate(self, step: int, delegation: Delegation, share: int | None) -> ToolResult:
-        """Run a sub-agent as a child task and give its answer (or its end) as the call's
-        observation. Cancelling this task cancels the child, and waits for it."""
+    async def _run_remote(
+        self,
+        step: int,
+        remote: list[tuple[str, Run]],
+        delegations: list[Delegation],
+        share: int | None,
+    ) -> list[ToolResult]:
+        """The step's tool activities and its sub-agents, all at once: the children are
+        started together, logged in call order once Temporal has started them, then
+        awaited with the tools. Cancelling the task cancels them all, and waits."""
+        running = [
+            asyncio.ensure_future(activity_calls.run_tool(self._task, run, self._catalog))
+            for _, run in remote
+        ]
+        try:
+            starts = await asyncio.gather(*(self._start_child(step, d, share) for d in delegations))
+            for delegation, start in zip(delegations, starts, strict=True):
+                call_id, name = delegation.call.call_id, delegation.spec.name
+                self._started(step, call_id, name, start.child_id)
+            pairs = zip(delegations, starts, strict=True)
+            answers = [self._child_answer(d, start) for d, start in pairs]
+            return list(await asyncio.gather(*running, *answers))
+        except asyncio.CancelledError:
+            for call in running:
+                call.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+
+    async def _start_child(
+        self, step: int, delegation: Delegation, share: int | None
+    ) -> agents.ChildStart:
+        """Start a sub-agent as a child task (or find the one a repaired or reset step
+        started before: same id)."""
         task_id = workflow.info().workflow_id
         call_id = delegation.call.call_id
         at = agents.link(self._task, task_id, delegation.spec, call_id)
         task = agents.child_task(self._task, delegation.spec, delegation.instruction, share, at)
         child_id = agents.child_id(task_id, step, call_id)
-        name = delegation.spec.name
         try:
             handle = await workflow.start_child_workflow(
                 AgentWorkflow.run,
@@ -383,14 +409,19 @@ class AgentWorkflow:
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 task_timeout=options.WORKFLOW_TASK_TIMEOUT,
-                static_summary=f"{name}: {delegation.instruction[:180]}",
+                static_summary=f"{delegation.spec.name}: {delegation.instruction[:180]}",
             )
         except WorkflowAlreadyStartedError:
-            self._started(step, call_id, name, child_id)
-            return await self._rejoin(child_id, name)
-        self._started(step, call_id, name, child_id)
+            return agents.ChildStart(child_id, None)
+        return agents.ChildStart(child_id, handle)
+
+    async def _child_answer(self, delegation: Delegation, start: agents.ChildStart) -> ToolResult:
+        """The sub-agent's answer (or its end) as the call's observation."""
+        name = delegation.spec.name
+        if start.handle is None:
+            return await self._rejoin(start.child_id, name)
         try:
-            outcome = await handle
+            outcome = await start.handle
         except ChildWorkflowError as err:
             if activity_calls.task_cancelling():
                 raise asyncio.CancelledError() from None

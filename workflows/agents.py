@@ -12,6 +12,7 @@ calls of a step. A depth limit and a per-step limit stop runaway trees with a se
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -36,6 +37,15 @@ AGENT_ARGUMENTS_SCHEMA: dict[str, Any] = {
     },
     "required": ["task"],
 }
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """A sub-agent's task as its start left it: the handle to await, or None when the task
+    existed already (a repaired or reset step started it before)."""
+
+    child_id: str
+    handle: Any | None
 
 
 class AgentArgs(BaseModel):

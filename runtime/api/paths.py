@@ -11,7 +11,9 @@ from starlette.convertors import Convertor, register_url_convertor
 class TaskIdConvertor(Convertor[str]):
     """A task id: one segment, then a `/<step>/<call id>` pair per level of sub-agent."""
 
-    regex = r"[^/]+(?:/[0-9]+/[^/]+)*"
+    # The first segment may be empty so that `/tasks//log` reaches the route, whose
+    # validation says the id is empty (422), rather than matching no route at all.
+    regex = r"[^/]*(?:/[0-9]+/[^/]+)*"
 
     def convert(self, value: str) -> str:
         return value
