@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -286,5 +287,14 @@ async def main() -> int:
     return 0
 
 
+def run() -> None:
+    """`python worker.py`: the exit code of main(), without the interpreter's own shutdown
+    under Temporal's core threads (which can abort a process that connected, -6)."""
+    code = asyncio.run(main())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    run()

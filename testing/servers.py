@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from runtime.temporal import DEV_SERVER_TUNING, temporal_binary
 from workflows import search
 
-# The SDK gives the dev server 5 s to start; with every core busy it has taken longer.
+# The SDK gives each server 5 s to start; with every core busy it has taken longer.
 DEV_SERVER_STARTUP = timedelta(seconds=60)
 
 
@@ -44,4 +44,5 @@ async def start_time_skipping_env() -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=time_skipping_binary(),
+        test_server_startup_timeout=DEV_SERVER_STARTUP,
     )
