@@ -67,7 +67,9 @@ async def deliver(
             raise
         if seen.status == WorkflowExecutionStatus.RUNNING:
             refuse_unless_taking(task_id, str(seen.memo.get(search.MEMO_STATUS) or "running"))
-            handle = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=seen.run_id)
+            handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+                AgentWorkflow.run, task_id, run_id=seen.run_id
+            )
             try:
                 await _signal(handle, message)
             except RPCError as err:
@@ -80,8 +82,8 @@ async def deliver(
             carry = run.carry
             if carry is not None and message.message_id in carry.state.message_ids:
                 # A repeat of a message the answer already took (a retried send).
-                closed = client.get_workflow_handle_for(
-                    AgentWorkflow.run, task_id, run_id=seen.run_id
+                closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+                    client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=seen.run_id)
                 )
                 return Delivery(closed, started=False)
             stream = carry.stream if carry is not None else None
@@ -133,7 +135,9 @@ def refuse_unless_taking(task_id: str, status: str) -> None:
 async def _continuation(client: Client, task_id: str, run_id: str) -> AgentRun:
     """The input of the run that follows the answer of closed run `run_id`: its task (from
     its input) and what its outcome carries."""
-    closed = client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=run_id)
+    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=run_id
+    )
     outcome = await closed.result(follow_runs=False)
     if outcome.continuation is None:
         raise MessageRefusedError(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field, ValidationError
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 
 from activities.builtin_tools import builtin_registry
@@ -24,7 +24,7 @@ from tests.helpers import agent_task, of_type, wait_for_state
 from workflows.agent import AgentWorkflow
 from workflows.events import Interrupted, Thought, UserMessage
 from workflows.models import Message, MessageReceipt
-from workflows.run import AgentRun
+from workflows.run import AgentOutcome, AgentRun
 from workflows.stream import TokenDelta
 
 
@@ -147,7 +147,9 @@ async def test_the_send_message_update_and_a_temporal_cli_follow_up_with_an_empt
     client = dev_runtime.client
     # What `temporal workflow execute-update-with-start --input '{}'` sends: a run with
     # nothing in it finds the answer it follows and goes on from it.
-    start = client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    start: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, handle.id
+    )
     # The SDK types an async update method's result as its coroutine: hence the ignores.
     receipt: MessageReceipt = await client.execute_update_with_start_workflow(  # type: ignore[assignment]
         AgentWorkflow.send_message,  # type: ignore[arg-type]
@@ -191,7 +193,9 @@ async def test_messages_that_cannot_be_taken_are_refused_with_a_sentence(
         await failed.send("go on")
     # The Update says so too, before anything enters history.
     with pytest.raises(WorkflowUpdateFailedError):
-        workflow = dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, failed.id)
+        workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+            dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, failed.id)
+        )
         _ = await workflow.execute_update(AgentWorkflow.send_message, Message(content="go on"))
 
 

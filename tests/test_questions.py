@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 
 from runtime.agent_runtime import AgentRuntime, DecisionError
 from testing.fake_openai import FakeOpenAI, text, tools
@@ -18,6 +18,7 @@ from tests.helpers import agent_task, of_type, wait_for_state
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
 from workflows.models import Answer, QuestionSettings
+from workflows.run import AgentOutcome
 
 
 def tool_results(body: dict[str, Any]) -> list[str]:
@@ -79,7 +80,9 @@ async def test_choices_refuse_an_answer_outside_them_and_take_one_of_them(
     assert refused.value.kind == errors.INVALID_CHOICE
     assert "'Red', 'Dark blue'" in str(refused.value)
     # The Update refuses it too, before anything enters history.
-    workflow = dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+        dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    )
     with pytest.raises(WorkflowUpdateFailedError):
         await workflow.execute_update(
             AgentWorkflow.answer, Answer(request_id=request_id, answer="green")
@@ -115,7 +118,9 @@ async def test_the_update_answers_and_refuses_an_unknown_question_naming_the_pen
     handle = await dev_runtime.run(agent_task(model))
     state = await wait_for_state(handle, lambda s: bool(s.pending_questions))
     [request_id] = state.pending_questions
-    workflow = dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+        dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+    )
     with pytest.raises(WorkflowUpdateFailedError) as unknown:
         await workflow.execute_update(AgentWorkflow.answer, Answer(request_id="9-nope", answer="x"))
     assert f"pending: {request_id}" in str(unknown.value.cause)

@@ -65,6 +65,8 @@ with workflow.unsafe.imports_passed_through():
         SummaryRequest,
         ToolCall,
     )
+    from workflows.notice import DeliveryFailure
+    from workflows.notifications import Notifier
     from workflows.plan import (
         AddMessage,
         Announce,
@@ -90,6 +92,7 @@ with workflow.unsafe.imports_passed_through():
         APPROVE_SIGNAL,
         DECIDE_UPDATE,
         MESSAGE_SIGNAL,
+        NOTIFICATION_FAILED_SIGNAL,
         REJECT_SIGNAL,
         REPAIRED_SIGNAL,
         RESUME_SIGNAL,
@@ -181,12 +184,14 @@ class AgentWorkflow:
         # The MCP tools this run saw (listed again by every run: a catalog is not carried).
         self._catalog: ToolCatalog | None = None
         self._unlisted: list[str] = list(self._task.mcp_servers or [])
+        self._notifier = Notifier(workflow.info().workflow_id)
 
     @workflow.run
     async def run(self, run: AgentRun) -> AgentOutcome:
         """Run the loop until an answer no message follows, a limit, a non-retryable error
         or a cancellation."""
         try:
+            await self._notifier.read_targets()
             if run.task is None or (run.carry is not None and run.carry.follow_up):
                 await self._claim_turn(run.carry)
             elif run.carry is None:
@@ -204,6 +209,7 @@ class AgentWorkflow:
 
     async def _loop(self) -> AgentOutcome:
         while True:
+            await self._notifier.send()
             self._absorb()
             move = next_move(
                 self._state,
@@ -266,9 +272,13 @@ class AgentWorkflow:
                 self._early_answers.append(given)  # an answer faster than its question
             elif made is not None and not isinstance(made, str):
                 self._append(made)
+        for failed in self._notifier.failure_events(step):
+            self._append(failed)
 
     def _recorded(self) -> bool:
-        return bool(self._inbox or self._repairs or self._answers)
+        return bool(
+            self._inbox or self._repairs or self._answers or self._notifier.failures_recorded
+        )
 
     async def _await_decisions(
         self, request_ids: list[str], asked: list[str], deadline: datetime
@@ -400,6 +410,7 @@ class AgentWorkflow:
         conversation goes on in this run."""
         if self._incoming:
             return None
+        await self._notifier.send()
         if self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES:
             await self._archive_events()
         await self._close_stream()
@@ -513,6 +524,7 @@ class AgentWorkflow:
         """End the task as failed, unless a resumption comes within RESUME_GRACE: a resume
         sends one to a run still waiting, or resets a closed run to this very wait."""
         self._append(draft(Failed, self._state.step, kind=kind, reason=reason))
+        await self._notifier.send()
         try:
             await workflow.wait_condition(lambda: bool(self._resumptions), timeout=RESUME_GRACE)
         except TimeoutError:
@@ -543,6 +555,7 @@ class AgentWorkflow:
     async def _hand_over(self) -> None:
         """Continue as new with a bounded carry: the conversation by reference, the stream's
         latest items, and decisions not yet in the log."""
+        await self._notifier.send()
         if self._messages.added_to(self._state.conversation):
             await self._save_conversation()
         await self._archive_events()
@@ -675,6 +688,11 @@ class AgentWorkflow:
         """Sent right after a repair reset: the log records it at the loop's next turn."""
         self._repairs.append(note)
 
+    @workflow.signal(name=NOTIFICATION_FAILED_SIGNAL)
+    def notification_failed(self, failure: DeliveryFailure) -> None:
+        """Sent by a notification that could not be delivered: logged as an `error` event."""
+        self._notifier.failed(failure)
+
     # --- queries ----------------------------------------------------------------------------
 
     @workflow.query(name="state")
@@ -720,6 +738,7 @@ class AgentWorkflow:
         self._messages.add(messages_of(event))
         self._events_topic.publish(event)
         self._visibility.publish(self._state, self._task.model.name)
+        self._notifier.note(event, self._task.task)
 
     async def _close_stream(self) -> None:
         # Release long-poll subscribers and let every handler finish before the run ends.
