@@ -230,6 +230,11 @@ def build_worker(
 async def main() -> int:
     """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
     settings = Settings()
+    try:
+        settings.webhook_endpoints()  # before connecting: nothing is started to stop
+    except WebhookConfigError as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
     client = await connect(settings)
     try:
         worker = build_worker(client, settings)

@@ -62,6 +62,7 @@ def signature_valid(secret: str, request: Received, now: float | None = None) ->
 class _Answer:
     status: int
     body: str = ""
+    headers: dict[str, str] | None = None
 
 
 class WebhookReceiver:
@@ -89,10 +90,13 @@ class WebhookReceiver:
     def url(self, path: str) -> str:
         return f"{self.base}/{path.lstrip('/')}"
 
-    def answer(self, path: str, *statuses: int, body: str = "") -> None:
-        """Answer the path's next requests with these statuses, in order (then 200)."""
+    def answer(
+        self, path: str, *statuses: int, body: str = "", headers: dict[str, str] | None = None
+    ) -> None:
+        """Answer the path's next requests with these statuses, in order (then 200), each
+        with `body` and `headers`."""
         with self._lock:
-            self._scripts[_path(path)] = [_Answer(s, body) for s in statuses]
+            self._scripts[_path(path)] = [_Answer(s, body, headers) for s in statuses]
 
     def hold(self, path: str) -> threading.Event:
         """Hold the answer to the path's next request until the returned gate is set."""
@@ -157,6 +161,8 @@ class WebhookReceiver:
                     self.send_response(answer.status)
                     self.send_header("Content-Type", "text/plain")
                     self.send_header("Content-Length", str(len(payload)))
+                    for name, value in (answer.headers or {}).items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):

@@ -18,6 +18,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from activities.notify.config import WebhookConfigError
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from runtime.stuck_notices import notify_stuck_tasks
@@ -287,10 +288,12 @@ async def test_a_failing_endpoint_is_retried_until_it_takes_the_notice_and_other
     spawn: Spawn,
 ) -> None:
     receiver.answer("flaky", 500, 500, 500)
+    receiver.answer("busy", 429, 408, headers={"Retry-After": "0"})
     await spawn(
         webhook_env(
             endpoint("flaky", receiver, ["question_asked"]),
             endpoint("steady", receiver, ["question_asked"]),
+            endpoint("busy", receiver, ["question_asked"]),
         )
     )
     handle = await runtime.run(agent_task(asking(fake_openai)))
@@ -298,13 +301,15 @@ async def test_a_failing_endpoint_is_retried_until_it_takes_the_notice_and_other
     await handle.answer("ACME")
     await handle.result()
     [report] = (await notification_reports(dev_env.client, handle.id)).values()
-    assert [(d.endpoint, d.status) for d in report.delivered] == [("flaky", 200), ("steady", 200)]
-    assert report.delivered[0].attempt == 4 and not report.failed
+    delivered = [(d.endpoint, d.status, d.attempt) for d in report.delivered]
+    assert delivered == [("flaky", 200, 4), ("steady", 200, 1), ("busy", 200, 3)]
+    assert not report.failed
     # Exactly four attempts, one key; the steady endpoint got it once.
     attempts = receiver.requests("flaky")
     assert [r.attempt for r in attempts] == [1, 2, 3, 4]
     assert len({r.key for r in attempts}) == 1
     assert [r.key for r in receiver.requests("steady")] == [attempts[0].key]
+    assert [r.attempt for r in receiver.requests("busy")] == [1, 2, 3]  # 429 and 408 retried
     assert not of_type(await handle.events(), "error")
 
 
@@ -517,3 +522,48 @@ async def test_ws_config_shows_the_endpoints_with_secrets_and_private_paths_mask
     ]
     assert shown["console_url"] == CONSOLE
     assert SECRET not in out and "T0PRIVATE" not in out
+
+
+@pytest.mark.parametrize(
+    ("raw", "sentence"),
+    [
+        ("[{", "WAYSTATION_WEBHOOKS is not JSON: Expecting property name"),
+        ("{}", "WAYSTATION_WEBHOOKS must be a JSON list of endpoints"),
+        ("/nowhere/webhooks.json", "WAYSTATION_WEBHOOKS is neither JSON nor a file that can"),
+        ('[{"url": "https://x.example"}]', "webhook endpoint 1 needs a name of 1 to 64"),
+        (
+            '[{"name": "a", "url": "https://x.example", "events": ["done"], "secret": "s"},'
+            ' {"name": "a", "url": "https://y.example", "events": ["done"], "secret": "s"}]',
+            "WAYSTATION_WEBHOOKS names webhook endpoint 'a' twice",
+        ),
+        (
+            '[{"name": "a", "url": "https://x.example", "events": ["done"], "secret": "s",'
+            ' "format": "teams"}]',
+            "webhook endpoint 'a' has format 'teams'; it is json or slack",
+        ),
+        (
+            '[{"name": "a", "url": "https://x.example", "events": [], "secret": "s"}]',
+            "webhook endpoint 'a' needs events, a list of some of: approval_requested",
+        ),
+        (
+            '[{"name": "a", "url": "https://x.example", "events": ["done"], "secrt": "s"}]',
+            "webhook endpoint 'a' has an unknown field 'secrt'",
+        ),
+    ],
+)
+def test_every_problem_of_the_setting_is_one_sentence(raw: str, sentence: str) -> None:
+    with pytest.raises(WebhookConfigError) as refused:
+        Settings(webhooks=raw).webhook_endpoints()  # type: ignore[arg-type]
+    assert str(refused.value).startswith(sentence)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_slack_endpoint_needs_no_secret_and_a_file_holds_the_same_list(tmp_path: Path) -> None:
+    team = {"name": "team", "url": "https://hooks.slack.com/services/T/B/X", "events": ["done"]}
+    file = tmp_path / "hooks.json"
+    file.write_text(json.dumps([{**team, "format": "slack"}]))
+    [endpoint] = Settings(webhooks=str(file)).webhook_endpoints()  # type: ignore[arg-type]
+    assert (endpoint.name, endpoint.format, endpoint.secret) == ("team", "slack", None)
+    assert endpoint.shown()["url"] == "https://hooks.slack.com/****"
+    with pytest.raises(WebhookConfigError, match="WAYSTATION_CONSOLE_URL must be an http"):
+        Settings(console_url="localhost:8000").webhook_endpoints()

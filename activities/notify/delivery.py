@@ -9,8 +9,10 @@ are read from the worker's settings here, and no error message quotes them.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import time
+from datetime import timedelta
 
 import httpx2
 from temporalio import activity
@@ -20,7 +22,6 @@ from activities.heartbeat import keep_heartbeating
 from activities.notify import signing
 from activities.notify.config import WebhookEndpoint
 from activities.notify.payloads import json_body, slack_body
-from activities.openai_chat import retry_after
 from workflows import errors
 from workflows.notice import Delivered, Delivery, DeliveryRetry, NotificationTargets
 
@@ -126,3 +127,17 @@ class NotificationActivities:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+
+def retry_after(headers: httpx2.Headers) -> timedelta | None:
+    """The wait an answer's Retry-After asks for: seconds, or an HTTP date."""
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return timedelta(seconds=int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return timedelta(seconds=max(0.0, when.timestamp() - time.time()))
