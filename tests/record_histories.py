@@ -304,7 +304,8 @@ async def steered_task(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
 async def question_with_notifications(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     """An approval, a question and the answer, each told to a webhook endpoint by a worker
     that notifies (its own task queue): the run reads the targets and starts a child per
-    notice."""
+    notice. The task id is the file's name: the replay test replays under it, and the
+    children's ids are derived from it."""
     receiver = WebhookReceiver()
     ops = {
         "name": "ops",
@@ -329,7 +330,7 @@ async def question_with_notifications(runtime: AgentRuntime, fake: FakeOpenAI) -
     try:
         async with build_worker(runtime.client, settings):
             notifying = AgentRuntime(runtime.client, settings)
-            handle = await notifying.run(task, task_id="question-with-notifications")
+            handle = await notifying.run(task, task_id="question_with_notifications")
             await until(handle, lambda s: bool(s.pending_approvals))
             await handle.approve(approver="alice")
             await until(handle, lambda s: bool(s.pending_questions))
