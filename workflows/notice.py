@@ -52,7 +52,7 @@ class NotificationTargets(Contract):
     began a run had them, and how deliveries are retried."""
 
     endpoints: dict[str, list[NotifiableKind]] = Field(default_factory=dict)
-    retry: DeliveryRetry
+    retry: DeliveryRetry | None = None
 
     def wanting(self, kind: str) -> list[str]:
         """The endpoints that want `kind`, in the order the setting lists them."""
@@ -133,7 +133,7 @@ def notice_of(
     if not isinstance(event, ApprovalRequested | QuestionAsked | Done | Failed):
         return None
     endpoints = targets.wanting(event.type)
-    if not endpoints:
+    if not endpoints or targets.retry is None:
         return None
     return Notice(
         key=notice_key(task_id, event),
@@ -150,7 +150,7 @@ def stuck_notice(
     task_id: str, task: str, stuck: StuckNote, targets: NotificationTargets
 ) -> Notice | None:
     endpoints = targets.wanting("stuck")
-    if not endpoints:
+    if not endpoints or targets.retry is None:
         return None
     return Notice(
         key=f"{task_id}:stuck:{stuck.run_id}:{stuck.reset_to_event}",

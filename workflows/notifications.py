@@ -8,8 +8,9 @@ twice. It runs one delivery activity per endpoint, so a failing endpoint never r
 another's delivery; a delivery that fails for good is signalled to the task, which logs
 it as an `error` event, or logged by the worker when the task has closed.
 
-Which kinds the endpoints want comes from the worker's settings through a local activity
-at the start of each run (behind a patch: runs recorded before it never asked).
+Which kinds the endpoints want comes from a worker's settings through an activity each run
+starts as it begins and reads when it first has something to tell (behind a patch: runs
+recorded before it never asked).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.events import AgentEvent, ErrorEvent
     from workflows.notice import (
+        NOTIFIABLE_KINDS,
         NOTIFICATION_WORKFLOW_TYPE,
         Delivered,
         Delivery,
@@ -109,38 +111,41 @@ def last_reason(err: BaseException) -> str:
 
 
 class Notifier:
-    """What the agent workflow tells people: the kinds the endpoints want (read once per
-    run), the notices its log made and not started yet, and deliveries that failed."""
+    """What the agent workflow tells people: the kinds the endpoints want (asked once per
+    run, while the run goes on), the events of its log not told yet, and deliveries that
+    failed."""
 
     def __init__(self, task_id: str) -> None:
         self._task_id = task_id
+        self._asking: workflow.ActivityHandle[NotificationTargets] | None = None
         self._targets: NotificationTargets | None = None
-        self._due: list[Notice] = []
+        self._events: list[tuple[AgentEvent, str]] = []
         self._failures: list[DeliveryFailure] = []
 
-    async def read_targets(self) -> None:
-        """Ask the worker which kinds its endpoints want. A run recorded before notices
-        existed never asked; one that cannot learn it notifies nobody, and goes on."""
-        if not workflow.patched(NOTIFY_PATCH):
-            return
-        try:
-            self._targets = await workflow.execute_local_activity_method(
+    def ask_targets(self) -> None:
+        """Ask a worker which kinds its endpoints want, without waiting for the answer. An
+        activity, not a local one: a process that hosts a worker only to answer a query
+        (the command line's) must not decide for the run that nobody wants to know."""
+        if workflow.patched(NOTIFY_PATCH):
+            self._asking = workflow.start_activity_method(
                 NotificationActivities.notification_targets, **options.notification_targets()
             )
-        except ActivityError as err:
-            workflow.logger.warning("no notifications for this run: %s", last_reason(err))
 
     def note(self, event: AgentEvent, task: str) -> None:
-        """Keep the notice `event` makes, if an endpoint wants it (synchronous: no command)."""
-        if self._targets is not None and (
-            made := notice_of(event, self._task_id, task, self._targets)
-        ):
-            self._due.append(made)
+        """Keep an event some endpoint may want told (synchronous: no command)."""
+        if self._asking is not None and event.type in NOTIFIABLE_KINDS:
+            self._events.append((event, task))
 
     async def send(self) -> None:
-        """Start the notification workflow of each notice due, in order."""
-        due, self._due = self._due, []
-        for notice in due:
+        """Start the notification workflow of each event an endpoint wants, in order."""
+        if not self._events:
+            return
+        targets = await self._read_targets()
+        events, self._events = self._events, []
+        for event, task in events:
+            notice = notice_of(event, self._task_id, task, targets)
+            if notice is None:
+                continue
             try:
                 await workflow.start_child_workflow(
                     NotificationWorkflow.run,
@@ -151,6 +156,25 @@ class Notifier:
                 )
             except WorkflowAlreadyStartedError:
                 pass  # started before this run was reset or repaired: sent already
+
+    async def finish(self) -> None:
+        """Before the run ends or continues as new: what is due is sent, and the question
+        asked of the worker is answered (a run leaves no activity behind)."""
+        if self._asking is not None:
+            await self._read_targets()
+        await self.send()
+
+    async def _read_targets(self) -> NotificationTargets:
+        if self._targets is not None:
+            return self._targets
+        targets = NotificationTargets()
+        if self._asking is not None:
+            try:
+                targets = await self._asking
+            except ActivityError as err:  # notify nobody, and go on
+                workflow.logger.warning("no notifications for this run: %s", last_reason(err))
+        self._targets = targets
+        return targets
 
     def failed(self, failure: DeliveryFailure) -> None:
         self._failures.append(failure)

@@ -144,10 +144,16 @@ def turn_claim(task: AgentTask) -> workflow.ActivityConfig:
     )
 
 
-def notification_targets() -> workflow.LocalActivityConfig:
-    """Reading which events the worker's webhook endpoints want: settings in memory."""
-    return workflow.LocalActivityConfig(
-        start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=3)
+def notification_targets() -> workflow.ActivityConfig:
+    """Asking a worker which events its webhook endpoints want: settings in its memory,
+    retried while no worker serves the queue's activities (the run waits for one anyway)."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(milliseconds=200),
+            maximum_interval=timedelta(seconds=10),
+            maximum_attempts=100,
+        ),
     )
 
 

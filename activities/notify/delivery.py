@@ -1,5 +1,5 @@
-"""The notification activities: which kinds the worker's endpoints want (a local activity
-each run of a task begins with), and one signed delivery of a notice to one endpoint.
+"""The notification activities: which kinds the worker's endpoints want (asked as each run
+of a task begins), and one signed delivery of a notice to one endpoint.
 
 A delivery is retried by Temporal with backoff (workflows/options.py); this activity only
 says which failures are worth retrying: 408, 429 (Retry-After honoured), 5xx, timeouts and
