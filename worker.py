@@ -175,7 +175,12 @@ def build_worker(
     WebhookConfigError, one sentence naming the endpoint.
     """
     console = check_console_url(settings.console_url)
-    notify = NotificationActivities(settings.webhook_endpoints(), settings.webhook_retry(), console)
+    notify = NotificationActivities(
+        settings.webhook_endpoints(),
+        settings.webhook_retry(),
+        console,
+        serves_activities=activities,
+    )
     registry = registry or load_tools(settings.tools)
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
     owns_storage = storage is None

@@ -24,7 +24,7 @@ from runtime.settings import Settings
 from runtime.stuck_notices import notify_stuck_tasks
 from testing.fake_openai import FakeOpenAI, error, text, tools
 from testing.webhook_receiver import Received, WebhookReceiver, signature_valid
-from testing.workers import WorkerProcess
+from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
 from tests.test_never_stuck import (
@@ -392,6 +392,27 @@ async def test_a_stuck_task_is_told_once_whatever_the_workers_watching_it(
     assert len(receiver.requests("ops")) == 1
     await runtime.repair(handle.id, by="alice")
     await after_repair(dev_env, settings, handle)
+
+
+async def test_a_run_begun_by_a_worker_that_serves_no_activities_asks_one_that_does(
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    runtime: AgentRuntime,
+    fake_openai: FakeOpenAI,
+    receiver: WebhookReceiver,
+    spawn: Spawn,
+) -> None:
+    # What a command hosts to answer a query: workflow tasks only, and no webhooks set.
+    async with running_worker(dev_env.client, settings, activities=False):
+        handle = await runtime.run(agent_task(asking(fake_openai)))
+        await wait_for_state(handle, lambda s: s.status == "running")  # its first task ran
+        history = await dev_env.client.get_workflow_handle(handle.id).fetch_history()
+        assert any(e.HasField("marker_recorded_event_attributes") for e in history.events)
+        await spawn(webhook_env(endpoint("ops", receiver, ["question_asked"])))
+        [told] = await receiver.until(lambda rs: len(rs) >= 1, "ops")
+    assert told.json()["kind"] == "question_asked" and signature_valid(SECRET, told)
+    await handle.answer("ACME")
+    await handle.result()
 
 
 def slack_shape_problems(message: Any) -> list[str]:

@@ -198,7 +198,7 @@ class AgentWorkflow:
                 self._append(draft(TaskStarted, 0, task_id=task_id, task=self._task))
             elif run.carry.forked and self._earlier is not None:
                 await self._save_conversation(source=self._earlier)
-            self._notifier.ask_targets()
+            await self._notifier.ask_targets()
             return await self._loop()
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not activity_calls.cancelled(err):
@@ -410,7 +410,7 @@ class AgentWorkflow:
         conversation goes on in this run."""
         if self._incoming:
             return None
-        await self._notifier.finish()
+        await self._notifier.send()
         if self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES:
             await self._archive_events()
         await self._close_stream()
@@ -524,7 +524,7 @@ class AgentWorkflow:
         """End the task as failed, unless a resumption comes within RESUME_GRACE: a resume
         sends one to a run still waiting, or resets a closed run to this very wait."""
         self._append(draft(Failed, self._state.step, kind=kind, reason=reason))
-        await self._notifier.finish()
+        await self._notifier.send()
         try:
             await workflow.wait_condition(lambda: bool(self._resumptions), timeout=RESUME_GRACE)
         except TimeoutError:
@@ -555,7 +555,7 @@ class AgentWorkflow:
     async def _hand_over(self) -> None:
         """Continue as new with a bounded carry: the conversation by reference, the stream's
         latest items, and decisions not yet in the log."""
-        await self._notifier.finish()
+        await self._notifier.send()
         if self._messages.added_to(self._state.conversation):
             await self._save_conversation()
         await self._archive_events()

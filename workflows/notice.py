@@ -53,6 +53,11 @@ class NotificationTargets(Contract):
 
     endpoints: dict[str, list[NotifiableKind]] = Field(default_factory=dict)
     retry: DeliveryRetry | None = None
+    settled: bool = Field(
+        default=True,
+        description="False from a worker that serves no activities: it has no say, and a "
+        "worker that does is asked instead.",
+    )
 
     def wanting(self, kind: str) -> list[str]:
         """The endpoints that want `kind`, in the order the setting lists them."""

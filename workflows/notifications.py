@@ -8,9 +8,9 @@ twice. It runs one delivery activity per endpoint, so a failing endpoint never r
 another's delivery; a delivery that fails for good is signalled to the task, which logs
 it as an `error` event, or logged by the worker when the task has closed.
 
-Which kinds the endpoints want comes from a worker's settings through an activity each run
-starts as it begins and reads when it first has something to tell (behind a patch: runs
-recorded before it never asked).
+Which kinds the endpoints want comes from the settings of the worker that begins a run,
+through a local activity (behind a patch: runs recorded before it never asked); a worker
+that serves no activities has no say, and one that does is asked by an activity.
 """
 
 from __future__ import annotations
@@ -112,35 +112,45 @@ def last_reason(err: BaseException) -> str:
 
 class Notifier:
     """What the agent workflow tells people: the kinds the endpoints want (asked once per
-    run, while the run goes on), the events of its log not told yet, and deliveries that
-    failed."""
+    run), the events of its log not told yet, and deliveries that failed."""
 
     def __init__(self, task_id: str) -> None:
         self._task_id = task_id
-        self._asking: workflow.ActivityHandle[NotificationTargets] | None = None
+        self._asked = False  # of the worker that began the run
         self._targets: NotificationTargets | None = None
         self._events: list[tuple[AgentEvent, str]] = []
         self._failures: list[DeliveryFailure] = []
 
-    def ask_targets(self) -> None:
-        """Ask a worker which kinds its endpoints want, without waiting for the answer. An
-        activity, not a local one: a process that hosts a worker only to answer a query
-        (the command line's) must not decide for the run that nobody wants to know."""
-        if workflow.patched(NOTIFY_PATCH):
-            self._asking = workflow.start_activity_method(
-                NotificationActivities.notification_targets, **options.notification_targets()
+    async def ask_targets(self) -> None:
+        """Ask the worker running this workflow task which kinds its endpoints want (a local
+        activity: no round trip). A worker that serves no activities (one the command line
+        hosts to answer a query) has no say: a worker that does is asked instead, by an
+        activity, once the run has something to tell."""
+        if not workflow.patched(NOTIFY_PATCH):
+            return
+        self._asked = True
+        try:
+            here = await workflow.execute_local_activity_method(
+                NotificationActivities.notification_targets, **options.local_notification_targets()
             )
+        except ActivityError as err:
+            workflow.logger.warning("asking a worker that serves activities: %s", last_reason(err))
+            return
+        if here.settled:
+            self._targets = here
 
     def note(self, event: AgentEvent, task: str) -> None:
         """Keep an event some endpoint may want told (synchronous: no command)."""
-        if self._asking is not None and event.type in NOTIFIABLE_KINDS:
+        if not self._asked or event.type not in NOTIFIABLE_KINDS:
+            return
+        if self._targets is None or self._targets.wanting(event.type):
             self._events.append((event, task))
 
     async def send(self) -> None:
         """Start the notification workflow of each event an endpoint wants, in order."""
         if not self._events:
             return
-        targets = await self._read_targets()
+        targets = self._targets or await self._ask_elsewhere()
         events, self._events = self._events, []
         for event, task in events:
             notice = notice_of(event, self._task_id, task, targets)
@@ -157,22 +167,14 @@ class Notifier:
             except WorkflowAlreadyStartedError:
                 pass  # started before this run was reset or repaired: sent already
 
-    async def finish(self) -> None:
-        """Before the run ends or continues as new: what is due is sent, and the question
-        asked of the worker is answered (a run leaves no activity behind)."""
-        if self._asking is not None:
-            await self._read_targets()
-        await self.send()
-
-    async def _read_targets(self) -> NotificationTargets:
-        if self._targets is not None:
-            return self._targets
+    async def _ask_elsewhere(self) -> NotificationTargets:
         targets = NotificationTargets()
-        if self._asking is not None:
-            try:
-                targets = await self._asking
-            except ActivityError as err:  # notify nobody, and go on
-                workflow.logger.warning("no notifications for this run: %s", last_reason(err))
+        try:
+            targets = await workflow.execute_activity_method(
+                NotificationActivities.notification_targets, **options.notification_targets()
+            )
+        except ActivityError as err:  # notify nobody, and go on
+            workflow.logger.warning("no notifications for this run: %s", last_reason(err))
         self._targets = targets
         return targets
 

@@ -144,6 +144,13 @@ def turn_claim(task: AgentTask) -> workflow.ActivityConfig:
     )
 
 
+def local_notification_targets() -> workflow.LocalActivityConfig:
+    """Asking the worker in hand which events its webhook endpoints want: its settings."""
+    return workflow.LocalActivityConfig(
+        start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=3)
+    )
+
+
 def notification_targets() -> workflow.ActivityConfig:
     """Asking a worker which events its webhook endpoints want: settings in its memory,
     retried while no worker serves the queue's activities (the run waits for one anyway)."""

@@ -35,9 +35,15 @@ class NotificationActivities:
     Built once per worker (worker.py)."""
 
     def __init__(
-        self, endpoints: list[WebhookEndpoint], retry: DeliveryRetry, console_url: str | None
+        self,
+        endpoints: list[WebhookEndpoint],
+        retry: DeliveryRetry,
+        console_url: str | None,
+        *,
+        serves_activities: bool = True,
     ) -> None:
         self._endpoints = {e.name: e for e in endpoints}
+        self._serves_activities = serves_activities
         self._retry = retry
         self._console = console_url
         self._http: httpx2.AsyncClient | None = None
@@ -53,7 +59,10 @@ class NotificationActivities:
     @activity.defn(name="notification_targets")
     async def notification_targets(self) -> NotificationTargets:
         """Which events each endpoint wants, by name, and how deliveries are retried: what
-        a run needs to know, without I/O, to start a notification when one is due."""
+        a run needs to know, without I/O, to start a notification when one is due. Asked
+        locally of a worker that serves no activities, it has no say (`settled` False)."""
+        if activity.info().is_local and not self._serves_activities:
+            return NotificationTargets(settled=False)
         return self.targets()
 
     @activity.defn(name="deliver_notification")
