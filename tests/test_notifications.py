@@ -322,10 +322,13 @@ async def test_a_refused_notice_is_not_retried_and_becomes_an_error_event(
 ) -> None:
     receiver.answer("strict", 400, body="unknown field 'kind'")
     receiver.answer("late", 400)
+    receiver.answer("down", *[503] * 1000)
     worker = await spawn(
         webhook_env(
             endpoint("strict", receiver, ["question_asked"]),
             endpoint("late", receiver, ["done"]),
+            endpoint("down", receiver, ["question_asked"]),
+            WAYSTATION_WEBHOOK_RETRY_HOURS="0.001",  # 3.6 s of retries
         )
     )
     handle = await runtime.run(agent_task(asking(fake_openai)))
@@ -334,13 +337,16 @@ async def test_a_refused_notice_is_not_retried_and_becomes_an_error_event(
         return of_type(await handle.events(), "error")
 
     async with asyncio.timeout(60):
-        while not (noted := await errors()):
+        while len(noted := await errors()) < 2:
             await asyncio.sleep(0.05)
-    [error_event] = noted
-    assert error_event.kind == "notification_failed"
-    assert "'strict'" in error_event.message and "HTTP 400" in error_event.message
-    assert "unknown field 'kind'" in error_event.message and "not retried" in error_event.message
+    refused, gave_up = sorted(noted, key=lambda e: "'down'" in e.message)
+    assert refused.kind == gave_up.kind == "notification_failed"
+    assert "'strict'" in refused.message and "HTTP 400" in refused.message
+    assert "unknown field 'kind'" in refused.message and "not retried" in refused.message
+    assert "still failing after 0.001 h of retries" in gave_up.message
+    assert "'down' answered HTTP 503" in gave_up.message
     assert len(receiver.requests("strict")) == 1
+    assert len(receiver.requests("down")) > 1
     state = await handle.state()
     assert state.status == "waiting_input"  # the task goes on waiting, not failed
 
@@ -352,7 +358,8 @@ async def test_a_refused_notice_is_not_retried_and_becomes_an_error_event(
             await asyncio.sleep(0.05)
     assert "'late'" in worker.log.read_text()
     reports = await notification_reports(dev_env.client, handle.id)
-    assert sorted(f.endpoint for r in reports.values() for f in r.failed) == ["late", "strict"]
+    failed = sorted(f.endpoint for r in reports.values() for f in r.failed)
+    assert failed == ["down", "late", "strict"]
     assert len(receiver.requests("strict")) == len(receiver.requests("late")) == 1
 
 

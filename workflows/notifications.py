@@ -25,6 +25,7 @@ from temporalio.exceptions import (
     FailureError,
     WorkflowAlreadyStartedError,
 )
+from temporalio.exceptions import TimeoutError as RetriesRanOut
 
 with workflow.unsafe.imports_passed_through():
     from activities.notify.delivery import NotificationActivities
@@ -74,12 +75,15 @@ class NotificationWorkflow:
                 **delivery,
             )
         except ActivityError as err:
+            reason = last_reason(err)
+            if isinstance(err.cause, RetriesRanOut):  # the schedule-to-close timeout
+                reason = f"still failing after {notice.retry.hours:g} h of retries: {reason}"
             return DeliveryFailure(
                 endpoint=endpoint,
                 kind=notice.kind,
                 key=notice.key,
                 seq=notice.event.seq if notice.event is not None else None,
-                reason=last_reason(err)[:2_000],
+                reason=reason[:2_000],
             )
 
     async def _tell_task(self, notice: Notice, failure: DeliveryFailure) -> None:
