@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from activities.notify.config import WebhookConfigError
 from activities.storage.errors import StorageError
 from activities.tools import ToolDefinitionError
 from runtime import commands as hints
@@ -744,6 +745,7 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     shown["mcp_servers"] = {
         name: server.shown() for name, server in settings.mcp_server_configs().items()
     }
+    shown["webhooks"] = [endpoint.shown() for endpoint in settings.webhook_endpoints()]
     temporal = {k: v for k, v in connect_config(settings).items() if k != "tls"}
     if "api_key" in temporal:
         temporal["api_key"] = _masked(temporal["api_key"])
@@ -1034,7 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as err:
         _say(f"error: {_validation_sentence(err)}")
         return 2
-    except (UnknownToolsError, ToolDefinitionError, UsageError) as err:
+    except (UnknownToolsError, ToolDefinitionError, UsageError, WebhookConfigError) as err:
         _say(f"error: {err}")
         return 2
     except KeyboardInterrupt:

@@ -28,6 +28,8 @@ from activities.event_archive import ArchiveActivities, EventArchive
 from activities.llm import LlmActivities
 from activities.mcp.activities import McpActivities
 from activities.mcp.manager import McpClientManager
+from activities.notify.config import WebhookConfigError, check_console_url
+from activities.notify.delivery import NotificationActivities
 from activities.sealed_blobs import SealedBlobs
 from activities.storage import DeploymentMismatchError, Storage, StorageError
 from activities.storage.deployment import (
@@ -43,8 +45,10 @@ from runtime import worker_log
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
+from runtime.stuck_notices import notify_stuck_now_and_then
 from runtime.temporal import connect
 from workflows.agent import AgentWorkflow
+from workflows.notifications import NotificationWorkflow
 
 # A dead worker's sticky queue otherwise holds the next workflow task for 10 s.
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
@@ -76,6 +80,7 @@ class AgentWorker(Worker):
         *,
         llm: LlmActivities,
         mcp: McpActivities,
+        notify: NotificationActivities,
         storage: Storage,
         settings: Settings,
         serves_tools: bool,
@@ -85,6 +90,7 @@ class AgentWorker(Worker):
         super().__init__(client, **options)
         self.llm = llm
         self.mcp = mcp
+        self.notify = notify
         self.storage = storage
         self._temporal = client
         self._settings = settings
@@ -97,6 +103,7 @@ class AgentWorker(Worker):
         self._guarding: asyncio.Task[None] | None = None
         self.refusal: DeploymentMismatchError | None = None
         self._refused = asyncio.Event()
+        self._watching_stuck: asyncio.Task[None] | None = None
 
     async def prepare(self) -> None:
         """Open the storage and refuse a workspace or a task queue that breaks exactly-once
@@ -124,6 +131,11 @@ class AgentWorker(Worker):
             served = self._settings.model_copy(update={"task_queue": self._queue})
             runtime = AgentRuntime(self._temporal, served)
             self._repairing = asyncio.create_task(repair_now_and_then(runtime))
+        targets = self.notify.targets()
+        if self._serves_tools and targets.wanting("stuck"):
+            interval = self._settings.webhook_stuck_check_seconds
+            watch = notify_stuck_now_and_then(self._temporal, self._queue, targets, interval)
+            self._watching_stuck = asyncio.create_task(watch)
         await super().__aenter__()
         return self
 
@@ -163,12 +175,13 @@ class AgentWorker(Worker):
 
     async def shutdown(self) -> None:
         await super().shutdown()
-        for chore in (self._pruning, self._repairing, self._guarding):
+        for chore in (self._pruning, self._repairing, self._guarding, self._watching_stuck):
             if chore is not None:
                 chore.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await chore
         await self.llm.close()
+        await self.notify.close()
         await self.mcp.manager.close()  # stdio MCP servers stop with the worker
         if self._owns_storage:
             await self.storage.close()
@@ -195,8 +208,16 @@ def build_worker(
     name from something other than the OpenAI endpoint. `storage` (default: the settings')
     is opened when the worker starts; one passed in is left open at shutdown. `identity`
     names it to Temporal (default: the client's); a worker that takes tool calls adds its
-    storage's kind to it.
+    storage's kind to it. A bad WAYSTATION_WEBHOOKS raises WebhookConfigError, one sentence
+    naming the endpoint.
     """
+    console = check_console_url(settings.console_url)
+    notify = NotificationActivities(
+        settings.webhook_endpoints(),
+        settings.webhook_retry(),
+        console,
+        serves_activities=activities,
+    )
     registry = registry or load_tools(settings.tools, settings.agents)
     conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
     owns_storage = storage is None
@@ -221,12 +242,13 @@ def build_worker(
         client,
         llm=llm,
         mcp=mcp,
+        notify=notify,
         storage=storage,
         settings=settings,
         serves_tools=activities,
         owns_storage=owns_storage,
         task_queue=task_queue or settings.task_queue,
-        workflows=[AgentWorkflow],
+        workflows=[AgentWorkflow, NotificationWorkflow],
         activities=[
             llm.call_llm,
             llm.summarize_context,
@@ -236,6 +258,8 @@ def build_worker(
             mcp.list_tools,
             turns.claim_turn,
             children.child_outcome,
+            notify.notification_targets,
+            notify.deliver,
         ],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,
@@ -254,11 +278,16 @@ async def main() -> int:
     """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
     worker_log.configure_worker()
     settings = Settings()
+    try:
+        settings.webhook_endpoints()  # before connecting: nothing is started to stop
+    except WebhookConfigError as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
     client = await connect(settings, side="worker")
     try:
         worker = build_worker(client, settings)
         await worker.prepare()
-    except (StorageError, ToolDefinitionError) as err:
+    except (StorageError, ToolDefinitionError, WebhookConfigError) as err:
         print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
         return 1
     stop = asyncio.Event()
@@ -270,11 +299,14 @@ async def main() -> int:
         if not settings.endpoint_configured
         else settings.openai_base_url or "OpenAI"
     )
+    names = [e.name for e in worker.notify.endpoints]
+    webhooks = f"; webhooks: {', '.join(names)}" if names else ""
     print(
         f"worker polling task queue {settings.task_queue!r} on "
         f"{client.service_client.config.target_host} "
         f"(model endpoint: {model}; workspace: {settings.workspace_dir}; storage: "
-        f"{worker.storage.location}, deployment {worker.storage.deployment_id})",
+        f"{worker.storage.location}, deployment {worker.storage.deployment_id}"
+        f"{webhooks})",
         file=sys.stderr,
         flush=True,
     )

@@ -33,6 +33,7 @@ from bench import (
     step_overhead,
     stream_latency,
     throughput,
+    webhook_latency,
     worker_memory,
 )
 from bench.common import Measure, Row, bench_environment, print_table, say
@@ -44,6 +45,7 @@ SECTIONS: dict[str, Measure] = {
     "throughput": throughput.measure,
     "approval": approval.measure,
     "stream_latency": stream_latency.measure,
+    "webhook_latency": webhook_latency.measure,
     "worker_memory": worker_memory.measure,
     "recovery": recovery.measure,
     "peers_temporal": peers_temporal.measure,

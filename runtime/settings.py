@@ -13,8 +13,11 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from activities.mcp.config import McpServerConfig, check_server_name, load_servers_file
+from activities.notify.config import WebhookEndpoint, check_console_url, parse_webhooks
 from runtime.codec import EncryptionCodec, Side, parse_keys
 from workflows.models import OFFLINE_MODEL
+from workflows.notice import DeliveryRetry
+from workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 BUILTIN_TOOLS_MODULE = "activities.builtin_tools"
@@ -160,6 +163,40 @@ class Settings(BaseSettings):
         '{"mcpServers": {...}}); WAYSTATION_MCP_SERVERS entries win over it.',
     )
 
+    webhooks: SecretStr | None = Field(
+        default=None,
+        description='JSON, or the path of a JSON file: [{"name": "ops", "url": "https://...", '
+        '"events": ["approval_requested", "question_asked", "done", "failed", "stuck"], '
+        '"secret": "...", "format": "json" or "slack"}]. Read by workers, which sign and send '
+        "each notice from an activity; checked when a worker starts.",
+    )
+    webhook_retry_hours: float = Field(
+        default=24,
+        gt=0,
+        le=24 * 30,
+        description="How long a notice that fails to arrive is retried (with backoff) before "
+        "it becomes an `error` event on its task.",
+    )
+    webhook_retry_initial_seconds: float = Field(
+        default=1, gt=0, le=3600, description="The first wait before a delivery is retried."
+    )
+    webhook_retry_max_seconds: float = Field(
+        default=600, gt=0, le=24 * 3600, description="The longest wait between two attempts."
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10, gt=0, le=600, description="How long one attempt waits for the endpoint."
+    )
+    webhook_stuck_check_seconds: float = Field(
+        default=30,
+        gt=0,
+        description="How often a worker whose endpoints want `stuck` looks for stuck tasks.",
+    )
+    console_url: str | None = Field(
+        default=None,
+        description="Where people open the console (the API's address, e.g. "
+        "https://waystation.example.com): notices link to {console_url}/#/tasks/{id}.",
+    )
+
     @field_validator("tools", mode="before")
     @classmethod
     def _tool_modules(cls, value: object) -> object:
@@ -178,6 +215,22 @@ class Settings(BaseSettings):
         """Every declared MCP server: the file's, then WAYSTATION_MCP_SERVERS over them."""
         from_file = load_servers_file(self.mcp_servers_file) if self.mcp_servers_file else {}
         return {**from_file, **self.mcp_servers}
+
+    def webhook_endpoints(self) -> list[WebhookEndpoint]:
+        """The endpoints of WAYSTATION_WEBHOOKS; WebhookConfigError (one sentence naming the
+        endpoint) for a bad one, or a bad WAYSTATION_CONSOLE_URL."""
+        check_console_url(self.console_url)
+        return parse_webhooks(self.webhooks.get_secret_value()) if self.webhooks else []
+
+    def webhook_retry(self) -> DeliveryRetry:
+        heartbeat = self.heartbeat_timeout_seconds or DEFAULT_HEARTBEAT_TIMEOUT.total_seconds()
+        return DeliveryRetry(
+            initial_seconds=self.webhook_retry_initial_seconds,
+            max_interval_seconds=self.webhook_retry_max_seconds,
+            hours=self.webhook_retry_hours,
+            timeout_seconds=self.webhook_timeout_seconds,
+            heartbeat_seconds=heartbeat,
+        )
 
     @property
     def endpoint_configured(self) -> bool:

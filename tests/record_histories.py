@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecution, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
@@ -28,6 +30,7 @@ from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from testing.mcp import CallLog, demo_stdio
 from testing.servers import start_dev_env
 from testing.settings import isolated_settings
+from testing.webhook_receiver import WebhookReceiver
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentState
@@ -337,6 +340,47 @@ async def question_and_approval(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def question_with_notifications(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """An approval, a question and the answer, each told to a webhook endpoint by a worker
+    that notifies (its own task queue): the run reads the targets and starts a child per
+    notice. The task id is the file's name: the replay test replays under it, and the
+    children's ids are derived from it."""
+    receiver = WebhookReceiver()
+    ops = {
+        "name": "ops",
+        "url": receiver.url("ops"),
+        "events": ["approval_requested", "question_asked", "done", "failed"],
+        "secret": "recorded-nowhere",
+    }
+    settings = runtime.settings.model_copy(
+        update={
+            "task_queue": f"{runtime.settings.task_queue}-notify",
+            "webhooks": SecretStr(json.dumps([ops])),
+        }
+    )
+    model = fake.script(
+        [
+            tools(("run_shell", {"command": "echo told"})),
+            tools(("ask_person", {"question": "Which colour?", "choices": ["Red", "Blue"]})),
+            text("painted it blue"),
+        ]
+    )
+    task = AgentTask(task="paint the shed", model=ModelSettings(name=model))
+    try:
+        async with build_worker(runtime.client, settings):
+            notifying = AgentRuntime(runtime.client, settings)
+            handle = await notifying.run(task, task_id="question_with_notifications")
+            await until(handle, lambda s: bool(s.pending_approvals))
+            await handle.approve(approver="alice")
+            await until(handle, lambda s: bool(s.pending_questions))
+            await handle.answer("blue", answerer="bob")
+            await handle.result()
+            await receiver.until(lambda received: len(received) == 3)
+    finally:
+        receiver.close()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -353,6 +397,7 @@ SCENARIOS: dict[str, Scenario] = {
     "three_turn_conversation": three_turn_conversation,
     "steered_task": steered_task,
     "question_and_approval": question_and_approval,
+    "question_with_notifications": question_with_notifications,
 }
 
 

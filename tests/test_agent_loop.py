@@ -118,13 +118,18 @@ async def test_pure_tools_run_locally_and_others_through_the_server(
     ]
     # The calculator ran in the workflow task (recorded as markers), list_files did not.
     assert scheduled == ["call_llm", "call_llm", "run_tool", "call_llm"]
-    markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
-    assert (
-        sum(
-            m.marker_recorded_event_attributes.marker_name == "core_local_activity" for m in markers
-        )
-        == 2
-    )
+    local_runs = [
+        json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    ]
+    # (after the run's look at which notifications its worker's webhooks want)
+    assert [m["activity_type"] for m in local_runs] == [
+        "notification_targets",
+        "run_tool",
+        "run_tool",
+    ]
 
 
 async def test_malformed_tool_arguments_are_fed_back_and_the_model_corrects(

@@ -86,6 +86,8 @@ with workflow.unsafe.imports_passed_through():
         ToolCall,
         ToolResult,
     )
+    from workflows.notice import DeliveryFailure
+    from workflows.notifications import Notifier
     from workflows.plan import (
         AddMessage,
         Announce,
@@ -111,6 +113,7 @@ with workflow.unsafe.imports_passed_through():
         APPROVE_SIGNAL,
         DECIDE_UPDATE,
         MESSAGE_SIGNAL,
+        NOTIFICATION_FAILED_SIGNAL,
         QUEUED_MESSAGES_QUERY,
         REJECT_SIGNAL,
         REPAIRED_SIGNAL,
@@ -205,6 +208,7 @@ class AgentWorkflow:
         # The MCP tools this run saw (listed again by every run: a catalog is not carried).
         self._catalog: ToolCatalog | None = None
         self._unlisted: list[str] = list(self._task.mcp_servers or [])
+        self._notifier = Notifier(workflow.info().workflow_id)
 
     @workflow.run
     async def run(self, run: AgentRun) -> AgentOutcome:
@@ -218,6 +222,7 @@ class AgentWorkflow:
                 self._append(draft(TaskStarted, 0, task_id=task_id, task=self._task))
             elif run.carry.forked and self._earlier is not None:
                 await self._save_conversation(source=self._earlier)
+            await self._notifier.ask_targets()
             return await self._loop()
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not activity_calls.cancelled(err):
@@ -228,6 +233,7 @@ class AgentWorkflow:
 
     async def _loop(self) -> AgentOutcome:
         while True:
+            await self._notifier.send()
             self._absorb()
             move = next_move(
                 self._state,
@@ -290,9 +296,13 @@ class AgentWorkflow:
                 self._early_answers.append(given)  # an answer faster than its question
             elif made is not None and not isinstance(made, str):
                 self._append(made)
+        for failed in self._notifier.failure_events(step):
+            self._append(failed)
 
     def _recorded(self) -> bool:
-        return bool(self._inbox or self._repairs or self._answers)
+        return bool(
+            self._inbox or self._repairs or self._answers or self._notifier.failures_recorded
+        )
 
     async def _await_decisions(
         self, request_ids: list[str], asked: list[str], deadline: datetime
@@ -550,6 +560,7 @@ class AgentWorkflow:
         conversation goes on in this run."""
         if self._incoming:
             return None
+        await self._notifier.send()
         if self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES:
             await self._archive_events()
         await self._close_stream()
@@ -665,6 +676,7 @@ class AgentWorkflow:
         """End the task as failed, unless a resumption comes within RESUME_GRACE: a resume
         sends one to a run still waiting, or resets a closed run to this very wait."""
         self._append(draft(Failed, self._state.step, kind=kind, reason=reason))
+        await self._notifier.send()
         try:
             await workflow.wait_condition(lambda: bool(self._resumptions), timeout=RESUME_GRACE)
         except TimeoutError:
@@ -695,6 +707,7 @@ class AgentWorkflow:
     async def _hand_over(self) -> None:
         """Continue as new with a bounded carry: the conversation by reference, the stream's
         latest items, and decisions not yet in the log."""
+        await self._notifier.send()
         if self._messages.added_to(self._state.conversation):
             await self._save_conversation()
         await self._archive_events()
@@ -827,6 +840,11 @@ class AgentWorkflow:
         """Sent right after a repair reset: the log records it at the loop's next turn."""
         self._repairs.append(note)
 
+    @workflow.signal(name=NOTIFICATION_FAILED_SIGNAL)
+    def notification_failed(self, failure: DeliveryFailure) -> None:
+        """Sent by a notification that could not be delivered: logged as an `error` event."""
+        self._notifier.failed(failure)
+
     # --- queries ----------------------------------------------------------------------------
 
     @workflow.query(name="state")
@@ -878,6 +896,7 @@ class AgentWorkflow:
         self._messages.add(messages_of(event))
         self._events_topic.publish(event)
         self._visibility.publish(self._state, self._task.model.name)
+        self._notifier.note(event, self._task.task)
 
     async def _close_stream(self) -> None:
         # Release long-poll subscribers and let every handler finish before the run ends.

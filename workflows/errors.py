@@ -37,3 +37,11 @@ NON_RETRYABLE_LLM_ERRORS = [
     LLM_CONTEXT_TOO_LONG,
     CONVERSATION_LOST,
 ]
+
+# Webhook deliveries (activities/notify/): the endpoint refused the notice (a 4xx other than
+# 408/429, a redirect): retrying cannot help.
+WEBHOOK_REJECTED = "WebhookRejected"
+# Worth retrying: 408/429/5xx, timeouts, connections refused or dropped.
+WEBHOOK_UNAVAILABLE = "WebhookUnavailable"
+# The worker that took the delivery has no endpoint of that name.
+WEBHOOK_NOT_CONFIGURED = "WebhookNotConfigured"

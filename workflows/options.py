@@ -13,6 +13,7 @@ from temporalio.workflow import ActivityCancellationType
 
 from workflows import errors
 from workflows.models import AgentTask, ModelSettings
+from workflows.notice import DeliveryRetry
 
 # How soon a dead worker's call is retried elsewhere: activities heartbeat every third of
 # it, so a slow but live call is left alone. Chosen from `python -m bench.heartbeats`:
@@ -154,5 +155,42 @@ def turn_claim(task: AgentTask) -> workflow.ActivityConfig:
             maximum_interval=timedelta(seconds=10),
             maximum_attempts=100,
             non_retryable_error_types=[errors.NOTHING_TO_FOLLOW, errors.TASK_NOT_TAKING_MESSAGES],
+        ),
+    )
+
+
+def local_notification_targets() -> workflow.LocalActivityConfig:
+    """Asking the worker in hand which events its webhook endpoints want: its settings."""
+    return workflow.LocalActivityConfig(
+        start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=3)
+    )
+
+
+def notification_targets() -> workflow.ActivityConfig:
+    """Asking a worker which events its webhook endpoints want: settings in its memory,
+    retried while no worker serves the queue's activities (the run waits for one anyway)."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(milliseconds=200),
+            maximum_interval=timedelta(seconds=10),
+            maximum_attempts=100,
+        ),
+    )
+
+
+def notification_delivery(retry: DeliveryRetry) -> workflow.ActivityConfig:
+    """One webhook delivery: retried with backoff for `retry.hours` in all (Retry-After
+    honoured), a refusal not at all; heartbeats while the endpoint answers, so a dead
+    worker's attempt is made again within `retry.heartbeat_seconds`."""
+    return workflow.ActivityConfig(
+        schedule_to_close_timeout=timedelta(hours=retry.hours),
+        start_to_close_timeout=timedelta(seconds=retry.timeout_seconds + 10),
+        heartbeat_timeout=timedelta(seconds=retry.heartbeat_seconds),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=retry.initial_seconds),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=retry.max_interval_seconds),
+            non_retryable_error_types=[errors.WEBHOOK_REJECTED, errors.WEBHOOK_NOT_CONFIGURED],
         ),
     )

@@ -32,6 +32,8 @@ QUEUED_MESSAGES_QUERY = "queued_messages"
 MESSAGE_SIGNAL = "message"
 ANSWER_UPDATE = "answer"
 ANSWER_SIGNAL = "answer"
+# Sent by a notification workflow whose delivery failed for good (workflows/notifications.py).
+NOTIFICATION_FAILED_SIGNAL = "notification_failed"
 # One `events` answer stays far below gRPC's 4 MB message limit.
 EVENT_PAGE_BYTES = 1_000_000
 

@@ -1,0 +1,79 @@
+"""Question asked → its webhook arrives: `python -m bench.webhook_latency`.
+
+Each task asks a person a question (the `ask_person` tool); a worker whose
+WAYSTATION_WEBHOOKS names a receiver on this machine starts the notification workflow,
+whose activity posts the signed notice. Measured from the `question_asked` event's time
+(the workflow task that asked) to the receiver reading the request's body, one task at a
+time so nothing else is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import SecretStr
+
+from bench.common import Bench, Row, median, percentile, run_alone, say
+from runtime.agent_runtime import AgentRuntime
+from testing.fake_openai import text, tools
+from testing.webhook_receiver import WebhookReceiver
+from workflows.events import QuestionAsked
+from workflows.models import AgentTask, ModelSettings
+
+REPEATS = 20
+
+
+async def one_question(bench: Bench, runtime: AgentRuntime, receiver: WebhookReceiver) -> float:
+    model = bench.fake.script(
+        lambda body: (
+            text("thanks")
+            if body["messages"][-1]["role"] == "tool"
+            else tools(("ask_person", {"question": "Which account?"}))
+        )
+    )
+    handle = await runtime.run(AgentTask(task="ask me", model=ModelSettings(name=model)))
+    asked: QuestionAsked | None = None
+    async for item in runtime.stream(handle.id, topics=["events"]):
+        if isinstance(item.data, QuestionAsked):
+            asked = item.data
+            break
+    assert asked is not None
+    key = f"{handle.id}:{asked.request_id}"
+    seen = await receiver.until(lambda rs: any(r.key == key for r in rs))
+    arrived = next(r for r in seen if r.key == key)
+    await handle.answer("ACME-42", answerer="bench")
+    await handle.result()
+    return arrived.arrived - asked.at.timestamp()
+
+
+async def measure(bench: Bench, repeats: int = REPEATS) -> list[Row]:
+    receiver = WebhookReceiver()
+    ops = {
+        "name": "ops",
+        "url": receiver.url("ops"),
+        "events": ["question_asked"],
+        "secret": "bench-secret",
+    }
+    settings = bench.settings("webhooks").model_copy(
+        update={"webhooks": SecretStr(json.dumps([ops]))}
+    )
+    latencies: list[float] = []
+    try:
+        async with bench.worker(settings):
+            runtime = AgentRuntime(bench.client, settings)
+            for n in range(repeats):
+                say(f"question → webhook: repeat {n + 1}/{repeats}")
+                latencies.append(await one_question(bench, runtime, receiver))
+    finally:
+        receiver.close()
+    return [
+        Row(
+            "question_asked → its webhook arrives, median / p95",
+            f"{median(latencies) * 1000:.0f} / {percentile(latencies, 0.95) * 1000:.0f} ms",
+            f"over {repeats} tasks, one at a time",
+        )
+    ]
+
+
+if __name__ == "__main__":
+    run_alone(measure)
