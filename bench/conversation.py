@@ -23,6 +23,7 @@ import contextlib
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,9 @@ from bench.worker_memory import rss_mb
 from runtime.agent_runtime import AgentRuntime, TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import WorkerProcess
-from workflows.events import MESSAGE_IDS_KEPT, STEP_USAGE_KEPT
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
-from workflows.stream import STREAM_BYTES_KEPT, TOKENS_TOPIC, TokenDelta
+from workflows.run import AgentRun
+from workflows.stream import TOKENS_TOPIC, TokenDelta
 
 TURNS = 1000
 MESSAGE_BYTES = 2048
@@ -136,10 +137,13 @@ def timings(model: ConversationModel, head: str, started: float, token: float) -
 
 @dataclass(frozen=True)
 class RunBytes:
-    """One run's history bytes, and of them its input's (what the run before handed it)."""
+    """One run's history bytes; of them its input's (what the run before handed it), and in
+    that input the state's bytes and the stream's publishers (its dedup entries)."""
 
     history: int
     carry: int
+    state: int
+    publishers: int
 
 
 async def run_bytes(bench: Bench, task_id: str, runs: int) -> list[RunBytes]:
@@ -157,9 +161,15 @@ async def run_bytes(bench: Bench, task_id: str, runs: int) -> list[RunBytes]:
         if not size:  # this server's visibility does not say: ask for the run itself
             size = (await handle.describe()).raw_info.history_size_bytes
         async for start in handle.fetch_history_events(page_size=1):
-            carry = start.workflow_execution_started_event_attributes.input.ByteSize()
+            payloads = start.workflow_execution_started_event_attributes.input
+            [run] = await bench.client.data_converter.decode(payloads.payloads, [AgentRun])
             break
-        found.append((execution.start_time.timestamp(), RunBytes(size, carry)))
+        carry = run.carry
+        state = len(carry.state.model_dump_json()) if carry is not None else 0
+        stream = carry.stream if carry is not None else None
+        publishers = len(stream.publishers) if stream is not None else 0
+        sizes = RunBytes(size, payloads.ByteSize(), state, publishers)
+        found.append((execution.start_time.timestamp(), sizes))
     return [run for _, run in sorted(found, key=lambda pair: pair[0])]
 
 
@@ -207,8 +217,11 @@ def conversation_rows(
     baseline = statistics.median(f.token_ms for f in fresh)
     asked = statistics.median(f.model_asked_ms for f in fresh)
 
-    def kb(values: list[RunBytes], carry: bool = False) -> float:
-        return statistics.median(r.carry if carry else r.history for r in values) / 1000
+    def kb(values: list[RunBytes], part: Callable[[RunBytes], int] = lambda r: r.history) -> float:
+        return statistics.median(part(r) for r in values) / 1000
+
+    def count(values: list[RunBytes]) -> int:
+        return round(statistics.median(r.publishers for r in values))
 
     middle = len(follow_ups) // 2 - window // 2
     at = {
@@ -243,10 +256,11 @@ def conversation_rows(
         ),
         Row(
             f"{name}: of it, the run's input (the carry from the run before)",
-            " / ".join(f"{kb(values, carry=True):.1f}" for values in at.values()) + " KB",
-            f"state (bounded: the latest {MESSAGE_IDS_KEPT} message ids, {STEP_USAGE_KEPT} "
-            "steps' usage, the compacted conversation's references) and the stream's latest "
-            f"items ({STREAM_BYTES_KEPT // 1000} KB at most)",
+            " / ".join(f"{kb(values, lambda r: r.carry):.1f}" for values in at.values()) + " KB",
+            "of which the state "
+            + " / ".join(f"{kb(values, lambda r: r.state):.1f}" for values in at.values())
+            + " KB; the stream's publisher entries (its dedup state, one per model call "
+            "that streamed lately) " + " / ".join(str(count(values)) for values in at.values()),
         ),
         Row(
             f"{name}: largest run",
