@@ -10,6 +10,9 @@ Long ones run only when named (each also runs alone, with its own flags):
     python -m bench.long_run --steps 10000
     python -m bench.parked --parked 10000 --caches 200
     python -m bench.heartbeats --timeouts 2 5
+    python -m bench.conversation --turns 100
+    python -m bench.one_shot --baseline-ref 5e55f18 --baseline-dir /tmp/ws-baseline
+    python -m bench.subagents --model-seconds 1
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import time
 
 from bench import (
     approval,
+    conversation,
     durable_bytes,
     heartbeats,
     long_run,
+    one_shot,
     parked,
     peers,
     peers_temporal,
@@ -32,6 +37,7 @@ from bench import (
     request_body,
     step_overhead,
     stream_latency,
+    subagents,
     throughput,
     webhook_latency,
     worker_memory,
@@ -55,6 +61,9 @@ ON_REQUEST: dict[str, Measure] = {
     "long_run": long_run.measure,
     "parked": parked.measure,
     "heartbeats": heartbeats.measure,
+    "conversation": conversation.measure,
+    "one_shot": one_shot.with_baseline(one_shot.BASELINE_REF, None),
+    "subagents": subagents.measure,
 }
 
 

@@ -51,7 +51,7 @@ def worker_environment(
         env["WAYSTATION_DATABASE_URL"] = settings.database_url.get_secret_value()
     if settings.tools != [BUILTIN_TOOLS_MODULE]:
         env["WAYSTATION_TOOLS"] = ",".join(settings.tools)
-    if settings.agents:
+    if settings.agents is not None:
         env["WAYSTATION_AGENTS"] = settings.agents
     if settings.openai_base_url:
         env["OPENAI_BASE_URL"] = settings.openai_base_url
@@ -63,7 +63,8 @@ def worker_environment(
 
 class WorkerProcess:
     """`python worker.py` as a real subprocess on the settings' task queue (or `python -m
-    module`, a test's own build of the worker)."""
+    module`, a test's own build of the worker). `root` and `python`: another checkout of
+    waystation and its own interpreter (a benchmark's baseline), instead of this one."""
 
     def __init__(
         self,
@@ -72,14 +73,16 @@ class WorkerProcess:
         extra_env: dict[str, str] | None = None,
         *,
         module: str | None = None,
+        root: Path = REPO,
+        python: Path | None = None,
     ) -> None:
         self.log = settings.data_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        program = ["-m", module] if module else [str(REPO / "worker.py")]
+        program = ["-m", module] if module else [str(root / "worker.py")]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, *program],
-                cwd=REPO,
+                [str(python or sys.executable), *program],
+                cwd=root,
                 env=worker_environment(address, settings, extra_env),
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -34,7 +34,14 @@ from testing.webhook_receiver import WebhookReceiver
 from worker import build_worker
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentState
-from workflows.models import AgentTask, ApprovalSettings, Decision, Message, ModelSettings
+from workflows.models import (
+    AgentSpec,
+    AgentTask,
+    ApprovalSettings,
+    Decision,
+    Message,
+    ModelSettings,
+)
 from workflows.run import AgentOutcome, AgentRun
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -340,6 +347,42 @@ async def question_and_approval(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+def first_user_message(body: dict[str, Any]) -> str:
+    return str(next(m["content"] for m in body["messages"] if m["role"] == "user"))
+
+
+# The sub-agent the recorder's worker offers (the children use their parent's model).
+FINDER = "finder"
+FINDER_SPEC = AgentSpec(name=FINDER, description="looks for something in one place")
+PLACES = ("the attic", "the cellar")
+
+
+async def parent_with_two_children(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A parent calls the sub-agent `finder` twice in one step (two child workflows, each
+    with a tool step of its own), then answers with both results. The recorder saves the
+    children's histories beside the parent's."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        asked = first_user_message(body)
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if asked.startswith("look in "):  # a child
+            if not results:
+                return tools(("calculator", {"expression": f"{len(asked)} * 2"}))
+            return text(f"found nothing in {asked.removeprefix('look in ')} ({results[-1]})")
+        if not results:
+            return tools(*((f"agent__{FINDER}", {"task": f"look in {place}"}) for place in PLACES))
+        return text("both looked: " + "; ".join(results))
+
+    # No MCP servers: the history holds the tree and little else.
+    model = ModelSettings(name=fake.script(reply))
+    task = AgentTask(task="find the key", model=model, mcp_servers=[])
+    # The replay test gives a history its file's name as workflow id, and the parent's
+    # commands name its children by ids derived from its own: the same name, then.
+    handle = await runtime.run(task, task_id="parent_with_two_children")
+    await handle.result()
+    return handle.id
+
+
 async def question_with_notifications(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     """An approval, a question and the answer, each told to a webhook endpoint by a worker
     that notifies (its own task queue): the run reads the targets and starts a child per
@@ -381,6 +424,27 @@ async def question_with_notifications(runtime: AgentRuntime, fake: FakeOpenAI) -
     return handle.id
 
 
+async def typed_output_retry(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task with an output schema: a final answer that does not fit it (told as the call's
+    observation), one in plain text (an output_rejected event), then one that fits."""
+    model = fake.script(
+        [
+            tools(("final_answer", {"city": "Oslo", "people": "many"})),
+            text("Oslo has about 709,000 people."),
+            tools(("final_answer", {"city": "Oslo", "people": 709037})),
+        ]
+    )
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "people": {"type": "integer"}},
+        "required": ["city", "people"],
+    }
+    task = AgentTask(task="Oslo?", model=ModelSettings(name=model), output_schema=schema)
+    handle = await runtime.run(task, task_id="typed-output-retry")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -398,7 +462,22 @@ SCENARIOS: dict[str, Scenario] = {
     "steered_task": steered_task,
     "question_and_approval": question_and_approval,
     "question_with_notifications": question_with_notifications,
+    "parent_with_two_children": parent_with_two_children,
+    "typed_output_retry": typed_output_retry,
 }
+
+
+async def save_runs(client: Client, runtime: AgentRuntime, task_id: str, stem: str) -> None:
+    """Every run of the task (a continue-as-new chain, a run reset by a resume), oldest
+    first, each in its own file: `<stem>.json`, or `<stem>.run<N>.json` for a chain."""
+    latest = (await runtime.get(task_id).overview()).run_id
+    runs = await all_runs(client, task_id, latest)
+    for index, execution in enumerate(runs):
+        handle = client.get_workflow_handle(task_id, run_id=execution.run_id)
+        history = await handle.fetch_history()
+        path = HISTORIES / (f"{stem}.json" if len(runs) == 1 else f"{stem}.run{index}.json")
+        path.write_text(history.to_json())
+        print(f"recorded {path.name}: {len(history.events)} events")
 
 
 async def record(replace: bool) -> None:
@@ -411,7 +490,8 @@ async def record(replace: bool) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="waystation-record-"))
     demo_server = demo_stdio(CallLog(scratch / "demo-calls.jsonl"))
     servers = {"time": time_server, "demo": demo_server}
-    settings = isolated_settings(scratch, fake.url, mcp_servers=servers)
+    agents = json.dumps([FINDER_SPEC.model_dump(mode="json", exclude_defaults=True)])
+    settings = isolated_settings(scratch, fake.url, mcp_servers=servers, agents=agents)
     HISTORIES.mkdir(exist_ok=True)
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)
@@ -421,16 +501,11 @@ async def record(replace: bool) -> None:
                 continue  # a recorded history stands for tasks already running: keep it
             for old in HISTORIES.glob(f"{name}*.json"):
                 old.unlink()
-            # Every run of the task (a continue-as-new chain, a run reset by a resume),
-            # oldest first: each replays on its own.
-            latest = (await runtime.get(task_id).overview()).run_id
-            runs = await all_runs(env.client, task_id, latest)
-            for index, execution in enumerate(runs):
-                handle = env.client.get_workflow_handle(task_id, run_id=execution.run_id)
-                history = await handle.fetch_history()
-                path = HISTORIES / (f"{name}.json" if len(runs) == 1 else f"{name}.run{index}.json")
-                path.write_text(history.to_json())
-                print(f"recorded {path.name}: {len(history.events)} events")
+            await save_runs(env.client, runtime, task_id, name)
+            # A parent's sub-agents are tasks of their own: each child's runs beside it.
+            children = (await runtime.get(task_id).state()).children.values()
+            for number, child_id in enumerate(sorted(c.task_id for c in children)):
+                await save_runs(env.client, runtime, child_id, f"{name}.child{number}")
     fake.close()
 
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from activities.tools import ToolRegistry
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.mcp import CallLog, demo_stdio
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from workflows import search
@@ -241,3 +243,25 @@ async def test_an_approval_inside_a_child_is_in_the_inbox_naming_its_parent(
         await kid.approve(approver="alice")
         outcome = await asyncio.wait_for(handle.result(), 60)
     assert outcome.result == "done"
+
+
+async def test_a_task_with_mcp_servers_calls_its_sub_agents(
+    dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, tmp_path: Path
+) -> None:
+    """agent__<name> is no MCP tool, though its name looks like one (`agent` is reserved)."""
+    child = fake_openai.script([text("the attic is empty")])
+    parent = fake_openai.script(
+        [tools(("agent__looker", {"task": "look in the attic"})), text("looked")]
+    )
+    served = settings.model_copy(
+        update={"mcp_servers": {"demo": demo_stdio(CallLog(tmp_path / "calls.jsonl"))}}
+    )
+    registry = registry_with(agent("looker", child))
+    async with running_worker(dev_env.client, served, registry=registry):
+        runtime = AgentRuntime(dev_env.client, served, tools=registry)
+        handle = await runtime.run(agent_task(parent, mcp_servers=["demo"]))
+        outcome = await handle.result()
+        state = await handle.state()
+    assert outcome.result == "looked"
+    assert tool_results(fake_openai.requests[parent][1]) == ["the attic is empty"]
+    assert [c.status for c in state.children.values()] == ["done"]

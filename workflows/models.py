@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+# Imported here, where the workflow's imports are passed through its sandbox: imported at
+# the call instead, a sandboxed replay of a task with an output schema imported jsonschema
+# inside the sandbox, whose attrs calls platform.python_implementation() there (refused),
+# and the task's input could not be decoded.
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OFFLINE_MODEL = "offline"
@@ -42,9 +48,6 @@ def schema_problem(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     saying what is wrong with it."""
     if schema is None:
         return None
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
-
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as err:

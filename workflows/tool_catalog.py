@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field
 
-from workflows.models import ApprovalRule, Contract
+from workflows.models import AGENT_TOOL_PREFIX, ApprovalRule, Contract
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 MAX_FUNCTION_NAME = 64
@@ -148,8 +148,9 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 
 def is_mcp_tool_name(name: str) -> bool:
-    """Whether `name` is `<server>__<tool>` (built-in tools never contain `__`)."""
-    return split_name(name) is not None
+    """Whether `name` is `<server>__<tool>`: built-in tools never contain `__`, and
+    `agent__<name>` is a sub-agent (no MCP server may be named `agent`)."""
+    return split_name(name) is not None and not name.startswith(AGENT_TOOL_PREFIX)
 
 
 def exposed_name(server: str, tool: str) -> str:

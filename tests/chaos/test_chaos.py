@@ -39,6 +39,7 @@ from testing.fake_openai import FakeOpenAI
 from testing.proc import pid_with_local_port
 from testing.workers import WorkerProcess, running_worker
 from tests.chaos.workload import (
+    Crew,
     Gates,
     chaos_model,
     chaos_task,
@@ -60,40 +61,7 @@ WATCHED = (0, 1)  # decided by a person as soon as a state query shows the reque
 KEPT_WAITING = 2  # its request waits while a worker dies, then a person decides
 BLIND = 3  # decided by a Signal sent before its request exists
 # Fewer than run at once: evicted tasks answer queries cold (see docs/never-stuck.md).
-CACHED_TASKS = "3"
-
-
-class Crew:
-    """The worker processes serving the test's task queue; kills are counted."""
-
-    def __init__(self, address: str, settings: Settings, size: int) -> None:
-        self.address = address
-        self.settings = settings
-        self.size = size
-        self.workers: list[WorkerProcess] = []
-        self.kills: list[str] = []
-
-    def _spawn(self) -> WorkerProcess:
-        extra = {"WAYSTATION_WORKER_CACHED_TASKS": CACHED_TASKS}
-        return WorkerProcess(self.address, self.settings, extra_env=extra)
-
-    async def start(self) -> None:
-        self.workers = [self._spawn() for _ in range(self.size)]
-        await asyncio.gather(*(w.ready() for w in self.workers))
-
-    async def kill(self, pid: int | None, moment: str) -> None:
-        """SIGKILL the worker with this pid (or the oldest), then bring the crew back."""
-        victim = next((w for w in self.workers if w.pid == pid), self.workers[0])
-        self.workers.remove(victim)
-        victim.kill()
-        self.kills.append(moment)
-        replacement = self._spawn()
-        self.workers.append(replacement)
-        await replacement.ready()
-
-    def stop(self) -> None:
-        for worker in self.workers:
-            worker.kill()
+CACHED_TASKS = 3
 
 
 async def approve_when_shown(handle: TaskHandle) -> None:
@@ -111,7 +79,7 @@ async def test_sigkilled_workers_lose_nothing_repeat_nothing_and_never_get_stuck
     gates = Gates(settings.workspace_dir)
     stream_gate = gates.hold_stream(HELD_STREAM)
     gates.hold_tool(HELD_TOOL)
-    crew = Crew(client.service_client.config.target_host, settings, size=2)
+    crew = Crew(client.service_client.config.target_host, settings, 2, CACHED_TASKS)
     await crew.start()
     models = [chaos_model(fake_openai, i, gates=gates) for i in range(TASKS)]
     handles = [

@@ -1,10 +1,12 @@
-"""The chaos workload: tasks of four steps with side effects, and the gates that let a test
-kill a worker at a moment it can prove (a model stream held open, a tool mid-run)."""
+"""The chaos workload: tasks of four steps with side effects, the gates that let a test
+kill a worker at a moment it can prove (a model stream held open, a tool mid-run), and the
+crew of worker processes it kills."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,64 @@ from temporalio.worker import Replayer
 from runtime.agent_runtime import TaskHandle
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from testing.workers import WorkerProcess
 from tests.helpers import agent_task
 from workflows.agent import AgentWorkflow
 from workflows.models import AgentTask, ApprovalSettings
 
 WORDS = " ".join(f"w{n}" for n in range(12))
+
+
+class Crew:
+    """The worker processes serving a test's task queue, each caching at most
+    `cached_tasks` tasks; kills are counted."""
+
+    def __init__(self, address: str, settings: Settings, size: int, cached_tasks: int) -> None:
+        self.address = address
+        self.settings = settings
+        self.size = size
+        self.cached_tasks = cached_tasks
+        self.workers: list[WorkerProcess] = []
+        self.kills: list[str] = []
+
+    def _spawn(self) -> WorkerProcess:
+        extra = {"WAYSTATION_WORKER_CACHED_TASKS": str(self.cached_tasks)}
+        return WorkerProcess(self.address, self.settings, extra_env=extra)
+
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    async def start(self) -> None:
+        self.workers = [self._spawn() for _ in range(self.size)]
+        await asyncio.gather(*(w.ready() for w in self.workers))
+
+    async def kill(
+        self, pid: int | None, moment: str, then: Callable[[], object] | None = None
+    ) -> None:
+        """SIGKILL the worker with this pid (or the oldest), do `then` (say, open the gate
+        the dead worker was held at), and bring the crew back."""
+        victim = next((w for w in self.workers if w.pid == pid), self.workers[0])
+        self.workers.remove(victim)
+        victim.kill()
+        self.kills.append(moment)
+        if then is not None:
+            then()
+        replacement = self._spawn()
+        self.workers.append(replacement)
+        await replacement.ready()
+
+    async def kill_all(self, moment: str, then: Callable[[], object] | None = None) -> None:
+        """SIGKILL every worker at once (no task keeps a cached run), then start as many."""
+        for worker in self.workers:
+            worker.kill()
+        self.kills.append(moment)
+        if then is not None:
+            then()
+        await self.start()
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.kill()
 
 
 class Gates:
