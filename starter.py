@@ -166,7 +166,7 @@ async def follow(
                     _say(
                         f"task {handle.id} waits for an answer to [{question.request_id}]; it "
                         "holds no process while it waits. Answer with:\n"
-                        f"  python starter.py answer {handle.id} {question.request_id} '...'"
+                        f"  {hints.command('answer', handle.id, question.request_id)} 'the answer'"
                     )
                     return EXIT_WAITING
     return await _final_status(handle)
