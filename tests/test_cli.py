@@ -364,9 +364,10 @@ async def test_a_blank_task_and_unknown_tools_are_one_line_errors(
 async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    readme = (REPO / "README.md").read_text()
-    assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
-    assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
+    approvals = (REPO / "docs" / "approvals.md").read_text()
+    assert "temporal workflow update execute --workflow-id via-update --name decide" in approvals
+    cli = (REPO / "docs" / "cli.md").read_text()
+    assert "temporal workflow show --workflow-id ID --detailed" in cli
     code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
     assert code == 3, err
 
