@@ -25,7 +25,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Debian's chromium, postgresql and git, which the tests drive, installed with apt when missing.
+# Debian's chromium, postgresql, git and curl, which the tests drive, installed with apt when missing.
 system-packages:
 	@scripts/system-packages
 

@@ -175,7 +175,7 @@ async def follow(
                     _say(
                         f"{waiting} waits for an answer to [{question.request_id}]; it "
                         "holds no process while it waits. Answer with:\n"
-                        f"  {hints.command('answer', owner.id, question.request_id)} '...'"
+                        f"  {hints.command('answer', owner.id, question.request_id)} 'the answer'"
                     )
                     return EXIT_WAITING
     return await _final_status(handle)

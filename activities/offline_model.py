@@ -1,9 +1,10 @@
 """The built-in offline model: deterministic, rule-based, and says so in every answer.
 
-It exists so the whole flow (tool calls, approval, streaming) runs on a machine with
-no model endpoint. It reads the task for arithmetic, a file to write, a command in
-backticks or a request to list files; calls the matching tools; then answers from
-their results. It is not a language model and never pretends to be one.
+It exists so the whole flow (tool calls, approval, questions, sub-agents, streaming)
+runs on a machine with no model endpoint. It reads the task for arithmetic, a file to
+write, a command in backticks, a request to list files, a question for the person ("ask
+me ...") or a task for a sub-agent ("have the math agent ..."); calls the matching tools;
+then answers from their results. It is not a language model and never pretends to be one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import Any
 
 from activities.chat import ChatDelta
 from workflows.conversation import SUMMARY_PREFIX
-from workflows.models import FINAL_ANSWER_TOOL, ChatMessage, ModelSettings, Usage
+from workflows.models import (
+    AGENT_TOOL_PREFIX,
+    ASK_PERSON_TOOL,
+    FINAL_ANSWER_TOOL,
+    ChatMessage,
+    ModelSettings,
+    Usage,
+)
 
 LABEL = "[offline model]"
 
@@ -28,6 +36,13 @@ _FILE = re.compile(
 )
 _SHELL = re.compile(r"\brun\b[^`]*`(?P<command>[^`]+)`", re.IGNORECASE)
 _LIST = re.compile(r"\blist\b.*\bfiles?\b", re.IGNORECASE)
+# "Ask me which colour to use: red, green or blue." (the choices after a colon, if any)
+_ASK = re.compile(r"\bask me\b\s*(?P<question>[^:.?!\n]+)(?::\s*(?P<choices>[^.?!\n]+))?", re.I)
+# "Have the math agent work out 6 * 7." (the rest of the sentence is the sub-agent's task)
+_DELEGATE = re.compile(
+    r"\b(?:have|ask|let|get) the (?P<agent>[a-z0-9][a-z0-9_-]*) agent (?:to )?(?P<task>[^\n]+)",
+    re.IGNORECASE,
+)
 
 
 @dataclass
@@ -36,10 +51,21 @@ class _Plan:
     file_path: str | None = None
     shell_command: str | None = None
     list_files: bool = False
+    question: str | None = None
+    choices: list[str] | None = None
+    agent: str | None = None
+    agent_task: str | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self.expressions or self.file_path or self.shell_command or self.list_files)
+        return not (
+            self.expressions
+            or self.file_path
+            or self.shell_command
+            or self.list_files
+            or self.question
+            or self.agent
+        )
 
 
 def _plan(task: str) -> _Plan:
@@ -53,6 +79,18 @@ def _plan(task: str) -> _Plan:
     if (m := _SHELL.search(task)) is not None:
         plan.shell_command = m.group("command").strip()
     plan.list_files = bool(_LIST.search(task))
+    if (m := _ASK.search(task)) is not None:
+        question = m.group("question").strip()
+        if question.lower().startswith("for "):  # "ask me for the account id"
+            question = "what is " + question[4:]
+        plan.question = question[:1].upper() + question[1:] + "?"
+        if m.group("choices"):
+            plan.choices = [c.strip() for c in re.split(r",|\bor\b", m.group("choices"))]
+            plan.choices = [c for c in plan.choices if c] or None
+    if (m := _DELEGATE.search(task)) is not None:
+        plan.agent = m.group("agent").lower()
+        text = m.group("task").strip()
+        plan.agent_task = text[:1].upper() + text[1:]
     return plan
 
 
@@ -182,6 +220,20 @@ class OfflineModel:
         done = _outcomes(messages[latest:])
         used = {o.tool for o in done}
 
+        delegate = f"{AGENT_TOOL_PREFIX}{plan.agent}"
+        if plan.agent and delegate in offered:
+            # The sub-agent does the whole of it; its answer is the answer.
+            if delegate not in used:
+                return (
+                    f"{LABEL} Asking the {plan.agent} agent.",
+                    [(delegate, {"task": plan.agent_task})],
+                )
+            return f"{LABEL} {self._answer(done)}", []
+        if plan.question and ASK_PERSON_TOOL in offered and ASK_PERSON_TOOL not in used:
+            arguments: dict[str, Any] = {"question": plan.question}
+            if plan.choices:
+                arguments["choices"] = plan.choices
+            return f"{LABEL} Asking you.", [(ASK_PERSON_TOOL, arguments)]
         if plan.expressions and "calculator" in offered and "calculator" not in used:
             return (
                 f"{LABEL} Computing {len(plan.expressions)} expression(s) with the calculator.",
@@ -204,8 +256,15 @@ class OfflineModel:
             return (
                 f"{LABEL} I am waystation's built-in offline model, not a language model. "
                 "I can do arithmetic with the calculator, list files, run a command given in "
-                "backticks, and write results to a file. Set OPENAI_API_KEY (and "
+                'backticks, write results to a file, ask you ("ask me which ...") and hand '
+                'a task to a sub-agent ("have the math agent ..."). Set OPENAI_API_KEY (and '
                 "OPENAI_BASE_URL for other endpoints) to use a real model.",
+                [],
+            )
+        if plan.question and not done and ASK_PERSON_TOOL not in offered:
+            return (
+                f"{LABEL} I would ask you: {plan.question} But this task may not ask "
+                f"({ASK_PERSON_TOOL} is not among its tools).",
                 [],
             )
         return f"{LABEL} {self._answer(done)}", []
@@ -232,6 +291,11 @@ class OfflineModel:
                 parts.append(f"`{o.arguments.get('command', '')}` gave: {o.output.strip()[:400]}")
             elif o.tool == "list_files":
                 parts.append(f"The workspace holds: {', '.join(o.output.splitlines()[:20])}")
+            elif o.tool == ASK_PERSON_TOOL:
+                parts.append(o.output.strip())
+            elif o.tool.startswith(AGENT_TOOL_PREFIX):
+                name = o.tool.removeprefix(AGENT_TOOL_PREFIX)
+                parts.append(f"The {name} agent answered: {o.output.removeprefix(LABEL).strip()}")
         return ". ".join(p.rstrip(".") for p in parts) + "." if parts else "Nothing to report."
 
     def summarize(self, messages: list[ChatMessage]) -> str:

@@ -3,8 +3,9 @@
 Each scenario drives a real task on the dev server and saves its history under
 tests/histories/. The replay test replays them all against the current workflow code, so a
 change that would break running tasks fails CI. Existing files are kept unless `--replace`
-is given: before the first release that promises replay compatibility (README, "Versions")
-a deliberate change to the workflow's commands re-records them all; after it, such a
+is given: before the first release that promises replay compatibility
+(docs/architecture.md, "Replay compatibility") a deliberate change to the workflow's
+commands re-records them all; after it, such a
 change is guarded by `workflow.patched` and adds new scenarios beside the old files.
 """
 

@@ -365,9 +365,10 @@ async def test_a_blank_task_and_unknown_tools_are_one_line_errors(
 async def test_the_readmes_temporal_cli_approval_commands_do_what_it_says(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    readme = (REPO / "README.md").read_text()
-    assert "temporal workflow update execute --workflow-id TASK_ID --name decide" in readme
-    assert "temporal workflow show --workflow-id TASK_ID --detailed" in readme
+    approvals = (REPO / "docs" / "approvals.md").read_text()
+    assert "temporal workflow update execute --workflow-id via-update --name decide" in approvals
+    cli = (REPO / "docs" / "cli.md").read_text()
+    assert "temporal workflow show --workflow-id ID --detailed" in cli
     code, _, err = await starter(dev_env, settings, "run", "--id", "cli-tctl", "Run `echo t`")
     assert code == 3, err
 
@@ -625,7 +626,7 @@ async def test_answer_answers_a_question_and_run_says_how_while_it_waits(
     )
     assert code == 3, err
     assert "waits for an answer to [1-call_1_0]" in err
-    assert f"{command('answer', 'cli-ask', '1-call_1_0')} '...'" in err
+    assert f"{command('answer', 'cli-ask', '1-call_1_0')} 'the answer'" in err
     async with asyncio.timeout(60):  # Temporal's visibility lists it a moment later
         while (
             "cli-ask"

@@ -1,8 +1,8 @@
 """Contracts that cross a boundary: workflow input, activity inputs and results, decisions.
 
 Everything here is stored in Temporal history, so these shapes are contracts: once a
-release promises replay compatibility (see README, "Versions"), fields are only added,
-optional, never renamed or removed.
+release promises replay compatibility (docs/architecture.md, "Replay compatibility"),
+fields are only added, optional, never renamed or removed.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class AgentTask(Contract):
         ge=1,
         le=600,
         description="Heartbeat timeout of model and tool calls: how soon a dead worker's call "
-        "is retried elsewhere. Default 5 s (see README, Performance).",
+        "is retried elsewhere. Default 5 s (see docs/performance.md).",
     )
     output_schema: dict[str, Any] | None = Field(
         default=None,

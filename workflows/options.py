@@ -1,6 +1,6 @@
 """How each activity is called: timeouts, heartbeats and retries, as typed configs.
 
-One place, so the README's table and the code cannot drift: see README, "Failures".
+One place, so the docs' tables and the code cannot drift: docs/failures.md, docs/tools.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from workflows.notice import DeliveryRetry
 # How soon a dead worker's call is retried elsewhere: activities heartbeat every third of
 # it, so a slow but live call is left alone. Chosen from `python -m bench.heartbeats`:
 # 2 s abandoned live model calls under two busy processes; 5 s did not, and a SIGKILL
-# still recovers within ~6 s (see README, Performance).
+# still recovers within ~6 s (docs/performance.md).
 DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=5)
 TOOL_START_TO_CLOSE = timedelta(minutes=15)
 LOCAL_TOOL_TIMEOUT = timedelta(seconds=10)

@@ -14,7 +14,7 @@ from runtime.agent_runtime import TaskHandle
 from tests.browser.stack import ConsoleStack
 from tests.helpers import agent_task
 
-# `CONSOLE_SCREENSHOTS=docs pytest tests/browser` refreshes the screenshots in README.
+# `CONSOLE_SCREENSHOTS=docs pytest tests/browser` refreshes the screenshots in docs/.
 SCREENSHOTS = os.environ.get("CONSOLE_SCREENSHOTS")
 
 
