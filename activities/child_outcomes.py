@@ -10,11 +10,30 @@ from __future__ import annotations
 
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.converter import DataConverter
 
-from activities.turns import close_event, continuation_of
+from activities.turns import close_event
 from runtime.health import overview
+from workflows.models import Usage
 from workflows.run import AgentOutcome, ChildOutcome
+
+
+async def failure_usage(convert: DataConverter, close: HistoryEvent) -> Usage | None:
+    """The tokens a failed task used: its failure's second detail (None before failures
+    carried it, or for any other end)."""
+    if close.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        return None
+    details = close.workflow_execution_failed_event_attributes.failure.application_failure_info
+    payloads = details.details.payloads
+    if len(payloads) < 2:
+        return None
+    try:
+        _, usage = await convert.decode(payloads[:2], [str, Usage])
+    except ValueError:
+        return None  # an earlier version put something else there
+    return usage if isinstance(usage, Usage) else None
 
 
 class ChildActivities:
@@ -33,8 +52,7 @@ class ChildActivities:
             payloads = close.workflow_execution_completed_event_attributes.result.payloads
             [outcome] = await convert.decode(payloads, [AgentOutcome])
             return ChildOutcome(closed=True, outcome=outcome)
-        carry = await continuation_of(convert, close)
-        usage = carry.state.usage if carry is not None else None
+        usage = await failure_usage(convert, close)
         if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = close.workflow_execution_failed_event_attributes.failure
             return ChildOutcome(closed=True, ended="failed", reason=failure.message, usage=usage)

@@ -15,8 +15,7 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHistoryEventFilterType
-from temporalio.converter import DataConverter
+from temporalio.client import Client, WorkflowHandle, WorkflowHistoryEventFilterType
 from temporalio.exceptions import ApplicationError
 
 from activities.storage import Ledger
@@ -58,7 +57,7 @@ class TurnActivities:
                 last_seq = carry.state.last_seq if carry is not None else -1
                 follows = RunRef(workflow_id=claim.task_id, run_id=last_run, last_seq=last_seq)
                 # The claiming run started from this very answer: nothing to start from.
-                fresh = claim.after_run_id is not None and last_run == claim.after_run_id
+                fresh = claim.has_carry and last_run == claim.after_run_id
                 return ClaimedTurn(follows=follows, continuation=None if fresh else continuation)
             activity.heartbeat()
             run_id = holder  # another chain followed that answer: follow its answer
@@ -134,32 +133,25 @@ async def close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent
 async def _continuation(
     client: Client, task_id: str, run_id: str, close: HistoryEvent
 ) -> AgentRun | None:
-    """What a follow-up continues from: the closed run's carry, from its result (or its
-    failure), and its task, from its input."""
-    carry = await continuation_of(client.data_converter, close)
-    if carry is None:
+    """What a follow-up continues from: the closed run's state at its end, asked of the
+    run itself (a worker replays it; a task nobody follows up never pays for it), and its
+    task, from its input. None for a run that did not end with an answer or a failure."""
+    answered = close.event_type in (
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    )
+    if not answered:
         return None
-    handle = client.get_workflow_handle(task_id, run_id=run_id)
-    async for start in handle.fetch_history_events(page_size=1):
+    from workflows.agent import AgentWorkflow  # the workflow module imports this one
+
+    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=run_id
+    )
+    carry: RunCarry = await closed.query(AgentWorkflow.continuation)
+    async for start in closed.fetch_history_events(page_size=1):
         payloads = start.workflow_execution_started_event_attributes.input.payloads
         [run] = await client.data_converter.decode(payloads, [AgentRun])
         if isinstance(run, AgentRun) and run.task is not None:
             return AgentRun(task=run.task, carry=carry)
         break
-    return None
-
-
-async def continuation_of(convert: DataConverter, close: HistoryEvent) -> RunCarry | None:
-    """The carry a closed run's result (or failure) holds for a follow-up, if any."""
-    if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
-        payloads = close.workflow_execution_completed_event_attributes.result.payloads
-        [outcome] = await convert.decode(payloads, [AgentOutcome])
-        return outcome.continuation if isinstance(outcome, AgentOutcome) else None
-    if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-        failure = close.workflow_execution_failed_event_attributes.failure
-        details = failure.application_failure_info.details.payloads
-        if len(details) < 2:
-            return None  # failed before failures carried their continuation
-        _, carry = await convert.decode(details[:2], [str, RunCarry])
-        return carry if isinstance(carry, RunCarry) else None
     return None

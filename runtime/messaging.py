@@ -79,18 +79,19 @@ async def deliver(
                 raise
             return Delivery(handle, started=False)
         if seen.status == WorkflowExecutionStatus.COMPLETED:
-            run = await _continuation(client, task_id, seen.run_id)
-            carry = run.carry
-            if carry is not None and message.message_id in carry.state.message_ids:
+            outcome = await _answer(client, task_id, seen.run_id)
+            if message.message_id in outcome.message_ids:
                 # A repeat of a message the answer already took (a retried send).
                 closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
                     client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=seen.run_id)
                 )
                 return Delivery(closed, started=False)
-            stream = carry.stream if carry is not None else None
+            # The next run starts with only the run it follows, with no worker needed: its
+            # first activity reads that answer's state from the closed run and claims the
+            # turn (activities/turns.py), then it continues as new from it.
             started = await client.start_workflow(
                 AgentWorkflow.run,
-                run,
+                AgentRun(follows=seen.run_id),
                 id=task_id,
                 task_queue=task_queue,
                 start_signal=MESSAGE_SIGNAL,
@@ -100,8 +101,7 @@ async def deliver(
                 static_summary=summary,
                 task_timeout=task_timeout,
             )
-            end = stream.base_offset + len(stream.log) if stream is not None else None
-            return Delivery(started, started=True, stream_from=end)
+            return Delivery(started, started=True, stream_from=outcome.next_offset)
         status = seen.status.name.lower() if seen.status else "unknown"
         refuse_unless_taking(task_id, "cancelled" if status == "canceled" else "failed")
     raise MessageRefusedError(
@@ -133,9 +133,9 @@ def refuse_unless_taking(task_id: str, status: str) -> None:
         )
 
 
-async def _continuation(client: Client, task_id: str, run_id: str) -> AgentRun:
-    """The input of the run that follows the answer of closed run `run_id`: its task (from
-    its input) and what its outcome carries."""
+async def _answer(client: Client, task_id: str, run_id: str) -> AgentOutcome:
+    """The answer of closed run `run_id`, once it is known that a message may follow it (a
+    sub-agent's answered its caller: not this one)."""
     closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
         AgentWorkflow.run, task_id, run_id=run_id
     )
@@ -152,13 +152,4 @@ async def _continuation(client: Client, task_id: str, run_id: str) -> AgentRun:
             f"send your message to {task.parent.task_id}",
             errors.TASK_NOT_TAKING_MESSAGES,
         )
-    outcome = await closed.result(follow_runs=False)
-    if outcome.continuation is None or task is None:
-        raise MessageRefusedError(
-            task_id,
-            f"task {task_id} answered before this version of waystation kept conversations "
-            "going: fork it to go on "
-            f"({command('fork', task_id, '--at', str(outcome.last_seq))} --message '...')",
-            errors.TASK_NOT_TAKING_MESSAGES,
-        )
-    return AgentRun(task=task, carry=outcome.continuation)
+    return await closed.result(follow_runs=False)

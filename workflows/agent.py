@@ -111,6 +111,7 @@ with workflow.unsafe.imports_passed_through():
         ANSWER_SIGNAL,
         ANSWER_UPDATE,
         APPROVE_SIGNAL,
+        CONTINUATION_QUERY,
         DECIDE_UPDATE,
         MESSAGE_SIGNAL,
         NOTIFICATION_FAILED_SIGNAL,
@@ -216,7 +217,7 @@ class AgentWorkflow:
         or a cancellation."""
         try:
             if run.task is None or (run.carry is not None and run.carry.follow_up):
-                await self._claim_turn(run.carry)
+                await self._claim_turn(run)
             elif run.carry is None:
                 task_id = workflow.info().workflow_id
                 self._append(draft(TaskStarted, 0, task_id=task_id, task=self._task))
@@ -575,15 +576,19 @@ class AgentWorkflow:
             turn=state.turn,
             output=state.output,
             message_ids=self._turn_messages,
-            # A sub-agent answered its caller: nothing follows it up.
-            continuation=None if self._task.parent is not None else self._continuation(),
+            next_offset=self._stream_end(),
         )
 
+    def _stream_end(self) -> int:
+        stream = self._stream.get_state(publisher_ttl=timedelta(0))
+        return stream.base_offset + len(stream.log)
+
     def _continuation(self) -> RunCarry:
-        """What a follow-up continues from: this run's state (its answer is in the outcome
-        and the log already), the latest stream items (so offsets go on), and this run as
-        the one before it. The task is this run's input's."""
-        stream = self._stream.get_state()
+        """What a follow-up continues from: this run's state (its answer is in the log
+        already), the latest stream items (so offsets go on), and this run as the one before
+        it. The task is this run's input's. A run has no activity in flight when it ends, so
+        no publisher's dedup entry need go on with it."""
+        stream = self._stream.get_state(publisher_ttl=timedelta(0))
         kept = carried_from(stream) - stream.base_offset
         tail = dataclasses.replace(
             stream, log=stream.log[kept:], base_offset=stream.base_offset + kept
@@ -595,14 +600,20 @@ class AgentWorkflow:
         state = self._state.model_copy(update={"result": None})
         return RunCarry(state=state, stream=tail, earlier=earlier, follow_up=True)
 
-    async def _claim_turn(self, carry: RunCarry | None) -> None:
-        """A follow-up run first claims the turn after the answer it follows: when another
-        run got there first (a stale start) or this run began with nothing (the Temporal
-        CLI), it continues as new from the latest answer, keeping its messages."""
+    async def _claim_turn(self, run: AgentRun) -> None:
+        """A follow-up run first claims the turn after the answer it follows, then goes on
+        from it: a run started with only the run it follows (`follows`, our clients) or
+        nothing at all (the Temporal CLI) continues as new from that answer's state, read
+        from the closed run, keeping the messages it received; so does one that another
+        run got ahead of."""
         info = workflow.info()
-        after = carry.earlier.run_id if carry is not None and carry.earlier else None
+        carry = run.carry
+        after = carry.earlier.run_id if carry is not None and carry.earlier else run.follows
         claim = TurnClaim(
-            task_id=info.workflow_id, after_run_id=after, chain_id=info.first_execution_run_id
+            task_id=info.workflow_id,
+            after_run_id=after,
+            chain_id=info.first_execution_run_id,
+            has_carry=carry is not None,
         )
         try:
             claimed = await activity_calls.claim_turn(self._task, claim)
@@ -681,8 +692,9 @@ class AgentWorkflow:
             await workflow.wait_condition(lambda: bool(self._resumptions), timeout=RESUME_GRACE)
         except TimeoutError:
             await self._close_stream()
+            # The usage comes along: a sub-agent's caller counts what its failure cost.
             raise ApplicationError(
-                reason, kind, self._continuation(), type=errors.AGENT_FAILED, non_retryable=True
+                reason, kind, self._state.usage, type=errors.AGENT_FAILED, non_retryable=True
             ) from None
         self._clock = _sample()
         resumption = self._resumptions.pop(0)
@@ -874,6 +886,11 @@ class AgentWorkflow:
     def queued_messages(self) -> list[Message]:
         """Messages received and not yet taken into the conversation, in arrival order."""
         return [q.message for q in self._incoming]
+
+    @workflow.query(name=CONTINUATION_QUERY)
+    def continuation(self) -> RunCarry:
+        """What a follow-up of this run's answer continues from (asked of a closed run)."""
+        return self._continuation()
 
     @workflow.query(name="conversation_content")
     def conversation_content(self, digests: list[str]) -> dict[str, ChatMessage]:

@@ -11,16 +11,17 @@ calls of a step. A depth limit and a per-step limit stop runaway trees with a se
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from workflows.models import AgentSpec, AgentTask, ParentLink, ToolCall, ToolResult
-from workflows.run import ChildOutcome, RunCarry
+from workflows.models import AgentSpec, AgentTask, ParentLink, ToolCall, ToolResult, Usage
+from workflows.run import ChildOutcome
 
 # A parent that meets an existing child asks how it stands this often, doubling.
 REJOIN_FIRST_PAUSE = timedelta(seconds=5)
@@ -150,8 +151,8 @@ def child_ended(name: str, cause: BaseException | None) -> ToolResult:
     if isinstance(cause, ApplicationError):
         usage = None
         if len(cause.details) > 1:
-            carry = RunCarry.model_validate(cause.details[1])
-            usage = carry.state.usage
+            with contextlib.suppress(ValidationError):
+                usage = Usage.model_validate(cause.details[1])
         return ended(name, "failed", cause.message, usage)
     return ended(name, "failed", str(cause) if cause else "its task ended")
 

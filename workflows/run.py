@@ -29,6 +29,7 @@ RESUME_SIGNAL = "resume_after_failure"
 REPAIRED_SIGNAL = "repaired"
 SEND_MESSAGE_UPDATE = "send_message"
 QUEUED_MESSAGES_QUERY = "queued_messages"
+CONTINUATION_QUERY = "continuation"
 MESSAGE_SIGNAL = "message"
 ANSWER_UPDATE = "answer"
 ANSWER_SIGNAL = "answer"
@@ -70,12 +71,17 @@ class RunCarry(Contract):
 class AgentRun(Contract):
     """The workflow's one input: the task, and what an earlier run (or a fork) carries.
 
-    With neither (`{}`), the run is a follow-up sent from the Temporal CLI
-    (update-with-start or signal-with-start on a task whose run has closed): it finds the
-    task's latest answer and continues from it."""
+    With neither, the run is a follow-up of a task whose run has closed: started by our
+    clients with `follows` (the closed run), or from the Temporal CLI with `{}`
+    (update-with-start or signal-with-start), when it finds the task's latest answer
+    itself. Either way it continues as new from that answer's state."""
 
     task: AgentTask | None = None
     carry: RunCarry | None = None
+    follows: str | None = Field(
+        default=None,
+        description="A follow-up started with nothing else: the run whose answer it follows.",
+    )
 
 
 class AgentOutcome(Contract):
@@ -96,8 +102,11 @@ class AgentOutcome(Contract):
     )
     continuation: RunCarry | None = Field(
         default=None,
-        description="What the next run carries, should a message follow this answer (its "
-        "task is this run's: it is not repeated here).",
+        description="Only in runs before follow-ups read it by query: what a follow-up "
+        "continued from.",
+    )
+    next_offset: int | None = Field(
+        default=None, description="The stream offset a follow-up's items start at."
     )
 
 
@@ -119,6 +128,9 @@ class TurnClaim(Contract):
     task_id: str
     after_run_id: str | None = None
     chain_id: str
+    has_carry: bool = Field(
+        default=True, description="The claiming run started from that answer's state already."
+    )
 
 
 class ClaimedTurn(Contract):
