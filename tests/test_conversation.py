@@ -303,3 +303,17 @@ async def test_a_temporal_cli_follow_up_of_a_task_that_does_not_exist_says_so(
             start_workflow_operation=_with_start("never-started", dev_runtime.settings),
         )
     assert "there is no task 'never-started' to follow up" in str(refused.value.cause)
+
+
+async def test_a_follow_up_may_run_the_same_call_again(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    calc = ("calculator", {"expression": "2^10"})
+    model = fake_openai.script([tools(calc), text("1024"), tools(calc), text("still 1024")])
+    handle = await dev_runtime.run(agent_task(model, task="2^10?"))
+    await handle.result()
+    await handle.send("once more: 2^10?")
+    assert (await handle.result()).result == "still 1024"
+    outputs = [o.output for o in of_type(await handle.events(), "observation")]
+    # The repeat guard spans a turn's steps, not the turns a person asked for.
+    assert outputs == ["1024", "1024"]

@@ -693,6 +693,8 @@ def _user_message(state: AgentState, event: UserMessage) -> Changes:
         changes["turn_first_step"] = state.step
         changes["output_rejections"] = 0
         changes["output"] = None
+        # A person asked again: a call like one of the last turn's is theirs to have run.
+        changes["recent_calls"] = {}
     if event.message_id is not None:
         changes["message_ids"] = [*state.message_ids, event.message_id][-MESSAGE_IDS_KEPT:]
     return changes
