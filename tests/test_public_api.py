@@ -13,6 +13,7 @@ from testing.workers import REPO
 from worker import build_worker
 
 PUBLIC = [
+    "Agent",
     "AgentEvent",
     "AgentOutcome",
     "AgentRuntime",

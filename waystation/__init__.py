@@ -60,6 +60,9 @@ from runtime.tree_stream import TreeItem
 from worker import AgentWorker, build_worker
 from workflows.events import AgentEvent, AgentState
 from workflows.models import (
+    AgentSpec as Agent,
+)
+from workflows.models import (
     AgentTask,
     Answer,
     AnswerOutcome,
@@ -79,6 +82,7 @@ except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0.0.0"
 
 __all__ = [
+    "Agent",
     "AgentEvent",
     "AgentOutcome",
     "AgentRuntime",
