@@ -477,7 +477,7 @@ class AgentWorkflow:
         self._log.append(event)
         self._messages.add(messages_of(event))
         self._events_topic.publish(event)
-        self._visibility.publish(self._state, self._task.model.name)
+        self._visibility.publish(self._state, self._task.model.name, event.at)
 
     async def _close_stream(self) -> None:
         # Release long-poll subscribers and let every handler finish before the run ends.
