@@ -1,12 +1,13 @@
 """What this worker saw of each task's conversation, so an LLM call can skip the query.
 
 A step's conversation is the previous call's conversation, the assistant message that call
-produced, and the tool results since. When this worker made that call and ran those tools
-(the usual case: the workflow task, its local tools and the eagerly dispatched LLM call all
-land on one worker), it can rebuild the conversation itself. Every rebuild is checked
-against the digest the workflow computed; anything else (another worker made the call, a
-summary, a rejected call, a fork, a message from a person) misses, and the activity asks
-the workflow by query and the conversation store.
+produced, and the tool results since; or, right after a compaction, the summarized
+conversation with the summary in place of the messages it replaced. When this worker made
+that call and ran those tools, or wrote that summary (the usual case: the workflow task,
+its local tools and the eagerly dispatched activity all land on one worker), it can rebuild
+the conversation itself. Every rebuild is checked against the digest the workflow computed;
+anything else (another worker made the call, a rejected call, a fork, a message from a
+person) misses, and the activity asks the workflow by query and the conversation store.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from workflows.conversation import (
     ConversationDigest,
     message_digest,
+    summary_message,
     tool_message,
 )
 from workflows.models import ApprovalRule, ChatMessage
@@ -56,7 +58,7 @@ class Conversation:
 class _LastCall:
     step: int
     conversation: Conversation
-    reply: ChatMessage
+    reply: ChatMessage | None  # None after a compaction: the conversation is the summarized one
     size: int
     digest: ConversationDigest  # follows the task's conversation, encoding only what is new
 
@@ -82,10 +84,40 @@ class ConversationCache:
     def remember_call(
         self, workflow_id: str, step: int, conversation: Conversation, reply: ChatMessage
     ) -> None:
+        self._remember(workflow_id, step, conversation, reply)
+
+    def remember_compaction(
+        self,
+        workflow_id: str,
+        step: int,
+        conversation: Conversation,
+        start: int,
+        end: int,
+        summary: str,
+    ) -> None:
+        """The conversation once messages [start, end) are replaced by `summary`, as the
+        workflow will fold it: the next call of the task starts from it."""
+        kept = [*conversation.messages[:start], summary_message(summary)]
+        messages = [*kept, *conversation.messages[end:]]
+        digests = [*conversation.digests[:start], message_digest(kept[-1])]
+        digests += conversation.digests[end:]
+        summarized = Conversation(
+            messages,
+            digests,
+            conversation.tools,
+            conversation.approval_policy,
+            conversation.catalog,
+        )
+        self._remember(workflow_id, step, summarized, None)
+
+    def _remember(
+        self, workflow_id: str, step: int, conversation: Conversation, reply: ChatMessage | None
+    ) -> None:
         previous = self._calls.get(workflow_id)
         digest = previous.digest if previous is not None else ConversationDigest()
         self._forget_call(workflow_id)
-        entry = _LastCall(step, conversation, reply, _size([*conversation.messages, reply]), digest)
+        sent = [*conversation.messages, *([reply] if reply is not None else [])]
+        entry = _LastCall(step, conversation, reply, _size(sent), digest)
         if entry.size > self._budget // 8:
             return  # one huge conversation must not push out everyone else's
         self._calls[workflow_id] = entry
@@ -110,12 +142,14 @@ class ConversationCache:
         last = self._calls.get(workflow_id)
         if last is None:
             return None
-        messages = [*last.conversation.messages, last.reply]
-        for call in last.reply.tool_calls:
-            output = self._outputs.get(f"{workflow_id}/{last.step}/{call.id}")
-            if output is None:
-                return None
-            messages.append(tool_message(call.id, output))
+        messages = list(last.conversation.messages)
+        if last.reply is not None:
+            messages.append(last.reply)
+            for call in last.reply.tool_calls:
+                output = self._outputs.get(f"{workflow_id}/{last.step}/{call.id}")
+                if output is None:
+                    return None
+                messages.append(tool_message(call.id, output))
         if len(messages) != message_count:
             return None
         digests = [*last.conversation.digests]

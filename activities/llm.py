@@ -341,7 +341,7 @@ class LlmActivities:
             )
             old = conversation.messages[request.start : request.end]
             if isinstance(backend, OfflineModel):
-                return SummaryResult(summary=backend.summarize(old))
+                return self._summarized(request, conversation, backend.summarize(old))
             transcript = "\n".join(
                 f"{m.role}: {m.content or ''}"
                 + "".join(f" [calls {c.name}({c.arguments})]" for c in m.tool_calls)
@@ -352,7 +352,22 @@ class LlmActivities:
                 ChatMessage(role="user", content=transcript),
             ]
             message = await self._stream(backend, prompt, [], request.model, watchdog, None)
-        return SummaryResult(summary="".join(message.text), usage=message.usage)
+        return self._summarized(request, conversation, "".join(message.text), message.usage)
+
+    def _summarized(
+        self,
+        request: SummaryRequest,
+        conversation: Conversation,
+        summary: str,
+        usage: Usage | None = None,
+    ) -> SummaryResult:
+        """The summary, remembered in place of what it replaces: the next call of the task
+        on this worker rebuilds the compacted conversation instead of asking for it."""
+        workflow_id = activity.info().workflow_id or ""
+        self._conversations.remember_compaction(
+            workflow_id, request.step, conversation, request.start, request.end, summary
+        )
+        return SummaryResult(summary=summary, usage=usage or Usage())
 
     async def _stream(
         self,

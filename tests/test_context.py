@@ -202,6 +202,43 @@ async def test_llm_calls_on_the_worker_that_ran_the_step_skip_the_query(
     assert sent[-1] == to_openai_messages(conversation_now[:-1])
 
 
+def test_a_worker_rebuilds_the_conversation_it_summarized() -> None:
+    cache = ConversationCache()
+    messages = conversation(3)
+    cache.remember_compaction("task-1", 4, _known(messages), 2, 6, "added numbers")
+    compacted = [*messages[:2], _chat("user", SUMMARY_PREFIX + "added numbers"), *messages[6:]]
+    rebuilt = cache.rebuild("task-1", len(compacted), _digest(compacted))
+    assert rebuilt is not None and rebuilt.messages == compacted
+    assert rebuilt.digests == [message_digest(m) for m in compacted]
+    other = [*messages[:2], _chat("user", SUMMARY_PREFIX + "something else"), *messages[6:]]
+    assert cache.rebuild("task-1", len(other), _digest(other)) is None
+
+
+async def test_calls_after_a_summary_this_worker_wrote_skip_the_query(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    steps: list[int] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not body.get("tools"):
+            return text("the earlier steps added numbers")  # the summary
+        steps.append(len(steps))
+        if len(steps) >= 12:
+            return text("done")
+        return tools(("calculator", {"expression": f"{len(steps)} + 1"}), content="x" * 800)
+
+    model = fake_openai.script(reply)
+    async with running_worker(dev_env.client, settings) as worker:
+        task = agent_task(model, context_limit_tokens=1200)
+        handle = await AgentRuntime(dev_env.client, settings).run(task)
+        await handle.result()
+        assert len(of_type(await handle.events(), "context_compacted")) >= 2
+    # Only the first call asks the workflow: each summary and each call after one is
+    # rebuilt from what this worker saw and wrote.
+    calls = len(fake_openai.requests[model])
+    assert worker.llm.context_reads == {"queried": 1, "rebuilt": calls - 1}
+
+
 def test_the_conversation_cache_keeps_to_its_budget() -> None:
     cache = ConversationCache(tasks=3, outputs=4, budget=30_000)
     reply = _chat("assistant", "r")
