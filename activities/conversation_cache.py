@@ -24,7 +24,7 @@ from workflows.conversation import (
 from workflows.models import ApprovalRule, ChatMessage
 from workflows.tool_catalog import ToolCatalog, catalog_digest
 
-TASKS_KEPT = 128
+TASKS_KEPT = 128  # at least; a worker keeps as many as it caches workflows (worker.py)
 OUTPUTS_KEPT = 2048
 BYTES_KEPT = 32_000_000  # conversations and outputs together, roughly: a worker's budget
 
@@ -80,6 +80,10 @@ class ConversationCache:
     @property
     def bytes_held(self) -> int:
         return self._bytes
+
+    @property
+    def tasks_kept(self) -> int:
+        return self._tasks_kept
 
     def remember_call(
         self, workflow_id: str, step: int, conversation: Conversation, reply: ChatMessage

@@ -209,6 +209,11 @@ class LlmActivities:
 
             self._endpoint = OpenAIChat(api_key, base_url)
 
+    @property
+    def conversations(self) -> ConversationCache:
+        """What this worker saw of each task's conversation."""
+        return self._conversations
+
     async def close(self) -> None:
         """Close the endpoint's HTTP client (the worker does this as it shuts down)."""
         if self._endpoint is not None:

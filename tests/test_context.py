@@ -15,6 +15,7 @@ from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type
+from worker import build_worker
 from workflows.conversation import (
     DEFAULT_CONTEXT_WINDOW,
     SUMMARY_PREFIX,
@@ -237,6 +238,15 @@ async def test_calls_after_a_summary_this_worker_wrote_skip_the_query(
     # rebuilt from what this worker saw and wrote.
     calls = len(fake_openai.requests[model])
     assert worker.llm.context_reads == {"queried": 1, "rebuilt": calls - 1}
+
+
+async def test_a_worker_keeps_the_conversations_of_as_many_tasks_as_it_caches(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A task whose conversation the worker forgot asks for it by query at its next call
+    (a replay when its workflow is not cached either)."""
+    many = settings.model_copy(update={"worker_cached_tasks": 1000})
+    assert build_worker(dev_env.client, many).llm.conversations.tasks_kept == 1000
 
 
 def test_the_conversation_cache_keeps_to_its_budget() -> None:
