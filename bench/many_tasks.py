@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import signal
 import time
 import uuid
@@ -349,10 +350,12 @@ class RoundFigures:
     kinds: Counter[str]
     sampled: int  # tasks whose kinds are counted
     counted: Counter[str]  # what the workers counted in the window
+    failures: list[str] = field(default_factory=list)  # why each task that failed did
 
     @property
     def total_steps(self) -> int:
-        return self.tasks * self.steps
+        """Steps of the tasks that finished (a failed task's are not counted)."""
+        return (self.tasks - len(self.failures)) * self.steps
 
 
 async def one_round(
@@ -361,11 +364,18 @@ async def one_round(
     ids = [f"many-{fleet.system.name}-{uuid.uuid4().hex[:10]}" for _ in range(tasks)]
     counted_before = await fleet.counters()
     latencies: list[float] = []
+    failures: list[str] = []
+    done: set[str] = set()
 
     async def timed(workflow_id: str) -> None:
         started = time.perf_counter()
-        await run(workflow_id, steps)
+        try:
+            await run(workflow_id, steps)
+        except Exception as err:  # a task that fails under load is a figure, not the end
+            failures.append(f"{type(err).__name__}: {err}")
+            return
         latencies.append(time.perf_counter() - started)
+        done.add(workflow_id)
 
     worker_before, server_before = fleet.cpu(), cpu_seconds(server)
     start = time.perf_counter()
@@ -375,8 +385,11 @@ async def one_round(
     rss = max(rss_mb(pid) for pid in fleet.pids)
     counted = await fleet.counters()
     counted.subtract(counted_before)
-    totals = await bounded(history_totals(bench.client, i) for i in ids)
-    sample = ids[:SAMPLED_HISTORIES]
+    if failures:
+        say(f"  {len(failures)} of {tasks} tasks failed, the first: {failures[0][:300]}")
+    finished = [i for i in ids if i in done]
+    totals = await bounded(history_totals(bench.client, i) for i in finished)
+    sample = finished[:SAMPLED_HISTORIES]
     kinds: Counter[str] = Counter()
     for found in await bounded(history_kinds(bench.client, i) for i in sample):
         kinds.update(found)
@@ -393,6 +406,7 @@ async def one_round(
         kinds=kinds,
         sampled=len(sample),
         counted=+counted,
+        failures=failures,
     )
 
 
@@ -419,11 +433,11 @@ class Result:
 
     @property
     def latency_p50(self) -> float:
-        return self._median(lambda r: percentile(r.latencies, 0.5))
+        return self._median(lambda r: percentile(r.latencies or [math.nan], 0.5))
 
     @property
     def latency_p95(self) -> float:
-        return self._median(lambda r: percentile(r.latencies, 0.95))
+        return self._median(lambda r: percentile(r.latencies or [math.nan], 0.95))
 
     @property
     def worker_ms(self) -> float:
@@ -454,8 +468,13 @@ class Result:
     def counted_per_step(self, name: str) -> float:
         return sum(r.counted[name] for r in self.rounds) / sum(r.total_steps for r in self.rounds)
 
+    @property
+    def failed(self) -> int:
+        return sum(len(r.failures) for r in self.rounds)
+
     def describe(self) -> str:
-        return (
+        failed = f"{self.failed} tasks failed, " if self.failed else ""
+        return failed + (
             f"{self.steps_per_second:.0f} steps/s, latency {self.latency_p50:.2f}/"
             f"{self.latency_p95:.2f} s, worker {self.worker_ms:.1f} ms/step, server "
             f"{self.server_ms:.1f} ms/step, RSS {self.rss:.0f} MB, "
@@ -507,10 +526,20 @@ class StartFigures:
     latencies: list[float]  # each task's start → it waits
     worker_cpu: float
     server_cpu: float
+    failed: int
 
     @property
     def rate(self) -> float:
-        return self.tasks / self.seconds
+        return (self.tasks - self.failed) / self.seconds
+
+
+CLOSED = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+}
 
 
 def waiting_since(events: Sequence[HistoryEvent]) -> float | None:
@@ -550,7 +579,8 @@ async def start_rate(
     await until_quiet(fleet, server)
     worker_cpu, server_cpu = fleet.cpu() - worker_before, cpu_seconds(server) - server_before
     waited: dict[str, float] = {}
-    while missing := [i for i in sent if i not in waited]:
+    failed: set[str] = set()
+    while missing := [i for i in sent if i not in waited and i not in failed]:
         for task_id, history in zip(
             missing,
             await bounded(bench.client.get_workflow_handle(i).fetch_history() for i in missing),
@@ -558,11 +588,14 @@ async def start_rate(
         ):
             if (at := waiting_since(history.events)) is not None:
                 waited[task_id] = at
-        if len(waited) < len(sent):
-            say(f"  {len(sent) - len(waited)} tasks not waiting yet")
+            elif history.events[-1].event_type in CLOSED:
+                failed.add(task_id)  # it ended before it waited: it failed on the way
+        if len(waited) + len(failed) < len(sent):
+            say(f"  {len(sent) - len(waited) - len(failed)} tasks not waiting yet")
             await asyncio.sleep(1.0)
-    latencies = [waited[i] - sent[i] for i in sent]
-    return StartFigures(tasks, max(waited.values()) - first, latencies, worker_cpu, server_cpu)
+    latencies = [waited[i] - sent[i] for i in waited]
+    seconds = max(waited.values()) - first
+    return StartFigures(tasks, seconds, latencies, worker_cpu, server_cpu, len(failed))
 
 
 async def measure_start_rate(bench: Bench, tasks: int) -> list[Row]:
@@ -626,7 +659,8 @@ async def _clean_up(bench: Bench, floor: Fleet, ours: Fleet) -> None:
 
 def _start_rows(tasks: int, floor: StartFigures, ours: StartFigures) -> list[Row]:
     def cell(figures: StartFigures) -> str:
-        return (
+        failed = f"{figures.failed} failed; " if figures.failed else ""
+        return failed + (
             f"{figures.rate:.0f}/s; latency {median(figures.latencies):.2f}/"
             f"{percentile(figures.latencies, 0.95):.2f} s; worker "
             f"{figures.worker_cpu / figures.tasks * 1000:.1f}, server "
@@ -682,6 +716,8 @@ async def measure_memory(
 
 COUNTED: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("workflow tasks", lambda k: k == "workflow_task_completed"),
+    ("workflow task timeouts", lambda k: k == "workflow_task_timed_out"),
+    ("workflow task failures", lambda k: k == "workflow_task_failed"),
     ("events", lambda k: True),
     ("activities", lambda k: k.startswith("activity_task_scheduled")),
     ("local activities", lambda k: k == "marker_recorded:core_local_activity"),
@@ -770,6 +806,7 @@ def figures_table(results: Sequence[Result]) -> list[str]:
         "server CPU ms/step",
         "x floor",
         "worker RSS MB",
+        "failed tasks",
         "events/step",
         "x floor",
         "history KB/step",
@@ -794,6 +831,7 @@ def figures_table(results: Sequence[Result]) -> list[str]:
                     f"{r.server_ms:.1f}",
                     _ratio(r.server_ms, f.server_ms),
                     f"{r.rss:.0f}",
+                    str(r.failed),
                     f"{r.events_per_step:.1f}",
                     _ratio(r.events_per_step, f.events_per_step),
                     f"{r.bytes_per_step / 1000:.2f}",
