@@ -45,6 +45,8 @@ class Conversation:
     tools: list[str] | None
     approval_policy: dict[str, ApprovalRule]
     catalog: ToolCatalog | None = None
+    size: int | None = None
+    """The messages' size, when known (a rebuilt conversation knows it without a count)."""
 
     @property
     def catalog_digest(self) -> str | None:
@@ -120,8 +122,9 @@ class ConversationCache:
         previous = self._calls.get(workflow_id)
         digest = previous.digest if previous is not None else ConversationDigest()
         self._forget_call(workflow_id)
-        sent = [*conversation.messages, *([reply] if reply is not None else [])]
-        entry = _LastCall(step, conversation, reply, _size(sent), digest)
+        size = conversation.size if conversation.size is not None else _size(conversation.messages)
+        size += _size([reply]) if reply is not None else 0
+        entry = _LastCall(step, conversation, reply, size, digest)
         if entry.size > self._budget // 8:
             return  # one huge conversation must not push out everyone else's
         self._calls[workflow_id] = entry
@@ -147,6 +150,7 @@ class ConversationCache:
         if last is None:
             return None
         messages = list(last.conversation.messages)
+        size = last.size  # of the conversation and the reply: the outputs are added below
         if last.reply is not None:
             messages.append(last.reply)
             for call in last.reply.tool_calls:
@@ -154,6 +158,7 @@ class ConversationCache:
                 if output is None:
                     return None
                 messages.append(tool_message(call.id, output))
+                size += len(output)
         if len(messages) != message_count:
             return None
         digests = [*last.conversation.digests]
@@ -162,7 +167,9 @@ class ConversationCache:
             return None
         self._calls.move_to_end(workflow_id)
         known = last.conversation
-        return Conversation(messages, digests, known.tools, known.approval_policy, known.catalog)
+        return Conversation(
+            messages, digests, known.tools, known.approval_policy, known.catalog, size
+        )
 
     def _forget_call(self, workflow_id: str) -> None:
         if (old := self._calls.pop(workflow_id, None)) is not None:
