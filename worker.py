@@ -22,7 +22,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.chat import ChatBackend
 from activities.child_outcomes import ChildActivities
-from activities.conversation_cache import ConversationCache
+from activities.conversation_cache import TASKS_KEPT, ConversationCache
 from activities.conversation_store import ConversationStore
 from activities.event_archive import ArchiveActivities, EventArchive
 from activities.llm import LlmActivities
@@ -219,7 +219,9 @@ def build_worker(
         serves_activities=activities,
     )
     registry = registry or load_tools(settings.tools, settings.agents)
-    conversations = ConversationCache()  # shared: LLM calls reuse what tool calls produced
+    # Shared: LLM calls reuse what tool calls produced. It keeps as many tasks as the workflow
+    # cache: each task it forgets costs a query at its next call, and so a replay.
+    conversations = ConversationCache(tasks=max(TASKS_KEPT, settings.worker_cached_tasks))
     owns_storage = storage is None
     storage = storage or Storage.from_settings(settings)
     # Connections start on first use, so a worker with servers it never needs spawns none.

@@ -1,12 +1,13 @@
 """What this worker saw of each task's conversation, so an LLM call can skip the query.
 
 A step's conversation is the previous call's conversation, the assistant message that call
-produced, and the tool results since. When this worker made that call and ran those tools
-(the usual case: the workflow task, its local tools and the eagerly dispatched LLM call all
-land on one worker), it can rebuild the conversation itself. Every rebuild is checked
-against the digest the workflow computed; anything else (another worker made the call, a
-summary, a rejected call, a fork, a message from a person) misses, and the activity asks
-the workflow by query and the conversation store.
+produced, and the tool results since; or, right after a compaction, the summarized
+conversation with the summary in place of the messages it replaced. When this worker made
+that call and ran those tools, or wrote that summary (the usual case: the workflow task,
+its local tools and the eagerly dispatched activity all land on one worker), it can rebuild
+the conversation itself. Every rebuild is checked against the digest the workflow computed;
+anything else (another worker made the call, a rejected call, a fork, a message from a
+person) misses, and the activity asks the workflow by query and the conversation store.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Any
 from workflows.conversation import (
     ConversationDigest,
     message_digest,
+    summary_message,
     tool_message,
 )
 from workflows.models import ApprovalRule, ChatMessage
 from workflows.tool_catalog import ToolCatalog, catalog_digest
 
-TASKS_KEPT = 128
+TASKS_KEPT = 128  # at least; a worker keeps as many as it caches workflows (worker.py)
 OUTPUTS_KEPT = 2048
 BYTES_KEPT = 32_000_000  # conversations and outputs together, roughly: a worker's budget
 
@@ -45,6 +47,8 @@ class Conversation:
     approval_policy: dict[str, ApprovalRule]
     catalog: ToolCatalog | None = None
     output_schema: dict[str, Any] | None = None
+    size: int | None = None
+    """The messages' size, when known (a rebuilt conversation knows it without a count)."""
 
     @property
     def catalog_digest(self) -> str | None:
@@ -58,7 +62,7 @@ class Conversation:
 class _LastCall:
     step: int
     conversation: Conversation
-    reply: ChatMessage
+    reply: ChatMessage | None  # None after a compaction: the conversation is the summarized one
     size: int
     digest: ConversationDigest  # follows the task's conversation, encoding only what is new
 
@@ -81,13 +85,49 @@ class ConversationCache:
     def bytes_held(self) -> int:
         return self._bytes
 
+    @property
+    def tasks_kept(self) -> int:
+        return self._tasks_kept
+
     def remember_call(
         self, workflow_id: str, step: int, conversation: Conversation, reply: ChatMessage
+    ) -> None:
+        self._remember(workflow_id, step, conversation, reply)
+
+    def remember_compaction(
+        self,
+        workflow_id: str,
+        step: int,
+        conversation: Conversation,
+        start: int,
+        end: int,
+        summary: str,
+    ) -> None:
+        """The conversation once messages [start, end) are replaced by `summary`, as the
+        workflow will fold it: the next call of the task starts from it."""
+        kept = [*conversation.messages[:start], summary_message(summary)]
+        messages = [*kept, *conversation.messages[end:]]
+        digests = [*conversation.digests[:start], message_digest(kept[-1])]
+        digests += conversation.digests[end:]
+        summarized = Conversation(
+            messages,
+            digests,
+            conversation.tools,
+            conversation.approval_policy,
+            conversation.catalog,
+            conversation.output_schema,
+        )
+        self._remember(workflow_id, step, summarized, None)
+
+    def _remember(
+        self, workflow_id: str, step: int, conversation: Conversation, reply: ChatMessage | None
     ) -> None:
         previous = self._calls.get(workflow_id)
         digest = previous.digest if previous is not None else ConversationDigest()
         self._forget_call(workflow_id)
-        entry = _LastCall(step, conversation, reply, _size([*conversation.messages, reply]), digest)
+        size = conversation.size if conversation.size is not None else _size(conversation.messages)
+        size += _size([reply]) if reply is not None else 0
+        entry = _LastCall(step, conversation, reply, size, digest)
         if entry.size > self._budget // 8:
             return  # one huge conversation must not push out everyone else's
         self._calls[workflow_id] = entry
@@ -112,12 +152,16 @@ class ConversationCache:
         last = self._calls.get(workflow_id)
         if last is None:
             return None
-        messages = [*last.conversation.messages, last.reply]
-        for call in last.reply.tool_calls:
-            output = self._outputs.get(f"{workflow_id}/{last.step}/{call.id}")
-            if output is None:
-                return None
-            messages.append(tool_message(call.id, output))
+        messages = list(last.conversation.messages)
+        size = last.size  # of the conversation and the reply: the outputs are added below
+        if last.reply is not None:
+            messages.append(last.reply)
+            for call in last.reply.tool_calls:
+                output = self._outputs.get(f"{workflow_id}/{last.step}/{call.id}")
+                if output is None:
+                    return None
+                messages.append(tool_message(call.id, output))
+                size += len(output)
         if len(messages) != message_count:
             return None
         digests = [*last.conversation.digests]
@@ -133,6 +177,7 @@ class ConversationCache:
             known.approval_policy,
             known.catalog,
             known.output_schema,
+            size,
         )
 
     def _forget_call(self, workflow_id: str) -> None:

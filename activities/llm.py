@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.contrib.workflow_streams import TopicHandle, WorkflowStreamClient
 from temporalio.exceptions import ApplicationError
 
 from activities.attempt_step import failures_name_step
@@ -109,7 +109,9 @@ class TokenPublisher:
     Tokens are held for the first batch interval. A message that completes within it
     publishes none: the step's thought event, appended as the call returns, carries the
     same text at the same moment, and the task is spared a signal and a workflow task.
-    Anything slower streams live from then on, a batch every TOKEN_BATCH_INTERVAL.
+    Anything slower streams live from then on, a batch every TOKEN_BATCH_INTERVAL. Until it
+    goes live a publisher holds no stream client and no task, only a timer: most calls of a
+    fast model never need them.
 
     The batching timer is our own: the stream client's background flusher waits with
     `asyncio.wait_for`, which on Python 3.11 can swallow the cancellation that stops it,
@@ -120,56 +122,58 @@ class TokenPublisher:
         self._step = step
         self._attempt = attempt
         self._index = 0
-        self._client = WorkflowStreamClient.from_within_activity(
-            max_retry_duration=timedelta(seconds=30)
-        )
-        self._topic = self._client.topic(TOKENS_TOPIC)
+        self._client: WorkflowStreamClient | None = None
+        self._topic: TopicHandle[Any] | None = None
         self._held: list[TokenDelta] = []
-        self._live = False
         self._wake = asyncio.Event()
+        self._going_live: asyncio.TimerHandle | None = None
         self._flusher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TokenPublisher:
         if self._attempt > 1:
             # A retry is announced at once, so viewers can drop the void partial text.
-            self._topic.publish(LlmAttemptStarted(step=self._step, attempt=self._attempt))
-            self._live = True
-            self._wake.set()
-        self._flusher = asyncio.create_task(self._flush_in_batches())
+            self._go_live(LlmAttemptStarted(step=self._step, attempt=self._attempt))
+        else:
+            loop = asyncio.get_running_loop()
+            self._going_live = loop.call_later(TOKEN_BATCH_INTERVAL.total_seconds(), self._go_live)
         return self
 
-    async def _flush_in_batches(self) -> None:
+    def _go_live(self, first: LlmAttemptStarted | None = None) -> None:
+        """Publish what is held and stream from now on, a batch every interval."""
+        client = WorkflowStreamClient.from_within_activity(max_retry_duration=timedelta(seconds=30))
+        self._client, self._topic = client, client.topic(TOKENS_TOPIC)
+        for item in [first] if first is not None else self._held:
+            self._topic.publish(item)
+        self._held.clear()
+        self._flusher = asyncio.create_task(self._flush_in_batches(client))
+
+    async def _flush_in_batches(self, client: WorkflowStreamClient) -> None:
         interval = TOKEN_BATCH_INTERVAL.total_seconds()
-        if not self._live:
-            await asyncio.sleep(interval)
-            self._live = True
-            for delta in self._held:
-                self._topic.publish(delta)
-            self._held.clear()
-            await self._client.flush()
         while True:
+            await client.flush()
             woken = asyncio.ensure_future(self._wake.wait())
             try:
                 await asyncio.wait({woken}, timeout=interval)
             finally:
                 woken.cancel()
             self._wake.clear()
-            await self._client.flush()
 
     def publish(self, text: str) -> None:
         delta = TokenDelta(step=self._step, attempt=self._attempt, index=self._index, text=text)
         self._index += 1
-        if self._live:
+        if self._topic is not None:
             self._topic.publish(delta)
         else:
             self._held.append(delta)
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._going_live is not None:
+            self._going_live.cancel()
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
-        if not self._live:
+        if self._client is None:
             return  # completed (or failed) before going live: the thought has it all
         # Tokens are a live view, not the record: losing them must not fail or stall the step.
         closing = asyncio.ensure_future(self._client.flush())
@@ -209,6 +213,11 @@ class LlmActivities:
             from activities.openai_chat import OpenAIChat  # `openai` only where it is used
 
             self._endpoint = OpenAIChat(api_key, base_url)
+
+    @property
+    def conversations(self) -> ConversationCache:
+        """What this worker saw of each task's conversation."""
+        return self._conversations
 
     async def close(self) -> None:
         """Close the endpoint's HTTP client (the worker does this as it shuts down)."""
@@ -351,7 +360,7 @@ class LlmActivities:
             )
             old = conversation.messages[request.start : request.end]
             if isinstance(backend, OfflineModel):
-                return SummaryResult(summary=backend.summarize(old))
+                return self._summarized(request, conversation, backend.summarize(old))
             transcript = "\n".join(
                 f"{m.role}: {m.content or ''}"
                 + "".join(f" [calls {c.name}({c.arguments})]" for c in m.tool_calls)
@@ -362,7 +371,22 @@ class LlmActivities:
                 ChatMessage(role="user", content=transcript),
             ]
             message = await self._stream(backend, prompt, [], request.model, watchdog, None)
-        return SummaryResult(summary="".join(message.text), usage=message.usage)
+        return self._summarized(request, conversation, "".join(message.text), message.usage)
+
+    def _summarized(
+        self,
+        request: SummaryRequest,
+        conversation: Conversation,
+        summary: str,
+        usage: Usage | None = None,
+    ) -> SummaryResult:
+        """The summary, remembered in place of what it replaces: the next call of the task
+        on this worker rebuilds the compacted conversation instead of asking for it."""
+        workflow_id = activity.info().workflow_id or ""
+        self._conversations.remember_compaction(
+            workflow_id, request.step, conversation, request.start, request.end, summary
+        )
+        return SummaryResult(summary=summary, usage=usage or Usage())
 
     async def _stream(
         self,

@@ -295,9 +295,7 @@ class ToolActivities:
                 output=f"invalid arguments for {tool.name}: {_describe(err)}", is_error=True
             )
         try:
-            async with keep_heartbeating(), self._ledger.attempt().held() as ledger:
-                context = ToolContext(self._workspace, request.idempotency_key, ledger)
-                output = await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
+            output = await self._call(tool, arguments, request.idempotency_key)
         except ToolError as err:
             return ToolResult(output=str(err), is_error=True)
         except TimeoutError:
@@ -313,6 +311,15 @@ class ToolActivities:
                 output=f"{tool.name} failed: {type(err).__name__}: {err}", is_error=True
             )
         return ToolResult(output=self._fit(output, request.idempotency_key))
+
+    async def _call(self, tool: Tool[Any], arguments: BaseModel, key: str) -> str:
+        attempt = self._ledger.attempt()
+        if tool.local:  # pure: it claims no key, and its workflow task watches it
+            context = ToolContext(self._workspace, key, attempt)
+            return await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
+        async with keep_heartbeating(), attempt.held() as ledger:
+            context = ToolContext(self._workspace, key, ledger)
+            return await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
 
     def _fit(self, output: str, key: str) -> str:
         """Send at most MAX_OBSERVATION_CHARS; keep the whole output in the workspace."""

@@ -7,6 +7,8 @@ ratios hold on a noisy shared machine where absolute times do not.
     python -m bench --only peers_temporal --peers-steps 20 --peers-limit-steps 300
 Long ones run only when named (each also runs alone, with its own flags):
     python -m bench --only long_run parked heartbeats
+    python -m bench --only many_tasks --many-parts sweep --many-tasks 20 --many-rounds 1
+    python -m bench.many_tasks --help
     python -m bench.long_run --steps 10000
     python -m bench.parked --parked 10000 --caches 200
     python -m bench.heartbeats --timeouts 2 5
@@ -29,6 +31,7 @@ from bench import (
     durable_bytes,
     heartbeats,
     long_run,
+    many_tasks,
     one_shot,
     parked,
     peers,
@@ -56,7 +59,8 @@ SECTIONS: dict[str, Measure] = {
     "recovery": recovery.measure,
     "peers_temporal": peers_temporal.measure,
 }
-# Minutes each, two CPU burners in heartbeats: measured only when named in --only.
+# Minutes each (an hour for many_tasks), two CPU burners in heartbeats: measured only when
+# named in --only.
 ON_REQUEST: dict[str, Measure] = {
     "long_run": long_run.measure,
     "parked": parked.measure,
@@ -64,6 +68,7 @@ ON_REQUEST: dict[str, Measure] = {
     "conversation": conversation.measure,
     "one_shot": one_shot.with_baseline(one_shot.BASELINE_REF, None),
     "subagents": subagents.measure,
+    "many_tasks": many_tasks.measure,
 }
 
 
@@ -123,8 +128,12 @@ if __name__ == "__main__":
         default=defaults.limit_seconds,
         help="wall-time bound on any one task",
     )
+    many_tasks.add_arguments(parser, prefix="many-")
     args = parser.parse_args()
     sections = {**SECTIONS, **ON_REQUEST}
+    sections["many_tasks"] = functools.partial(
+        many_tasks.measure, options=many_tasks.options_from(args, prefix="many-")
+    )
     sections["peers_temporal"] = functools.partial(
         peers_temporal.measure, options=peers_options(args)
     )

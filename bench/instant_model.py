@@ -24,6 +24,11 @@ def instant_task_text(steps: int, size: int = 16) -> str:
     return f"{steps} steps of {size} bytes"
 
 
+def so_far(done: int) -> str:
+    """How a summary (or the floor's constant-size request) says `done` tool results came."""
+    return f"[{done} tool results so far]"
+
+
 def parse_task(messages: list[ChatMessage]) -> tuple[int, int]:
     for message in messages:
         if message.role == "user" and message.content:
@@ -31,6 +36,12 @@ def parse_task(messages: list[ChatMessage]) -> tuple[int, int]:
             if found:
                 return int(found.group(1)), int(found.group(2))
     raise ValueError("the instant model needs a task '<steps> steps of <size> bytes'")
+
+
+def steps_done(messages: list[ChatMessage]) -> int:
+    """Tool results in the conversation, counting those a summary (or the floor) stands for."""
+    done = sum(m.role == "tool" for m in messages)
+    return done + sum(int(n) for m in messages for n in _SO_FAR.findall(m.content or ""))
 
 
 class InstantModel:
@@ -49,11 +60,10 @@ class InstantModel:
             transcript = messages[-1].content or ""
             replaced = transcript.count("\ntool: ") + transcript.startswith("tool: ")
             replaced += sum(int(n) for n in _SO_FAR.findall(transcript))
-            yield ChatDelta(text=f"[{replaced} tool results so far]", finish_reason="stop")
+            yield ChatDelta(text=so_far(replaced), finish_reason="stop")
             return
         steps, size = parse_task(messages)
-        done = sum(m.role == "tool" for m in messages)
-        done += sum(int(n) for m in messages for n in _SO_FAR.findall(m.content or ""))
+        done = steps_done(messages)
         if done >= steps - 1:
             yield ChatDelta(text=f"done after {done + 1} steps", finish_reason="stop", usage=usage)
             return

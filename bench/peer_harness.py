@@ -13,11 +13,10 @@ under the bench's scratch directory.
 
 from __future__ import annotations
 
-import uuid
 import warnings
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temporalio import workflow
@@ -117,33 +116,39 @@ class HarnessBench:
         return TextReply(text=result.output)
 
 
-@asynccontextmanager
-async def serve(bench: Bench) -> AsyncIterator[peer_workload.Runner]:
-    """A worker for the agent, and the runner that holds one session per task."""
-    offload = local_payload_storage(base_dir=bench.scratch / "harness-payloads")
-    client = await Client.connect(
-        bench.address,
+async def connect(address: str, scratch: Path) -> Client:
+    offload = local_payload_storage(base_dir=scratch / "harness-payloads")
+    return await Client.connect(
+        address,
         plugins=[
             PydanticAIPlugin(),
             AgentHarnessPlugin(tools=[calculator], large_payload_offload=offload),
         ],
     )
-    queue = f"peer-harness-{uuid.uuid4().hex[:8]}"
 
-    async def run(workflow_id: str, prompt: str) -> str:
-        await AgentClient(client, workflow_id).start_and_submit_message(
-            HANDLER,
-            TextMessage(text=prompt).model_dump(),
-            workflow_name=WORKFLOW,
-            task_queue=queue,
-            start_config=AgentConfig(),
-        )
-        handle = client.get_workflow_handle(workflow_id)
-        await handle.signal("close")
-        await handle.result()
-        return str(await (await handle.describe()).memo_value(OUTCOME, ""))
 
-    async with Worker(
-        client, task_queue=queue, workflows=[HarnessBench], plugins=[AgentPlugin(AGENT)]
-    ):
-        yield run
+def worker(client: Client, queue: str) -> Worker:
+    return Worker(client, task_queue=queue, workflows=[HarnessBench], plugins=[AgentPlugin(AGENT)])
+
+
+async def run(client: Client, queue: str, workflow_id: str, prompt: str) -> str:
+    """One session per task: the task as its one message, then `close`."""
+    await AgentClient(client, workflow_id).start_and_submit_message(
+        HANDLER,
+        TextMessage(text=prompt).model_dump(),
+        workflow_name=WORKFLOW,
+        task_queue=queue,
+        start_config=AgentConfig(),
+    )
+    handle = client.get_workflow_handle(workflow_id)
+    await handle.signal("close")
+    await handle.result()
+    return str(await (await handle.describe()).memo_value(OUTCOME, ""))
+
+
+SETUP = peer_workload.PeerSetup("harness", connect, worker, run)
+
+
+def serve(bench: Bench) -> AbstractAsyncContextManager[peer_workload.Runner]:
+    """A worker for the agent in this process, and the runner that holds one session per task."""
+    return peer_workload.serve_in_process(SETUP, bench.address, bench.scratch)

@@ -10,10 +10,9 @@ OpenAI.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temporalio import activity, workflow
@@ -61,22 +60,27 @@ class OpenAiAgentsBench:
         return str(result.final_output)
 
 
-@asynccontextmanager
-async def serve(bench: Bench) -> AsyncIterator[peer_workload.Runner]:
-    """A worker for the workflow, and the runner that starts a task on it."""
+async def connect(address: str, scratch: Path) -> Client:
     plugin = OpenAIAgentsPlugin(
         model_params=ModelActivityParameters(start_to_close_timeout=TIMEOUT),
         model_provider=OpenAIProvider(openai_client=peer_workload.FAKE_CLIENT, use_responses=False),
     )
-    client = await Client.connect(bench.address, plugins=[plugin])
-    queue = f"peer-openai-agents-{uuid.uuid4().hex[:8]}"
+    return await Client.connect(address, plugins=[plugin])
 
-    async def run(workflow_id: str, prompt: str) -> str:
-        return await client.execute_workflow(
-            OpenAiAgentsBench.run, prompt, id=workflow_id, task_queue=queue
-        )
 
-    async with Worker(
-        client, task_queue=queue, workflows=[OpenAiAgentsBench], activities=[calculator]
-    ):
-        yield run
+def worker(client: Client, queue: str) -> Worker:
+    return Worker(client, task_queue=queue, workflows=[OpenAiAgentsBench], activities=[calculator])
+
+
+async def run(client: Client, queue: str, workflow_id: str, prompt: str) -> str:
+    return await client.execute_workflow(
+        OpenAiAgentsBench.run, prompt, id=workflow_id, task_queue=queue
+    )
+
+
+SETUP = peer_workload.PeerSetup("openai-agents", connect, worker, run)
+
+
+def serve(bench: Bench) -> AbstractAsyncContextManager[peer_workload.Runner]:
+    """A worker for the workflow in this process, and the runner that starts a task on it."""
+    return peer_workload.serve_in_process(SETUP, bench.address, bench.scratch)

@@ -9,10 +9,9 @@ records the same activities and payloads; the wrapper is what the issue measured
 
 from __future__ import annotations
 
-import uuid
 import warnings
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temporalio import workflow
@@ -70,16 +69,23 @@ class PydanticAiBench:
         return str(result.output)
 
 
-@asynccontextmanager
-async def serve(bench: Bench) -> AsyncIterator[peer_workload.Runner]:
-    """A worker for the workflow, and the runner that starts a task on it."""
-    client = await Client.connect(bench.address, plugins=[PydanticAIPlugin()])
-    queue = f"peer-pydantic-ai-{uuid.uuid4().hex[:8]}"
+async def connect(address: str, scratch: Path) -> Client:
+    return await Client.connect(address, plugins=[PydanticAIPlugin()])
 
-    async def run(workflow_id: str, prompt: str) -> str:
-        return await client.execute_workflow(
-            PydanticAiBench.run, prompt, id=workflow_id, task_queue=queue
-        )
 
-    async with Worker(client, task_queue=queue, workflows=[PydanticAiBench]):
-        yield run
+def worker(client: Client, queue: str) -> Worker:
+    return Worker(client, task_queue=queue, workflows=[PydanticAiBench])
+
+
+async def run(client: Client, queue: str, workflow_id: str, prompt: str) -> str:
+    return await client.execute_workflow(
+        PydanticAiBench.run, prompt, id=workflow_id, task_queue=queue
+    )
+
+
+SETUP = peer_workload.PeerSetup("pydantic-ai", connect, worker, run)
+
+
+def serve(bench: Bench) -> AbstractAsyncContextManager[peer_workload.Runner]:
+    """A worker for the workflow in this process, and the runner that starts a task on it."""
+    return peer_workload.serve_in_process(SETUP, bench.address, bench.scratch)

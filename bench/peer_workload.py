@@ -14,13 +14,17 @@ fake's client below is one object, pointed at the fake before any worker starts.
 from __future__ import annotations
 
 import re
+import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
 from temporalio.client import Client
+from temporalio.worker import Worker
 
 from activities.builtin_tools import evaluate
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -34,6 +38,30 @@ Runner = Callable[[str, str], Awaitable[str]]
 
 # The peers' models reach the fake through this client (no retries: Temporal retries).
 FAKE_CLIENT = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-bench", max_retries=0)
+
+
+@dataclass(frozen=True)
+class PeerSetup:
+    """How a peer runs, in parts a benchmark may put in different processes: a client with
+    the peer's plugins, a worker on a task queue, and one task's run to its answer."""
+
+    name: str
+    connect: Callable[[str, Path], Awaitable[Client]]  # (server address, scratch directory)
+    worker: Callable[[Client, str], Worker]  # (client, task queue)
+    run: Callable[[Client, str, str, str], Awaitable[str]]  # (client, queue, workflow id, prompt)
+
+
+@asynccontextmanager
+async def serve_in_process(setup: PeerSetup, address: str, scratch: Path) -> AsyncIterator[Runner]:
+    """The peer's worker in this process, and the runner that starts a task on it."""
+    client = await setup.connect(address, scratch)
+    queue = f"peer-{setup.name}-{uuid.uuid4().hex[:8]}"
+
+    async def run(workflow_id: str, text: str) -> str:
+        return await setup.run(client, queue, workflow_id, text)
+
+    async with setup.worker(client, queue):
+        yield run
 
 
 def point_at(url: str) -> None:

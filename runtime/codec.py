@@ -20,9 +20,12 @@ from typing import Literal
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import (
+    CompositePayloadConverter,
     DataConverter,
+    DefaultPayloadConverter,
+    JSONPlainPayloadConverter,
     PayloadCodec,
     SerializationContext,
     WithSerializationContext,
@@ -179,6 +182,30 @@ def new_key() -> str:
     return base64.b64encode(AESGCM.generate_key(bit_length=256)).decode()
 
 
+_PYDANTIC_JSON = PydanticJSONPlainPayloadConverter()
+
+
+class PydanticPayloads(CompositePayloadConverter):
+    """Temporal's pydantic payload converter, with one JSON converter for all its instances.
+
+    The SDK builds a data converter for every workflow activation it decodes and every
+    completion it encodes, and so a payload converter of this class each time, that it
+    then does not use (four a step). The pydantic one builds a serializer and a cache of
+    type adapters each time: 20 us against 6 us here. Same encodings, same bytes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            *(
+                _PYDANTIC_JSON if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            )
+        )
+
+
+PYDANTIC_DATA_CONVERTER = DataConverter(payload_converter_class=PydanticPayloads)
+
+
 def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataConverter:
     """The pydantic converter with the codec (None: encryption off, and an encrypted payload
     refused with a sentence), as a worker or a client uses it."""
@@ -186,4 +213,4 @@ def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataCon
         codec = EncryptionCodec.without_keys(side)
     elif isinstance(codec, EncryptionCodec):
         codec = codec.on_side(side)
-    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+    return dataclasses.replace(PYDANTIC_DATA_CONVERTER, payload_codec=codec)

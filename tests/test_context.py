@@ -15,6 +15,7 @@ from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type
+from worker import build_worker
 from workflows.conversation import (
     DEFAULT_CONTEXT_WINDOW,
     SUMMARY_PREFIX,
@@ -200,6 +201,52 @@ async def test_llm_calls_on_the_worker_that_ran_the_step_skip_the_query(
     # What the model got is the workflow's own conversation, call after call.
     sent = [r["messages"] for r in fake_openai.requests[model]]
     assert sent[-1] == to_openai_messages(conversation_now[:-1])
+
+
+def test_a_worker_rebuilds_the_conversation_it_summarized() -> None:
+    cache = ConversationCache()
+    messages = conversation(3)
+    cache.remember_compaction("task-1", 4, _known(messages), 2, 6, "added numbers")
+    compacted = [*messages[:2], _chat("user", SUMMARY_PREFIX + "added numbers"), *messages[6:]]
+    rebuilt = cache.rebuild("task-1", len(compacted), _digest(compacted))
+    assert rebuilt is not None and rebuilt.messages == compacted
+    assert rebuilt.digests == [message_digest(m) for m in compacted]
+    other = [*messages[:2], _chat("user", SUMMARY_PREFIX + "something else"), *messages[6:]]
+    assert cache.rebuild("task-1", len(other), _digest(other)) is None
+
+
+async def test_calls_after_a_summary_this_worker_wrote_skip_the_query(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    steps: list[int] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not body.get("tools"):
+            return text("the earlier steps added numbers")  # the summary
+        steps.append(len(steps))
+        if len(steps) >= 12:
+            return text("done")
+        return tools(("calculator", {"expression": f"{len(steps)} + 1"}), content="x" * 800)
+
+    model = fake_openai.script(reply)
+    async with running_worker(dev_env.client, settings) as worker:
+        task = agent_task(model, context_limit_tokens=1200)
+        handle = await AgentRuntime(dev_env.client, settings).run(task)
+        await handle.result()
+        assert len(of_type(await handle.events(), "context_compacted")) >= 2
+    # Only the first call asks the workflow: each summary and each call after one is
+    # rebuilt from what this worker saw and wrote.
+    calls = len(fake_openai.requests[model])
+    assert worker.llm.context_reads == {"queried": 1, "rebuilt": calls - 1}
+
+
+async def test_a_worker_keeps_the_conversations_of_as_many_tasks_as_it_caches(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A task whose conversation the worker forgot asks for it by query at its next call
+    (a replay when its workflow is not cached either)."""
+    many = settings.model_copy(update={"worker_cached_tasks": 1000})
+    assert build_worker(dev_env.client, many).llm.conversations.tasks_kept == 1000
 
 
 def test_the_conversation_cache_keeps_to_its_budget() -> None:

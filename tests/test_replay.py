@@ -9,7 +9,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from runtime.codec import data_converter
 from workflows.agent import AgentWorkflow
+from workflows.run import AgentRun
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -24,3 +26,18 @@ async def test_history_replays_without_nondeterminism(path: Path) -> None:
     replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
+
+
+@pytest.mark.parametrize("path", HISTORIES[:3], ids=[p.stem for p in HISTORIES[:3]])
+async def test_our_converter_reads_and_writes_the_bytes_temporals_pydantic_one_does(
+    path: Path,
+) -> None:
+    """Workers and clients use runtime.codec's converter (cheaper to build, once per
+    activation); what it writes and reads must not differ from Temporal's pydantic one."""
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    started = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    ours = data_converter(None)
+    [theirs_run] = await pydantic_data_converter.decode(started, [AgentRun])
+    [our_run] = await ours.decode(started, [AgentRun])
+    assert our_run == theirs_run
+    assert await ours.encode([our_run]) == await pydantic_data_converter.encode([theirs_run])

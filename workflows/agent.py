@@ -912,7 +912,7 @@ class AgentWorkflow:
         self._log.append(event)
         self._messages.add(messages_of(event))
         self._events_topic.publish(event)
-        self._visibility.publish(self._state, self._task.model.name)
+        self._visibility.publish(self._state, self._task.model.name, event.at)
         self._notifier.note(event, self._task.task)
 
     async def _close_stream(self) -> None:

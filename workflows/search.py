@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
@@ -89,34 +90,122 @@ class Published(Contract):
     status: str
     step: int
     pending: list[str]
+    model: str = ""
+    waiting_since: datetime | None = None
+    step_at: datetime | None = None
+    """When AgentStep was last written (by the time of the event that wrote it)."""
+
+
+# While its status stays the same, a task rewrites AgentStep at most this often: a search
+# attribute upsert is a visibility write on the server, and one a step was the largest cost
+# of a step beyond the floor (bench.many_tasks: 1.6x the floor's server CPU at 20 tasks at
+# once, 1.1x without). A status change writes the step with it at once.
+STEP_REFRESH = timedelta(seconds=10)
+# Runs recorded before it upserted every attribute at every change of the step.
+STEP_REFRESH_PATCH = "visibility-step-refresh"
+
+_Updates = tuple[Published, list[SearchAttributeUpdate[Any]], dict[str, Any] | None]
+
+
+class _Pending:
+    """The requests waiting for a person: approvals, then questions."""
+
+    def __init__(self, state: AgentState) -> None:
+        self.approvals: list[PendingApproval] = list(state.pending_approvals.values())
+        self.questions: list[PendingQuestion] = list(state.pending_questions.values())
+        self.ids = [p.request_id for p in self.approvals]
+        self.ids += [q.request_id for q in self.questions]
+        since = [p.requested_at for p in self.approvals]
+        since += [q.requested_at for q in self.questions]
+        self.waiting_since = min(since, default=None)
+
+
+def _memo(state: AgentState, pending: _Pending) -> dict[str, Any]:
+    listed = [pending_memo(p) for p in pending.approvals]
+    listed += [question_memo(q) for q in pending.questions]
+    return {MEMO_STATUS: state.status, MEMO_PENDING: listed or None}
+
+
+def _waiting_since(value: datetime | None) -> SearchAttributeUpdate[Any]:
+    if value is None:
+        return AGENT_WAITING_SINCE.value_unset()
+    return AGENT_WAITING_SINCE.value_set(value)
 
 
 def visibility_updates(
-    state: AgentState, model: str, published: Published | None
-) -> tuple[Published, list[SearchAttributeUpdate[Any]], dict[str, Any] | None]:
+    state: AgentState, model: str, published: Published | None, at: datetime | None = None
+) -> _Updates:
     """(what is published now, search attribute updates, memo update or None) — empty
-    updates when nothing changed. The step is in AgentStep; the memo changes with the
-    status and the pending requests only, since every memo write costs history."""
-    pending = list(state.pending_approvals.values())
-    asked = list(state.pending_questions.values())
-    ids = [p.request_id for p in pending] + [q.request_id for q in asked]
-    now = Published(status=state.status, step=state.step, pending=ids)
-    if now == published:
-        return now, [], None
-    since = [p.requested_at for p in pending] + [q.requested_at for q in asked]
-    waiting_since = min(since, default=None)
+    updates when nothing changed. The memo changes with the status and the pending
+    requests only, since every memo write costs history.
+
+    With `at` (the time of the event that changed the state), only the attributes that
+    changed are written, and a new step alone only once STEP_REFRESH has passed since the
+    step was last written. Without it, as runs recorded before STEP_REFRESH_PATCH did: every
+    attribute at every change of the status, the pending requests or the step."""
+    if at is None:
+        return _every_change(state, model, published)
+    pending = _Pending(state)
+    requests, waiting_since = pending.ids, pending.waiting_since
+    if published is None:
+        now = Published(
+            status=state.status,
+            step=state.step,
+            pending=requests,
+            model=model,
+            waiting_since=waiting_since,
+            step_at=at,
+        )
+        every: list[SearchAttributeUpdate[Any]] = [
+            AGENT_STATUS.value_set(state.status),
+            AGENT_STEP.value_set(state.step),
+            AGENT_MODEL.value_set(model),
+            _waiting_since(waiting_since),
+        ]
+        return now, every, _memo(state, pending)
+    changed = (state.status, requests) != (published.status, published.pending)
+    step_due = state.step != published.step and (
+        changed or published.step_at is None or at - published.step_at >= STEP_REFRESH
+    )
+    updates: list[SearchAttributeUpdate[Any]] = []  # only what changed
+    if state.status != published.status:
+        updates.append(AGENT_STATUS.value_set(state.status))
+    if step_due:
+        updates.append(AGENT_STEP.value_set(state.step))
+    if model != published.model:
+        updates.append(AGENT_MODEL.value_set(model))
+    if waiting_since != published.waiting_since:
+        updates.append(_waiting_since(waiting_since))
+    now = Published(
+        status=state.status,
+        step=state.step if step_due else published.step,
+        pending=requests,
+        model=model,
+        waiting_since=waiting_since,
+        step_at=at if step_due else published.step_at,
+    )
+    return now, updates, _memo(state, pending) if changed else None
+
+
+def _every_change(state: AgentState, model: str, published: Published | None) -> _Updates:
+    pending = _Pending(state)
+    waiting_since = pending.waiting_since
+    now = Published(status=state.status, step=state.step, pending=pending.ids)
+    if published is not None and (now.status, now.step, now.pending) == (
+        published.status,
+        published.step,
+        published.pending,
+    ):
+        return published, [], None
     updates: list[SearchAttributeUpdate[Any]] = [
         AGENT_STATUS.value_set(state.status),
         AGENT_STEP.value_set(state.step),
         AGENT_MODEL.value_set(model),
-        AGENT_WAITING_SINCE.value_set(waiting_since)
-        if waiting_since is not None
-        else AGENT_WAITING_SINCE.value_unset(),
+        _waiting_since(waiting_since),
     ]
     memo = None
     if published is None or (published.status, published.pending) != (now.status, now.pending):
-        listed = [pending_memo(p) for p in pending] + [question_memo(q) for q in asked]
-        memo = {MEMO_STATUS: state.status, MEMO_PENDING: listed or None}
+        memo = _memo(state, pending)
     return now, updates, memo
 
 
@@ -128,9 +217,11 @@ class Visibility:
         self._published: Published | None = None
         self._parent = parent
 
-    def publish(self, state: AgentState, model: str) -> None:
+    def publish(self, state: AgentState, model: str, at: datetime) -> None:
+        """After an event stamped `at` changed `state` (in the workflow's main loop only)."""
+        when = at if workflow.patched(STEP_REFRESH_PATCH) else None
         first = self._published is None
-        self._published, updates, memo = visibility_updates(state, model, self._published)
+        self._published, updates, memo = visibility_updates(state, model, self._published, when)
         if updates:
             workflow.upsert_search_attributes(updates)
         if memo is not None:

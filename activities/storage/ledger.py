@@ -75,8 +75,16 @@ class LedgerAttempt:
     def __init__(self, backend: Backend, lease: float) -> None:
         self._backend = backend
         self._lease = lease
-        self.owner = f"{HOST}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+        self._owner: str | None = None
         self._claimed = False
+
+    @property
+    def owner(self) -> str:
+        """Who holds this attempt's claims: named on first use (most attempts claim none,
+        and a fresh id is a system call)."""
+        if self._owner is None:
+            self._owner = f"{HOST}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+        return self._owner
 
     async def lookup(self, key: str) -> LedgerEntry | None:
         return await self._backend.ledger_get(key)
