@@ -25,6 +25,7 @@ from activities.builtin_tools import builtin_registry
 from activities.conversation_store import ConversationStore
 from activities.llm import LlmActivities
 from activities.mcp.config import McpServerConfig
+from activities.notify.delivery import NotificationActivities
 from activities.sealed_blobs import SealedBlobs
 from activities.storage import Storage
 from runtime.agent_runtime import AgentRuntime
@@ -319,11 +320,18 @@ async def listing_breaks(client: Client, settings: Settings) -> AsyncIterator[No
     llm = LlmActivities(
         builtin_registry(), store, api_key=settings.api_key, base_url=settings.openai_base_url
     )
+    # Every run asks its worker, by a local activity, whom it tells of what.
+    notify = NotificationActivities(settings.webhook_endpoints(), settings.webhook_retry(), None)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[AgentWorkflow],
-        activities=[llm.call_llm, llm.save_conversation, broken_listing],
+        activities=[
+            llm.call_llm,
+            llm.save_conversation,
+            broken_listing,
+            notify.notification_targets,
+        ],
         workflow_runner=WORKFLOW_RUNNER,
     )
     try:

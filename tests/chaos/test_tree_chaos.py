@@ -188,9 +188,21 @@ async def held_stream_owner(
             await asyncio.sleep(0.05)
 
 
-async def until_requests(fake: FakeOpenAI, model: str, count: int, within: float = 120) -> None:
+CHILD_REQUESTS = len(PARENTS) * len(CHILDREN) * 3  # each child: two tool calls, an answer
+
+
+def child_requests_made(fake: FakeOpenAI, model: str) -> int:
+    """How many of the children's distinct requests (a child's call at some step, a retry
+    of it not counted again) the model has answered."""
+    made = {(first_user_message(b), len(tool_results(b))) for b, _, _ in fake.request_log(model)}
+    return len(made)
+
+
+async def until_child_requests(
+    fake: FakeOpenAI, model: str, count: int, within: float = 120
+) -> None:
     async with asyncio.timeout(within):
-        while fake.calls(model) < count:
+        while child_requests_made(fake, model) < count:
             await asyncio.sleep(0.05)
 
 
@@ -249,8 +261,11 @@ async def test_sigkilled_workers_start_every_child_once_and_every_tree_ends_done
         )
         # 4. A worker picked at random, once the children's model has answered a number of
         # requests picked at random among those still to come.
-        asked = fake_openai.calls(children_model)
-        await until_requests(fake_openai, children_model, asked + chance.randint(1, 6))
+        # Retries are not counted, and it waits for no more than are still to come (by then
+        # the children may be nearly done).
+        made = child_requests_made(fake_openai, children_model)
+        more = min(chance.randint(1, 6), CHILD_REQUESTS - made)
+        await until_child_requests(fake_openai, children_model, made + more)
         victim = chance.choice(crew.pids())
         await crew.kill(victim, "a random worker, at a random child request")
         # 5. Inside a parent's model stream after its children answered.
