@@ -446,6 +446,26 @@ async def typed_output_retry(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def visibility_what_changed(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """Steps, an approval between them and the answer, recorded with the visibility patch
+    (a status change writes its step; a new step alone waits for STEP_REFRESH; only the
+    attributes that changed are written)."""
+    model = fake.script(
+        [
+            tools(("calculator", {"expression": "1 + 1"})),
+            tools(("run_shell", {"command": "echo hi"})),
+            tools(("calculator", {"expression": "2 + 2"})),
+            text("finished"),
+        ]
+    )
+    task = AgentTask(task="steps and an approval", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="visibility-what-changed")
+    [request] = (await until(handle, lambda s: len(s.pending_approvals) == 1)).pending_approvals
+    await handle.approve(request, approver="alice")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -465,6 +485,7 @@ SCENARIOS: dict[str, Scenario] = {
     "question_with_notifications": question_with_notifications,
     "parent_with_two_children": parent_with_two_children,
     "typed_output_retry": typed_output_retry,
+    "visibility_what_changed": visibility_what_changed,
 }
 
 

@@ -216,10 +216,20 @@ class Visibility:
     def __init__(self, parent: ParentLink | None = None) -> None:
         self._published: Published | None = None
         self._parent = parent
+        self._refreshes_steps: bool | None = None
+
+    def begin(self) -> None:
+        """At the start of the run, before its first await. The patch is decided there, at
+        one fixed point: decided at the first change instead, a replay could meet it a
+        workflow task earlier than the run did (after a local activity's result) and fail
+        on the marker."""
+        self._refreshes_steps = workflow.patched(STEP_REFRESH_PATCH)
 
     def publish(self, state: AgentState, model: str, at: datetime) -> None:
         """After an event stamped `at` changed `state` (in the workflow's main loop only)."""
-        when = at if workflow.patched(STEP_REFRESH_PATCH) else None
+        if self._refreshes_steps is None:
+            raise RuntimeError("Visibility.publish before Visibility.begin")
+        when = at if self._refreshes_steps else None
         first = self._published is None
         self._published, updates, memo = visibility_updates(state, model, self._published, when)
         if updates:
