@@ -5,8 +5,9 @@ against the offline model and the embedded Temporal dev server, unless the page 
 the pages leads somewhere.
 
 The pages show the default ports; the blocks run on free ones (the embedded server, its
-Web UI and the API), each page in a folder of its own (`.waystation` there, `.venv` linked
-to this checkout's) with `.venv/bin` first on PATH, as a reader who activated it.
+Web UI, the API and a webhook receiver), each page in a folder of its own (`.waystation`
+there, `.venv` linked to this checkout's) with `.venv/bin` first on PATH, as a reader who
+activated it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 300
-DEFAULT_PORTS = {"api": 8000, "server": 7233, "ui": 8233}
+DEFAULT_PORTS = {"api": 8000, "server": 7233, "ui": 8233, "receiver": 8080}
 BLOCK_SECONDS = 180.0  # one block, on a machine whose cores are busy
 READY_SECONDS = 90.0
 END = "__doc_block_end__"
@@ -51,6 +52,7 @@ class Ports:
     api: int
     server: int
     ui: int
+    receiver: int  # a page's webhook receiver (docs/notifications.md)
 
     def into_page(self, text: str) -> str:
         """A block's text with the default ports replaced by this run's."""
@@ -101,7 +103,7 @@ def doc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocServer]:
     """One embedded dev server for the pages a pytest process runs (one after another);
     the pages are spread over the processes like any test, each process with its server."""
     folder = tmp_path_factory.mktemp("docs")
-    ports = Ports(api=free_port(), server=free_port(), ui=free_port())
+    ports = Ports(api=free_port(), server=free_port(), ui=free_port(), receiver=free_port())
     env = _environment(ports)
     ws = str(VENV_BIN / "ws")
     subprocess.run([ws, "server", "start"], cwd=folder, env=env, check=True, timeout=120)
