@@ -23,10 +23,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import AliasChoices
 
+from activities.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
 from runtime.settings import Settings
 from testing.mcp import free_port
 from tests.doc_pages import PYTHON, Block, Page, mismatch, read_page
@@ -373,3 +375,23 @@ def test_quoted_limits_are_the_codes() -> None:
     for page in ("architecture.md", "streaming.md"):
         text = " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split())
         assert carried in text, f"docs/{page} does not say a run carries {carried}"
+
+
+def test_the_readmes_signature_check_accepts_a_notice_a_worker_signs() -> None:
+    """README's receiver check against the signing a worker does (activities.notify.signing):
+    it accepts a notice as signed, and refuses it tampered, stale or with another secret."""
+    [block] = [b for b in read_page(ROOT / "README.md").blocks if b.file == "signature.py"]
+    namespace: dict[str, Any] = {}
+    exec(compile(block.text, "README.md signature.py", "exec"), namespace)
+    check = namespace["signed_by_waystation"]
+    body = b'{"kind": "question_asked", "task": {"id": "deploy"}}'
+    now = str(int(time.time()))
+
+    def headers(stamp: str, secret: str = "s3cret", signed: bytes = body) -> dict[str, str]:
+        return {TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: signature(secret, stamp, signed)}
+
+    assert check(b"s3cret", headers(now), body)
+    assert not check(b"s3cret", headers(now), body.replace(b"deploy", b"delete"))
+    assert not check(b"s3cret", headers(now, secret="another"), body)
+    assert not check(b"s3cret", headers(str(int(time.time()) - 301)), body)
+    assert not check(b"s3cret", {}, body)
