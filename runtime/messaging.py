@@ -3,10 +3,13 @@
 A task that works (or waits for a person) gets the message as the `message` Signal: kept
 durably the moment Temporal accepts it, whether or not a worker runs, and taken at the
 task's next model call. A task whose run answered and closed is continued: the message
-starts the next run of the same workflow id with signal-with-start, from what the answer's
-outcome carries (state, the stream's latest items, the run it follows), so the id, the
-event log and the stream's offsets go on. A failed or cancelled task takes no message:
-resume or fork it.
+starts the next run of the same workflow id with signal-with-start, so the id, the event
+log and the stream's offsets go on. That run starts from what the closed run's
+`continuation` query gives (its state, the stream's latest items, the run it follows), when
+a worker answers it in time; else it starts naming only the run it follows, and its first
+activity reads the same once a worker runs (then it continues as new, which Temporal holds
+back up to a second: a run may not continue as new within a second of its start). A failed
+or cancelled task takes no message: resume or fork it.
 
 Signals, not the `send_message` Update: a Signal is safe whatever moment it lands in
 (docs/never-stuck.md), and two senders at once are both kept, in the order Temporal took
@@ -18,22 +21,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import sending
 from runtime.commands import command
 from runtime.health import overview
+from runtime.pollers import polling_workers
 from runtime.task_errors import MessageRefusedError, TaskNotFoundError
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
-from workflows.models import Message
+from workflows.models import AgentTask, Message
 from workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
 
 # Delivery looks again when the task's run changes under it (it closed as the Signal
 # went out); more changes than this in a row mean something keeps closing it.
 MOST_LOOKS = 10
+# How long a follow-up waits for a worker to give the closed run's continuation (a replay of
+# that run) before it leaves the reading to the next run's first activity.
+CONTINUATION_WAIT = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -79,19 +91,18 @@ async def deliver(
                 raise
             return Delivery(handle, started=False)
         if seen.status == WorkflowExecutionStatus.COMPLETED:
-            outcome = await _answer(client, task_id, seen.run_id)
+            outcome, task = await _answer(client, task_id, seen.run_id)
             if message.message_id in outcome.message_ids:
                 # A repeat of a message the answer already took (a retried send).
                 closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
                     client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=seen.run_id)
                 )
                 return Delivery(closed, started=False)
-            # The next run starts with only the run it follows, with no worker needed: its
-            # first activity reads that answer's state from the closed run and claims the
-            # turn (activities/turns.py), then it continues as new from it.
+            # Its first activity claims the turn (activities/turns.py), so two senders never
+            # both follow one answer.
             started = await client.start_workflow(
                 AgentWorkflow.run,
-                AgentRun(follows=seen.run_id),
+                await _next_run(client, task_id, seen.run_id, task, task_queue),
                 id=task_id,
                 task_queue=task_queue,
                 start_signal=MESSAGE_SIGNAL,
@@ -133,9 +144,28 @@ def refuse_unless_taking(task_id: str, status: str) -> None:
         )
 
 
-async def _answer(client: Client, task_id: str, run_id: str) -> AgentOutcome:
-    """The answer of closed run `run_id`, once it is known that a message may follow it (a
-    sub-agent's answered its caller: not this one)."""
+async def _next_run(
+    client: Client, task_id: str, run_id: str, task: AgentTask | None, task_queue: str
+) -> AgentRun:
+    """The input of the run that follows closed run `run_id`: from its continuation when a
+    worker gives it within CONTINUATION_WAIT, else naming only the run it follows."""
+    if task is None or not await polling_workers(client, task_queue, "workflow", this_process=True):
+        return AgentRun(follows=run_id)
+    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=run_id
+    )
+    try:
+        carry = await closed.query(AgentWorkflow.continuation, rpc_timeout=CONTINUATION_WAIT)
+    except (WorkflowQueryFailedError, RPCError):
+        return AgentRun(follows=run_id)  # no worker now: the run's claim reads it later
+    return AgentRun(task=task, carry=carry)
+
+
+async def _answer(
+    client: Client, task_id: str, run_id: str
+) -> tuple[AgentOutcome, AgentTask | None]:
+    """The answer of closed run `run_id` and its task, once it is known that a message may
+    follow it (a sub-agent's answered its caller: not this one)."""
     closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
         AgentWorkflow.run, task_id, run_id=run_id
     )
@@ -152,4 +182,4 @@ async def _answer(client: Client, task_id: str, run_id: str) -> AgentOutcome:
             f"send your message to {task.parent.task_id}",
             errors.TASK_NOT_TAKING_MESSAGES,
         )
-    return await closed.result(follow_runs=False)
+    return await closed.result(follow_runs=False), task

@@ -317,3 +317,23 @@ async def test_a_follow_up_may_run_the_same_call_again(
     outputs = [o.output for o in of_type(await handle.events(), "observation")]
     # The repeat guard spans a turn's steps, not the turns a person asked for.
     assert outputs == ["1024", "1024"]
+
+
+async def test_a_follow_up_with_a_worker_running_starts_one_run_with_no_hold_back(
+    dev_env: Any, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """The follow-up's run starts from the answered run's continuation: it claims its turn
+    and goes on in that run. A run that continued as new instead (as one started naming only
+    the run it follows does) waited up to a second first: Temporal holds back the first
+    workflow task of a run continued within a second of its predecessor's start."""
+    model = fake_openai.script([text("one"), text("two")])
+    handle = await dev_runtime.run(agent_task(model, task="count"))
+    await handle.result()
+    await handle.send("again")
+    assert (await handle.result()).result == "two"
+    runs = [e async for e in dev_env.client.list_workflows(f'WorkflowId="{handle.id}"')]
+    latest = dev_env.client.get_workflow_handle(handle.id)
+    started = (await latest.fetch_history()).events[0].workflow_execution_started_event_attributes
+    assert started.first_workflow_task_backoff.ToTimedelta().total_seconds() == 0
+    assert not started.continued_execution_run_id  # the message started it
+    assert len({run.run_id for run in runs}) <= 2  # visibility may lag: never a third
