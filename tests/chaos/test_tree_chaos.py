@@ -33,12 +33,13 @@ from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.proc import pid_with_local_port
 from tests.chaos.workload import (
+    SLOW_STREAM,
     WORDS,
     Crew,
     Gates,
     effects,
     replay_all,
-    shell_command,
+    side_effect_step,
     until_file,
 )
 from tests.helpers import agent_task
@@ -92,21 +93,8 @@ def child_model(fake: FakeOpenAI, gates: Gates) -> str:
         if found is None:
             return text("this model serves the children only")
         index = int(found.group(1))
-        slow: dict[str, Any] = {"chunk_delay": 0.03}
-        done = len(tool_results(body))
-        if done == 0:
-            if index in gates.streams:
-                slow = {"hold_after_chunks": 5, "gate": gates.streams[index]}
-            line = {
-                "path": f"scratch/effects-{index}.txt",
-                "content": f"task{index}-a\n",
-                "append": True,
-            }
-            return tools(("write_file", line), content=WORDS, **slow)
-        if done == 1:
-            command = shell_command(index, gates)
-            return tools(("run_shell", {"command": command}), content=WORDS, **slow)
-        return text(child_answer(index), **slow)
+        effect = side_effect_step(index, len(tool_results(body)), gates)
+        return effect if effect is not None else text(child_answer(index), **SLOW_STREAM)
 
     return fake.script(reply)
 

@@ -115,6 +115,28 @@ def shell_command(index: int, gates: Gates | None) -> str:
     return f"cut -d' ' -f4 /proc/$PPID/stat > scratch/{pid_file}; {wait}; {line}"
 
 
+SLOW_STREAM: dict[str, Any] = {"chunk_delay": 0.03}
+
+
+def side_effect_step(index: int, done: int, gates: Gates | None) -> Reply | None:
+    """The reply of a chaos task's first two steps, after `done` tool results: an append
+    through the ledger (write_file), then one by a shell command; None after those."""
+    if done == 0:
+        slow = SLOW_STREAM
+        if gates is not None and index in gates.streams:
+            slow = {"hold_after_chunks": 5, "gate": gates.streams[index]}
+        line = {
+            "path": f"scratch/effects-{index}.txt",
+            "content": f"task{index}-a\n",
+            "append": True,
+        }
+        return tools(("write_file", line), content=WORDS, **slow)
+    if done == 1:
+        command = shell_command(index, gates)
+        return tools(("run_shell", {"command": command}), content=WORDS, **SLOW_STREAM)
+    return None
+
+
 def chaos_model(
     fake: FakeOpenAI, index: int, *, gates: Gates | None = None, flaky: Any = None
 ) -> str:
@@ -124,19 +146,9 @@ def chaos_model(
         if flaky is not None and flaky.random() < 0.3:
             return error(500, "flaky upstream")
         done = sum(1 for m in body["messages"] if m["role"] == "tool")
-        slow: dict[str, Any] = {"chunk_delay": 0.03}
-        if done == 0:
-            if gates is not None and index in gates.streams:
-                slow = {"hold_after_chunks": 5, "gate": gates.streams[index]}
-            line = {
-                "path": f"scratch/effects-{index}.txt",
-                "content": f"task{index}-a\n",
-                "append": True,
-            }
-            return tools(("write_file", line), content=WORDS, **slow)
-        if done == 1:
-            command = shell_command(index, gates)
-            return tools(("run_shell", {"command": command}), content=WORDS, **slow)
+        if (effect := side_effect_step(index, done, gates)) is not None:
+            return effect
+        slow = SLOW_STREAM
         if done == 2:
             return tools(("calculator", {"expression": f"{index} * 7"}), content=WORDS, **slow)
         product = body["messages"][-1]["content"]
