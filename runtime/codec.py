@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import copy
 import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, Self
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -87,7 +86,8 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         return cls({}, None, side=side)
 
     def _copy(self, side: Side, task_id: str | None) -> EncryptionCodec:
-        twin = copy.copy(self)  # the ciphers and what was said once are shared
+        twin = object.__new__(type(self))  # the ciphers and what was said once are shared
+        twin.__dict__.update(self.__dict__)
         twin._side, twin._task_id = side, task_id
         return twin
 
@@ -203,7 +203,36 @@ class PydanticPayloads(CompositePayloadConverter):
         )
 
 
-PYDANTIC_DATA_CONVERTER = DataConverter(payload_converter_class=PydanticPayloads)
+class ContextualDataConverter(DataConverter):
+    """The SDK's data converter, but put in a serialization context by a shallow copy.
+
+    The SDK puts the converter in a context for each activity a workflow schedules or
+    resolves, and this codec takes the context (it names the task in what it refuses). The
+    SDK's clone runs `__post_init__`, which builds a payload converter and a failure
+    converter only to replace them: 11 us a time against 2 us here. Same components, same
+    context on each.
+    """
+
+    def with_context(self, context: SerializationContext) -> Self:
+        parts: dict[str, object] = {
+            "payload_converter": self.payload_converter,
+            "payload_codec": self.payload_codec,
+            "failure_converter": self.failure_converter,
+            "external_storage": self.external_storage,
+        }
+        changed = {
+            name: part.with_context(context)
+            for name, part in parts.items()
+            if isinstance(part, WithSerializationContext)
+        }
+        if all(changed[name] is parts[name] for name in changed):
+            return self
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__, **changed)
+        return twin
+
+
+PYDANTIC_DATA_CONVERTER = ContextualDataConverter(payload_converter_class=PydanticPayloads)
 
 
 def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataConverter:

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.converter import ActivitySerializationContext
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner
 
@@ -53,6 +54,30 @@ async def test_codec_round_trip_and_key_rotation() -> None:
         await before.decode([resealed])
     with pytest.raises(ValueError, match="32 bytes"):
         EncryptionCodec({"short": b"x" * 16}, "short")
+
+
+async def test_a_converter_in_a_task_context_names_the_task_and_reads_what_the_others_write() -> (
+    None
+):
+    key = base64.b64decode(new_key())
+    workers_side = data_converter(EncryptionCodec({"k1": key}, "k1"), "worker")
+    keyless = data_converter(None, "worker")
+    in_task = ActivitySerializationContext(
+        namespace="default",
+        workflow_id="task-7",
+        workflow_type="AgentWorkflow",
+        activity_type="call_llm",
+        activity_task_queue="q",
+        is_local=False,
+        activity_id="1",
+    )
+    sealed = await workers_side.with_context(in_task).encode([{"step": 1}])
+    assert await workers_side.decode(sealed) == [{"step": 1}]
+    with pytest.raises(ValueError, match="payload of task 'task-7' is encrypted with key 'k1'"):
+        await keyless.with_context(in_task).decode(sealed)
+    with pytest.raises(ValueError) as context_free:
+        await keyless.decode(sealed)
+    assert "task-7" not in str(context_free.value)  # the context stays on its copy
 
 
 @pytest.fixture
