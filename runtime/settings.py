@@ -83,12 +83,12 @@ class Settings(BaseSettings):
         "at a local address.",
     )
     worker_cached_tasks: int = Field(
-        default=200,
+        default=1000,
         ge=1,
         le=100_000,
-        description="Running tasks a worker keeps in memory (Temporal's workflow cache). A task "
-        "past it is replayed from history when it next moves; 500 tasks waiting for approval "
-        "fit in about 100 MB at 200.",
+        description="Running tasks a worker keeps in memory (Temporal's workflow cache, the "
+        "SDK's default size). A task past it is replayed from history at each of its steps; "
+        "each cached task costs about 0.1 MB.",
     )
     heartbeat_timeout_seconds: float | None = Field(
         default=None,
