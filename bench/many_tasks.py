@@ -3,6 +3,7 @@
     python -m bench.many_tasks                                   # everything (an hour here)
     python -m bench.many_tasks --parts sweep --tasks 20 --steps 10 --rounds 1 --workers 1
     python -m bench.many_tasks --parts peers --peers-tasks 20
+    python -m bench.many_tasks --parts peers --peers-tasks 20 --baseline 5f4714e
     python -m bench.many_tasks --parts start --start-tasks 1000
     python -m bench.many_tasks --parts memory --running 1000 --caches 200 1000
 
@@ -18,6 +19,8 @@ Parts:
   worker (16 bytes of text and one calculator call a step), taking turns round by round;
 - peers: the same over HTTP to the fake endpoint (2 KB of text and one calculator call a
   step) for the floor, waystation and each Temporal peer that is installed (`.[bench]`);
+  with `--baseline REF`, also the worker of waystation's code at REF (before and after in
+  one run; its checkout and venv as bench.one_shot makes them, kept in `--baseline-dir`);
 - counts: what one task sends to the server beyond the floor, read from the histories (and
   from the worker, for the `llm_context` queries that no history records), for the sweep's
   tasks and for one 200-step task of 2 KB steps with default settings (context compaction);
@@ -57,6 +60,7 @@ from bench.common import Bench, Row, instant_task, median, percentile, run_alone
 from bench.floor import RELEASE_SIGNAL, FloorAgent, FloorCall, FloorWaiting
 from bench.instant_model import INSTANT_MODEL, instant_task_text, parse_task, steps_done
 from bench.long_run import http_api
+from bench.one_shot import CodeTree, baseline_checkout
 from bench.peer_workload import (
     MESSAGE_BYTES,
     Job,
@@ -71,6 +75,7 @@ from runtime.agent_runtime import AgentRuntime
 from testing.fake_openai import Reply, text, tools
 from testing.workers import WorkerProcess
 from workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
+from workflows.run import WORKFLOW_TYPE, AgentRun
 
 INSTANT_BYTES = 16
 SAMPLED_HISTORIES = 10  # tasks per round whose whole history is read and counted
@@ -92,6 +97,8 @@ class Options:
     rounds: int = 3
     peers_tasks: tuple[int, ...] = (20,)
     count_steps: int = 200
+    baseline: str = ""
+    baseline_dir: str = ""
     start_tasks: int = 1000
     running: int = 1000
     running_steps: int = 10
@@ -103,11 +110,13 @@ PARTS = Options().parts
 
 @dataclass(frozen=True)
 class System:
-    """One agent under test: its worker (bench.task_worker's BENCH_SYSTEM) and its model path."""
+    """One agent under test: its worker (bench.task_worker's BENCH_SYSTEM) and its model path;
+    with `tree`, waystation's worker.py of another checkout (over HTTP, counting nothing)."""
 
     name: str
     label: str
     http: bool = False
+    tree: CodeTree | None = None
 
 
 FLOOR = System("floor", "floor")
@@ -140,6 +149,7 @@ class Fleet:
         self._reports = [
             bench.scratch / f"{self.settings.task_queue}-{n}.json" for n in range(workers)
         ]
+        tree = system.tree
         self.processes = [
             WorkerProcess(
                 bench.address,
@@ -150,7 +160,8 @@ class Fleet:
                     "BENCH_SCRATCH": str(bench.scratch),
                     **(extra_env or {}),
                 },
-                module="bench.task_worker",
+                module=None if tree else "bench.task_worker",
+                **({"root": tree.root, "python": tree.python} if tree else {}),
             )
             for report in self._reports
         ]
@@ -169,6 +180,8 @@ class Fleet:
     async def counters(self) -> Counter[str]:
         """What every worker counted so far (each writes its report on SIGUSR1)."""
         total: Counter[str] = Counter()
+        if self.system.tree is not None:
+            return total  # another checkout's worker.py writes no report
         for process, path in zip(self.processes, self._reports, strict=True):
             before = _read_report(path).get("writes", 0)
             process.process.send_signal(signal.SIGUSR1)
@@ -222,6 +235,16 @@ def floor_http_reply(body: dict[str, Any]) -> Reply:
     return tools(("calculator", {"expression": f"{done} + 1"}), content="x" * MESSAGE_BYTES)
 
 
+def ours_http_task(workflow_id: str, steps: int) -> AgentTask:
+    """waystation's task of the HTTP workload: the fake endpoint plays it by its prompt."""
+    return AgentTask(
+        task=prompt(Job(run_id=workflow_id, steps=steps)),
+        model=ModelSettings(name=OURS_HTTP_MODEL),
+        max_steps=steps + 1,
+        approval=ApprovalSettings(policy={"calculator": "never"}),
+    )
+
+
 async def task_runner(bench: Bench, fleet: Fleet, instant_bytes: int = INSTANT_BYTES) -> TaskRun:
     """How the bench runs one task of the fleet's system, checking its answer; with the
     instant model, each step's text is `instant_bytes` long."""
@@ -239,6 +262,21 @@ async def task_runner(bench: Bench, fleet: Fleet, instant_bytes: int = INSTANT_B
                 raise RuntimeError(f"{workflow_id} took {done} steps, not {steps}")
 
         return run_floor
+    if system.tree is not None:
+        ScriptedWorkload(bench.fake, OURS_HTTP_MODEL)
+
+        async def run_baseline(workflow_id: str, steps: int) -> None:
+            task = ours_http_task(workflow_id, steps)
+            # Only fields both versions read, defaults left out (both refuse an unknown one).
+            payload = AgentRun(task=task).model_dump(mode="json", exclude_defaults=True)
+            handle = await bench.client.start_workflow(
+                WORKFLOW_TYPE, payload, id=workflow_id, task_queue=queue, result_type=dict
+            )
+            outcome = await handle.result()
+            if outcome.get("steps") != steps:
+                raise RuntimeError(f"{workflow_id} took {outcome.get('steps')} steps, not {steps}")
+
+        return run_baseline
     if system.name == "waystation":
         runtime = AgentRuntime(bench.client, fleet.settings)
         if system.http:
@@ -247,12 +285,7 @@ async def task_runner(bench: Bench, fleet: Fleet, instant_bytes: int = INSTANT_B
         async def run_ours(workflow_id: str, steps: int) -> None:
             task = instant_task(steps, instant_bytes)
             if system.http:
-                task = AgentTask(
-                    task=prompt(Job(run_id=workflow_id, steps=steps)),
-                    model=ModelSettings(name=OURS_HTTP_MODEL),
-                    max_steps=steps + 1,
-                    approval=ApprovalSettings(policy={"calculator": "never"}),
-                )
+                task = ours_http_task(workflow_id, steps)
             outcome = await (await runtime.run(task, task_id=workflow_id)).result()
             if outcome.steps != steps:
                 raise RuntimeError(f"{workflow_id} took {outcome.steps} steps, not {steps}")
@@ -884,10 +917,15 @@ async def measure(bench: Bench, options: Options | None = None) -> list[Row]:
         for label in peers_temporal.missing_peers():
             say(f"{label} is not installed: its rows stay empty (pip install -e '.[bench]')")
         systems = [FLOOR_HTTP, OURS_HTTP, *installed_peers()]
-        for tasks in options.peers_tasks:
-            results += await compare(
-                bench, "peers", systems, tasks, options.steps, 1, options.rounds
-            )
+        with contextlib.ExitStack() as trees:
+            if options.baseline:
+                keep = Path(options.baseline_dir) if options.baseline_dir else None
+                tree = trees.enter_context(baseline_checkout(options.baseline, keep))
+                systems.insert(2, System("waystation", f"waystation at {tree.label}", True, tree))
+            for tasks in options.peers_tasks:
+                results += await compare(
+                    bench, "peers", systems, tasks, options.steps, 1, options.rounds
+                )
     if results:
         print_lines("Many tasks at once (medians of rounds)", figures_table(results))
         print_lines("What each step sends the server, per step", counts_table(results))
@@ -929,6 +967,8 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
         "start_tasks": "tasks started for the start rate",
         "running": "tasks running at once for memory at scale",
         "caches": "workflow-cache sizes for memory at scale",
+        "baseline": "a git ref: its waystation worker runs beside this tree's in the peers part",
+        "baseline_dir": "where the baseline's checkout and venv are made once and kept",
     }
     for option in fields(Options):
         default = getattr(Options(), option.name)
@@ -945,7 +985,8 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
                 help=helps.get(option.name),
             )
         else:
-            parser.add_argument(flag, type=int, default=default, help=helps.get(option.name))
+            kind = str if isinstance(default, str) else int
+            parser.add_argument(flag, type=kind, default=default, help=helps.get(option.name))
 
 
 if __name__ == "__main__":
