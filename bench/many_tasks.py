@@ -770,7 +770,8 @@ def counts_table(results: Sequence[Result]) -> list[str]:
     lines = [_line(header), _line(["---"] * len(header))]
     for r in results:
         cells = [f"{r.per_step(kind):.2f}" for _, kind in COUNTED]
-        queries = f"{r.counted_per_step('queried'):.2f}" if r.system.name == "waystation" else ""
+        counts_queries = r.system.name == "waystation" and r.system.tree is None
+        queries = f"{r.counted_per_step('queried'):.2f}" if counts_queries else ""
         lines.append(_line([str(r.tasks), str(r.workers), _label(r), *cells, queries]))
     return lines
 
