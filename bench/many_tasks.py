@@ -71,7 +71,7 @@ from bench.peer_workload import (
 )
 from bench.process_figures import cpu_seconds, rss_mb, server_pid
 from bench.task_worker import PEER_MODULES
-from runtime.agent_runtime import AgentRuntime
+from runtime.agent_runtime import WORKFLOW_TASK_TIMEOUT, AgentRuntime
 from testing.fake_openai import Reply, text, tools
 from testing.workers import WorkerProcess
 from workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
@@ -269,8 +269,15 @@ async def task_runner(bench: Bench, fleet: Fleet, instant_bytes: int = INSTANT_B
             task = ours_http_task(workflow_id, steps)
             # Only fields both versions read, defaults left out (both refuse an unknown one).
             payload = AgentRun(task=task).model_dump(mode="json", exclude_defaults=True)
+            # Started as AgentRuntime.run starts ours (its workflow-task timeout, its summary).
             handle = await bench.client.start_workflow(
-                WORKFLOW_TYPE, payload, id=workflow_id, task_queue=queue, result_type=dict
+                WORKFLOW_TYPE,
+                payload,
+                id=workflow_id,
+                task_queue=queue,
+                result_type=dict,
+                task_timeout=WORKFLOW_TASK_TIMEOUT,
+                static_summary=task.task,
             )
             outcome = await handle.result()
             if outcome.get("steps") != steps:
@@ -968,7 +975,7 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
         "start_tasks": "tasks started for the start rate",
         "running": "tasks running at once for memory at scale",
         "caches": "workflow-cache sizes for memory at scale",
-        "baseline": "a git ref: its waystation worker runs beside this tree's in the peers part",
+        "baseline": "a git ref: its waystation worker runs beside this tree's (peers part only)",
         "baseline_dir": "where the baseline's checkout and venv are made once and kept",
     }
     for option in fields(Options):

@@ -2,7 +2,8 @@
 
 A real worker subprocess runs each task to its approval request, where it parks; then its
 resident set size is read from /proc. Beside it, in the same run: the same worker idle,
-and the same load with Temporal's default workflow cache (1,000) instead of ours.
+and the same load with a workflow cache of 200 (waystation's default before it became
+Temporal's 1,000).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from testing.workers import WorkerProcess
 from workflows.models import AgentTask, ModelSettings
 
 WAITING = 500
-SDK_DEFAULT_CACHE = 1000
+SMALL_CACHE = 200
 
 
 def rss_mb(pid: int) -> float:
@@ -55,15 +56,15 @@ async def waiting_worker_rss(bench: Bench, cached_tasks: int | None) -> tuple[fl
 
 
 async def measure(bench: Bench) -> list[Row]:
-    say(f"worker memory: {WAITING} tasks waiting for approval, our cache setting")
+    say(f"worker memory: {WAITING} tasks waiting for approval, the default cache")
     idle, ours = await waiting_worker_rss(bench, None)
-    say(f"worker memory: {WAITING} tasks waiting, Temporal's default cache ({SDK_DEFAULT_CACHE})")
-    _, sdk_default = await waiting_worker_rss(bench, SDK_DEFAULT_CACHE)
+    say(f"worker memory: {WAITING} tasks waiting, a cache of {SMALL_CACHE}")
+    _, small = await waiting_worker_rss(bench, SMALL_CACHE)
     return [
         Row(
             f"worker RSS with {WAITING} tasks waiting for approval",
             f"{ours:.0f} MB",
-            f"idle {idle:.0f} MB; {sdk_default:.0f} MB with a {SDK_DEFAULT_CACHE}-task cache",
+            f"idle {idle:.0f} MB; {small:.0f} MB with a {SMALL_CACHE}-task cache",
         )
     ]
 

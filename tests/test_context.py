@@ -245,8 +245,8 @@ async def test_a_worker_keeps_the_conversations_of_as_many_tasks_as_it_caches(
 ) -> None:
     """A task whose conversation the worker forgot asks for it by query at its next call
     (a replay when its workflow is not cached either)."""
-    many = settings.model_copy(update={"worker_cached_tasks": 1000})
-    assert build_worker(dev_env.client, many).llm.conversations.tasks_kept == 1000
+    many = settings.model_copy(update={"worker_cached_tasks": 1500})  # not the default
+    assert build_worker(dev_env.client, many).llm.conversations.tasks_kept == 1500
 
 
 def test_the_conversation_cache_keeps_to_its_budget() -> None:
