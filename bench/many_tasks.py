@@ -60,7 +60,7 @@ from bench.common import Bench, Row, instant_task, median, percentile, run_alone
 from bench.floor import RELEASE_SIGNAL, FloorAgent, FloorCall, FloorWaiting
 from bench.instant_model import INSTANT_MODEL, instant_task_text, parse_task, steps_done
 from bench.long_run import http_api
-from bench.one_shot import CodeTree, baseline_checkout
+from bench.one_shot import CodeTree, baseline_checkout, run_by_type, run_input
 from bench.peer_workload import (
     MESSAGE_BYTES,
     Job,
@@ -71,11 +71,10 @@ from bench.peer_workload import (
 )
 from bench.process_figures import cpu_seconds, rss_mb, server_pid
 from bench.task_worker import PEER_MODULES
-from runtime.agent_runtime import WORKFLOW_TASK_TIMEOUT, AgentRuntime
+from runtime.agent_runtime import AgentRuntime
 from testing.fake_openai import Reply, text, tools
-from testing.workers import WorkerProcess
+from testing.workers import REPO, WorkerProcess
 from workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
-from workflows.run import WORKFLOW_TYPE, AgentRun
 
 INSTANT_BYTES = 16
 SAMPLED_HISTORIES = 10  # tasks per round whose whole history is read and counted
@@ -161,7 +160,8 @@ class Fleet:
                     **(extra_env or {}),
                 },
                 module=None if tree else "bench.task_worker",
-                **({"root": tree.root, "python": tree.python} if tree else {}),
+                root=tree.root if tree else REPO,
+                python=tree.python if tree else None,
             )
             for report in self._reports
         ]
@@ -266,22 +266,8 @@ async def task_runner(bench: Bench, fleet: Fleet, instant_bytes: int = INSTANT_B
         ScriptedWorkload(bench.fake, OURS_HTTP_MODEL)
 
         async def run_baseline(workflow_id: str, steps: int) -> None:
-            task = ours_http_task(workflow_id, steps)
-            # Only fields both versions read, defaults left out (both refuse an unknown one).
-            payload = AgentRun(task=task).model_dump(mode="json", exclude_defaults=True)
-            # Started as AgentRuntime.run starts ours (its workflow-task timeout, its summary).
-            handle = await bench.client.start_workflow(
-                WORKFLOW_TYPE,
-                payload,
-                id=workflow_id,
-                task_queue=queue,
-                result_type=dict,
-                task_timeout=WORKFLOW_TASK_TIMEOUT,
-                static_summary=task.task,
-            )
-            outcome = await handle.result()
-            if outcome.get("steps") != steps:
-                raise RuntimeError(f"{workflow_id} took {outcome.get('steps')} steps, not {steps}")
+            payload = run_input(ours_http_task(workflow_id, steps))
+            await run_by_type(bench.client, workflow_id, queue, payload, steps)
 
         return run_baseline
     if system.name == "waystation":

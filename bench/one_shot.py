@@ -34,8 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
+
 from bench.common import Bench, Measure, Row, run_alone, say
 from bench.worker_memory import rss_mb
+from runtime.agent_runtime import WORKFLOW_TASK_TIMEOUT
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import REPO, WorkerProcess
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
@@ -117,26 +120,45 @@ def counting_model(fake: FakeOpenAI, steps: int) -> str:
     return fake.script(reply, record=False)
 
 
-def task_input(model: str, steps: int) -> dict[str, Any]:
-    """The workflow input as both versions read it: only fields they share, defaults left
-    out (both refuse a field they do not know)."""
-    task = AgentTask(
-        task=f"count to {steps}",
-        model=ModelSettings(name=model),
-        max_steps=steps + 1,
-        approval=ApprovalSettings(policy={"calculator": "never"}),
-    )
+def run_input(task: AgentTask) -> dict[str, Any]:
+    """The workflow input as every version reads it: only fields they share, defaults left
+    out (each refuses a field it does not know)."""
     return AgentRun(task=task).model_dump(mode="json", exclude_defaults=True)
 
 
-async def one_task(bench: Bench, queue: str, payload: dict[str, Any], steps: int) -> str:
-    task_id = f"one-shot-{uuid.uuid4().hex[:12]}"
-    handle = await bench.client.start_workflow(
-        WORKFLOW_TYPE, payload, id=task_id, task_queue=queue, result_type=dict
+def task_input(model: str, steps: int) -> dict[str, Any]:
+    return run_input(
+        AgentTask(
+            task=f"count to {steps}",
+            model=ModelSettings(name=model),
+            max_steps=steps + 1,
+            approval=ApprovalSettings(policy={"calculator": "never"}),
+        )
+    )
+
+
+async def run_by_type(
+    client: Client, task_id: str, queue: str, payload: dict[str, Any], steps: int
+) -> None:
+    """Run a task by the workflow's type name, started as AgentRuntime.run starts one (its
+    workflow-task timeout, its summary), and check it took `steps` steps."""
+    handle = await client.start_workflow(
+        WORKFLOW_TYPE,
+        payload,
+        id=task_id,
+        task_queue=queue,
+        result_type=dict,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
+        static_summary=str(payload["task"]["task"]),
     )
     outcome = await handle.result()
     if outcome.get("steps") != steps:
         raise RuntimeError(f"{task_id} took {outcome.get('steps')} steps, not {steps}")
+
+
+async def one_task(bench: Bench, queue: str, payload: dict[str, Any], steps: int) -> str:
+    task_id = f"one-shot-{uuid.uuid4().hex[:12]}"
+    await run_by_type(bench.client, task_id, queue, payload, steps)
     return task_id
 
 

@@ -209,23 +209,20 @@ class ContextualDataConverter(DataConverter):
     The SDK puts the converter in a context for each activity a workflow schedules or
     resolves, and this codec takes the context (it names the task in what it refuses). The
     SDK's clone runs `__post_init__`, which builds a payload converter and a failure
-    converter only to replace them: 11 us a time against 2 us here. Same components, same
-    context on each.
+    converter only to replace them: 11 us a time against 3 us here (~20 times a step).
+    The components that take a context are the SDK's four (its `with_context` names them).
     """
 
+    _CONTEXTUAL = ("payload_converter", "payload_codec", "failure_converter", "external_storage")
+
     def with_context(self, context: SerializationContext) -> Self:
-        parts: dict[str, object] = {
-            "payload_converter": self.payload_converter,
-            "payload_codec": self.payload_codec,
-            "failure_converter": self.failure_converter,
-            "external_storage": self.external_storage,
-        }
         changed = {
-            name: part.with_context(context)
-            for name, part in parts.items()
-            if isinstance(part, WithSerializationContext)
+            name: in_context
+            for name in self._CONTEXTUAL
+            if isinstance(part := getattr(self, name), WithSerializationContext)
+            and (in_context := part.with_context(context)) is not part
         }
-        if all(changed[name] is parts[name] for name in changed):
+        if not changed:
             return self
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__, **changed)

@@ -87,8 +87,8 @@ class Settings(BaseSettings):
         ge=1,
         le=100_000,
         description="Running tasks a worker keeps in memory (Temporal's workflow cache, the "
-        "SDK's default size). A task past it is replayed from history at each of its steps; "
-        "each cached task costs about 0.1 MB.",
+        "SDK's default size). With more tasks moving than this, an evicted task is replayed "
+        "from its history at its next step; each cached task costs about 0.1 MB.",
     )
     heartbeat_timeout_seconds: float | None = Field(
         default=None,
