@@ -363,6 +363,31 @@ async def test_a_refused_notice_is_not_retried_and_becomes_an_error_event(
     assert len(receiver.requests("strict")) == len(receiver.requests("late")) == 1
 
 
+async def test_a_wait_asked_past_the_deadline_gives_up_at_once_as_out_of_time(
+    runtime: AgentRuntime, fake_openai: FakeOpenAI, receiver: WebhookReceiver, spawn: Spawn
+) -> None:
+    # The server does not wait for a deadline that the next attempt would start after: it
+    # fails the delivery with the last attempt's failure there and then, and that too reads
+    # as out of time (the path a busy machine takes when the deadline falls in a backoff).
+    receiver.answer("down", 503, headers={"Retry-After": "3600"})
+    await spawn(
+        webhook_env(
+            endpoint("down", receiver, ["question_asked"]),
+            WAYSTATION_WEBHOOK_RETRY_HOURS="0.01",
+        )
+    )
+    handle = await runtime.run(agent_task(asking(fake_openai)))
+    async with asyncio.timeout(60):
+        while not (noted := of_type(await handle.events(), "error")):
+            await asyncio.sleep(0.05)
+    [gave_up] = noted
+    assert "still failing after 0.01 h of retries" in gave_up.message
+    assert "'down' answered HTTP 503" in gave_up.message
+    assert len(receiver.requests("down")) == 1
+    await handle.answer("ACME")
+    assert (await handle.result()).result == "so: the person answered: ACME"
+
+
 @pytest.mark.long(minutes=0.5)
 async def test_a_stuck_task_is_told_once_whatever_the_workers_watching_it(
     dev_env: WorkflowEnvironment,

@@ -23,9 +23,9 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     FailureError,
+    RetryState,
     WorkflowAlreadyStartedError,
 )
-from temporalio.exceptions import TimeoutError as RetriesRanOut
 
 with workflow.unsafe.imports_passed_through():
     from activities.notify.delivery import NotificationActivities
@@ -76,7 +76,10 @@ class NotificationWorkflow:
             )
         except ActivityError as err:
             reason = last_reason(err)
-            if isinstance(err.cause, RetriesRanOut):  # the schedule-to-close timeout
+            # Out of time either way: the deadline passed during an attempt or a backoff
+            # (the cause is a timeout), or the server saw the next attempt would start past
+            # it and gave up at once (the cause is the last failure).
+            if err.retry_state == RetryState.TIMEOUT:
                 reason = f"still failing after {notice.retry.hours:g} h of retries: {reason}"
             return DeliveryFailure(
                 endpoint=endpoint,
