@@ -464,8 +464,11 @@ async def test_an_http_server_that_restarts_is_given_a_new_session(
 ) -> None:
     """The SDK's server answers a session it does not know with 404, the reference server
     (@modelcontextprotocol/server-everything) with 400: either way the worker opens a new
-    session, and a retry-safe call that met the old one runs once more on the new one."""
-    env = {"DEMO_HTTP_LOG": "1", "DEMO_UNKNOWN_SESSION": refusal}
+    session, and a retry-safe call that met the old one runs once more on the new one. The
+    server offers no GET stream: the SDK reopens its GET stream a second after the server
+    went away, and finds the session forgotten by itself, so on a slow machine the next
+    call would go to a new session at once and none would meet the old one."""
+    env = {"DEMO_HTTP_LOG": "1", "DEMO_UNKNOWN_SESSION": refusal, "DEMO_NO_GET_STREAM": "1"}
     async with running_http_server(log, env) as server:
         # Sessions belong to the 2025 revisions: 2026-07-28 connections have none.
         manager = manage(managers, remote=McpServerConfig(url=server.url, protocol="legacy"))

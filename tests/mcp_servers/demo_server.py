@@ -18,8 +18,10 @@ a tool that runs only as an MCP task (`execution.taskSupport: required`). A requ
 
 Over HTTP, DEMO_UNKNOWN_SESSION=400 answers a request for a session the server does not know
 (it restarted) as the reference server does, 400 "Bad Request: No valid session ID
-provided", instead of the SDK's 404; DEMO_HTTP_LOG=1 records every request (`tool` "http",
-`event` its method, `label` its Mcp-Session-Id, `status` the answer's).
+provided", instead of the SDK's 404; DEMO_NO_GET_STREAM=1 answers a GET (the stream a
+client opens for what the server sends unasked) with 405; DEMO_HTTP_LOG=1 records every
+request (`tool` "http", `event` its method, `label` its Mcp-Session-Id, `status` the
+answer's).
 """
 
 from __future__ import annotations
@@ -237,6 +239,21 @@ def unknown_session_as_400(app: ASGIApp) -> ASGIApp:
     return wrapped
 
 
+def no_get_stream(app: ASGIApp) -> ASGIApp:
+    """Offers no stream of its own (405 to a GET, as the protocol lets a server answer), so
+    the one request that can meet a forgotten session is the client's next call."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            headers = [(b"allow", b"POST, DELETE"), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 405, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 def logging_requests(app: ASGIApp) -> ASGIApp:
     """Records each HTTP request: its method, its Mcp-Session-Id and the answer's status."""
 
@@ -262,6 +279,8 @@ def serve_http(port: int) -> None:
     app: ASGIApp = server.streamable_http_app(host="127.0.0.1", transport_security=security)
     if os.environ.get("DEMO_UNKNOWN_SESSION") == "400":
         app = unknown_session_as_400(app)
+    if os.environ.get("DEMO_NO_GET_STREAM"):
+        app = no_get_stream(app)
     if os.environ.get("DEMO_HTTP_LOG"):
         app = logging_requests(app)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
