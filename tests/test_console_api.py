@@ -296,11 +296,7 @@ async def test_requests_inside_a_sub_agent_name_their_chain_and_decide_the_tree(
         alone_model = fake_openai.script([tools(("run_shell", {"command": "true"}))])
         alone = await runtime.run(agent_task(alone_model, "on its own"))
         await pending_requests(alone)
-        [mine] = [
-            i
-            for i in (await http.get("/approvals")).json()["approvals"]
-            if i["task_id"] == alone.id
-        ]
+        [mine] = await _mine(http, {alone.id}, 1)  # once visibility lists it waiting
         assert mine["chain"] is None
         await alone.cancel()
     await api.stop()

@@ -376,8 +376,12 @@ async def test_auth_roles_and_clear_errors(api: httpx.AsyncClient, fake_openai: 
         f"/tasks/{task_id}/approve", json={"request_id": request}, headers=reader
     )
     assert refused.status_code == 403 and "rita" in refused.json()["detail"]
-    listed = (await api.get("/tasks?status=waiting_approval", headers=reader)).json()
-    assert task_id in [t["id"] for t in listed["tasks"]]
+    async with asyncio.timeout(60):  # visibility lists it soon after its state shows it
+        while True:
+            listed = (await api.get("/tasks?status=waiting_approval", headers=reader)).json()
+            if task_id in [t["id"] for t in listed["tasks"]]:
+                break
+            await asyncio.sleep(0.05)
     assert (await api.get("/tasks/nope", headers=reader)).status_code == 404
     bad = await api.post("/tasks", json={"task": "", "max_steps": 0}, headers=reader)
     assert bad.status_code == 422

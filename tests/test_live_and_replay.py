@@ -131,7 +131,9 @@ async def test_a_query_waiting_with_an_approval_leaves_the_approved_steps_log_as
         ]
     )
     runtime = AgentRuntime(dev_env.client, settings)
-    task = agent_task(model, approval=ApprovalSettings(policy={"calculator": "always"}))
+    # A long first-chunk clock: the held reply waits on the stream, however busy the machine.
+    policy = ApprovalSettings(policy={"calculator": "always"})
+    task = agent_task(model, approval=policy, timeout=60)
     async with running_worker(dev_env.client, settings):
         handle = await runtime.run(task)
         [request] = await pending_requests(handle)

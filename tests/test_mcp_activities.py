@@ -26,6 +26,7 @@ from activities.mcp.manager import McpClientManager
 from runtime.settings import Settings
 from testing.mcp import CallLog, demo_stdio
 from testing.workers import running_worker
+from worker import HEARTBEAT_THROTTLE
 from workflows.models import ToolRequest, ToolResult
 from workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
@@ -91,6 +92,9 @@ async def probe_queue(dev_env: WorkflowEnvironment, log: CallLog) -> AsyncIterat
         workflows=[McpProbe],
         activities=[probe_activity(mcp)],
         workflow_runner=UnsandboxedWorkflowRunner(),
+        # As the real worker sends them: the SDK's default holds a beat back for 0.8 of the
+        # 2 s timeout, and a busy test machine then misses the deadline.
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )
     async with worker:
         yield queue

@@ -62,12 +62,12 @@ class HangsAfterItsAnswer:
                     raise
 
 
-def hung_task() -> AgentTask:
+def hung_task(heartbeat_seconds: float) -> AgentTask:
     # The watchdog allows request_timeout + 5 s without progress once the stream began.
     model = ModelSettings(
         name=HUNG_MODEL, request_timeout_seconds=1, first_chunk_timeout_seconds=30
     )
-    return AgentTask(task="say hi", model=model, heartbeat_timeout_seconds=2)
+    return AgentTask(task="say hi", model=model, heartbeat_timeout_seconds=heartbeat_seconds)
 
 
 async def llm_retry_causes(handle: TaskHandle, runtime: AgentRuntime) -> list[Failure]:
@@ -92,12 +92,15 @@ def said(failure: Failure) -> list[str]:
 
 
 async def run_with(
-    dev_env: WorkflowEnvironment, settings: Settings, backend: HangsAfterItsAnswer
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    backend: HangsAfterItsAnswer,
+    heartbeat_seconds: float = 2,
 ) -> tuple[TaskHandle, list[Failure]]:
     runtime = AgentRuntime(dev_env.client, settings)
     async with running_worker(dev_env.client, settings, backends={HUNG_MODEL: backend}):
         try:
-            handle = await runtime.run(hung_task())
+            handle = await runtime.run(hung_task(heartbeat_seconds))
             outcome = await asyncio.wait_for(handle.result(), 90)
             assert outcome.result == "answered again"
             [thought] = of_type(await handle.events(), "thought")
@@ -112,7 +115,9 @@ async def test_a_model_call_that_hangs_after_its_answer_is_retried_by_the_watchd
 ) -> None:
     scripted = fake_openai.script([text("answered once"), text("answered again")])
     backend = HangsAfterItsAnswer(fake_openai, scripted, swallow_cancel=False)
-    _, [cause] = await run_with(dev_env, settings, backend)
+    # The watchdog's last beat goes out before it cancels the call: a heartbeat timeout
+    # well past that leaves a busy machine time to report the watchdog's failure first.
+    _, [cause] = await run_with(dev_env, settings, backend, heartbeat_seconds=10)
     assert "no progress for 6 s while streaming the answer" in said(cause), cause
     assert backend.attempts == 2
 

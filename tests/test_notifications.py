@@ -328,7 +328,7 @@ async def test_a_refused_notice_is_not_retried_and_becomes_an_error_event(
             endpoint("strict", receiver, ["question_asked"]),
             endpoint("late", receiver, ["done"]),
             endpoint("down", receiver, ["question_asked"]),
-            WAYSTATION_WEBHOOK_RETRY_HOURS="0.001",  # 3.6 s of retries
+            WAYSTATION_WEBHOOK_RETRY_HOURS="0.002",  # 7.2 s: room for a retry on a busy machine
         )
     )
     handle = await runtime.run(agent_task(asking(fake_openai)))
@@ -343,7 +343,7 @@ async def test_a_refused_notice_is_not_retried_and_becomes_an_error_event(
     assert refused.kind == gave_up.kind == "notification_failed"
     assert "'strict'" in refused.message and "HTTP 400" in refused.message
     assert "unknown field 'kind'" in refused.message and "not retried" in refused.message
-    assert "still failing after 0.001 h of retries" in gave_up.message
+    assert "still failing after 0.002 h of retries" in gave_up.message
     assert "'down' answered HTTP 503" in gave_up.message
     assert len(receiver.requests("strict")) == 1
     assert len(receiver.requests("down")) > 1

@@ -60,10 +60,13 @@ async def test_a_live_stream_equals_the_event_log(
     assert streamed_events[-1].type == "done" and items[-1].terminal
     tokens = [i.data for i in items if i.topic == "tokens"]
     assert tokens and all(isinstance(t, TokenDelta) for t in tokens)
-    # The tokens of each streaming step spell the step's thought, and come before it; the
-    # instant last answer came whole with its thought and published no tokens at all.
+    # The tokens of each streaming step spell the step's thought, and come before it. The
+    # instant last answer comes whole with its thought; it publishes tokens only when its
+    # call outlasts the first batch's interval (a busy machine), and then they spell it too.
     thoughts = [e for e in streamed_events if e.type == "thought"]
-    for thought in thoughts[:-1]:
+    streamed_steps = {t.step for t in tokens}  # type: ignore[union-attr]
+    assert streamed_steps >= {thought.step for thought in thoughts[:-1]}
+    for thought in (t for t in thoughts if t.step in streamed_steps):
         spelled = "".join(t.text for t in tokens if t.step == thought.step)  # type: ignore[union-attr]
         assert spelled == thought.content
         first_token = next(
@@ -72,7 +75,6 @@ async def test_a_live_stream_equals_the_event_log(
             if isinstance(i.data, TokenDelta) and i.data.step == thought.step
         )
         assert first_token < next(i.offset for i in items if i.data is thought)
-    assert not [t for t in tokens if t.step == thoughts[-1].step]  # type: ignore[union-attr]
 
 
 async def test_reconnect_at_random_cut_points_loses_and_repeats_nothing(
