@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
 
 from runtime.agent_runtime import NoWorkerError, TaskHandle
 from workflows.events import AgentEvent, AgentState
@@ -42,3 +46,41 @@ async def pending_requests(handle: TaskHandle, count: int = 1, timeout: float = 
 
 def of_type(events: list[AgentEvent], kind: str) -> list[Any]:
     return [e for e in events if e.type == kind]
+
+
+# The stamps a retried workflow task gives its events anew.
+RESTAMPED = ("at", "history_length")
+_RETRIED = (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+
+
+async def workflow_tasks_retried(client: Client, task_id: str) -> int:
+    """How many workflow tasks of the task's runs timed out or failed (each then retried)."""
+    retried = 0
+    run_id: str | None = None  # the newest run first, then the one each continues
+    while True:
+        history = await client.get_workflow_handle(task_id, run_id=run_id).fetch_history()
+        retried += sum(1 for e in history.events if e.event_type in _RETRIED)
+        started = history.events[0].workflow_execution_started_event_attributes
+        if not (run_id := started.continued_execution_run_id):
+            return retried
+
+
+def _unstamped(item: BaseModel) -> dict[str, Any]:
+    whole = item.model_dump(mode="json")
+    event = whole["data"] if isinstance(whole.get("data"), dict) else whole
+    for stamp in RESTAMPED:
+        event.pop(stamp, None)
+    return whole
+
+
+async def same_unless_restamped(
+    client: Client, task_id: str, live: Sequence[BaseModel], durable: Sequence[BaseModel]
+) -> None:
+    """What a reader saw live equals the durable log, item for item. A reader sees a workflow
+    task's state before Temporal has accepted the task; when a busy worker finished one past
+    its timeout, the retry records the same events with its own stamps (`at`,
+    `history_length`): only those may differ, and only then (docs/never-stuck.md)."""
+    if list(live) == list(durable):
+        return
+    assert await workflow_tasks_retried(client, task_id), "live and durable differ, no retry"
+    assert [_unstamped(i) for i in live] == [_unstamped(i) for i in durable]
