@@ -65,8 +65,11 @@ async def workflow_tasks_retried(client: Client, task_id: str) -> int:
             return retried
 
 
-def _unstamped(item: BaseModel) -> dict[str, Any]:
-    whole = item.model_dump(mode="json")
+def _unstamped(item: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    """An event, a stream item or an SSE item (a dict), without its event's stamps."""
+    whole = dict(item) if isinstance(item, dict) else item.model_dump(mode="json")
+    if isinstance(whole.get("data"), dict):
+        whole["data"] = dict(whole["data"])
     event = whole["data"] if isinstance(whole.get("data"), dict) else whole
     for stamp in RESTAMPED:
         event.pop(stamp, None)
@@ -74,7 +77,10 @@ def _unstamped(item: BaseModel) -> dict[str, Any]:
 
 
 async def same_unless_restamped(
-    client: Client, task_id: str, live: Sequence[BaseModel], durable: Sequence[BaseModel]
+    client: Client,
+    task_id: str,
+    live: Sequence[BaseModel | dict[str, Any]],
+    durable: Sequence[BaseModel | dict[str, Any]],
 ) -> None:
     """What a reader saw live equals the durable log, item for item. A reader sees a workflow
     task's state before Temporal has accepted the task; when a busy worker finished one past

@@ -24,6 +24,7 @@ from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, text, tools
 from testing.workers import running_worker
+from tests.helpers import same_unless_restamped
 
 READER = "reader-token"
 APPROVER = "approver-token"
@@ -103,7 +104,10 @@ async def wait_pending(client: httpx.AsyncClient, task_id: str) -> list[str]:
 
 
 async def test_start_stream_approve_done_and_reconnect(
-    api: httpx.AsyncClient, fake_openai: FakeOpenAI, settings: Settings
+    api: httpx.AsyncClient,
+    dev_env: WorkflowEnvironment,
+    fake_openai: FakeOpenAI,
+    settings: Settings,
 ) -> None:
     model = fake_openai.script(
         [
@@ -134,7 +138,8 @@ async def test_start_stream_approve_done_and_reconnect(
     rest = await sse_items(
         api, f"/tasks/{task_id}/events", headers={"Last-Event-ID": first[-1]["id"]}
     )
-    assert first + rest == everything
+    assert [i["id"] for i in first + rest] == [i["id"] for i in everything]
+    await same_unless_restamped(dev_env.client, task_id, everything, first + rest)
     from_query = await sse_items(api, f"/tasks/{task_id}/events?since=3&topics=events")
     assert [i["id"] for i in from_query] == [
         i["id"] for i in everything[3:] if i["event"] != "token"
