@@ -53,6 +53,9 @@ class HangsAfterItsAnswer:
         if self.attempts == 1:
             await self._hang()
 
+    async def close(self) -> None:
+        await self._chat.close()
+
     async def _hang(self) -> None:
         while not self.release.is_set():
             try:
@@ -98,16 +101,19 @@ async def run_with(
     heartbeat_seconds: float = 2,
 ) -> tuple[TaskHandle, list[Failure]]:
     runtime = AgentRuntime(dev_env.client, settings)
-    async with running_worker(dev_env.client, settings, backends={HUNG_MODEL: backend}):
-        try:
-            handle = await runtime.run(hung_task(heartbeat_seconds))
-            outcome = await asyncio.wait_for(handle.result(), 90)
-            assert outcome.result == "answered again"
-            [thought] = of_type(await handle.events(), "thought")
-            assert thought.attempt == 2
-            return handle, await llm_retry_causes(handle, runtime)
-        finally:
-            backend.release.set()
+    try:
+        async with running_worker(dev_env.client, settings, backends={HUNG_MODEL: backend}):
+            try:
+                handle = await runtime.run(hung_task(heartbeat_seconds))
+                outcome = await asyncio.wait_for(handle.result(), 90)
+                assert outcome.result == "answered again"
+                [thought] = of_type(await handle.events(), "thought")
+                assert thought.attempt == 2
+                return handle, await llm_retry_causes(handle, runtime)
+            finally:
+                backend.release.set()
+    finally:
+        await backend.close()  # its own HTTP client: the worker closes only the endpoint's
 
 
 async def test_a_model_call_that_hangs_after_its_answer_is_retried_by_the_watchdog(
