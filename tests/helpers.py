@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 
 from runtime.agent_runtime import NoWorkerError, TaskHandle
 from workflows.events import AgentEvent, AgentState
@@ -53,24 +53,30 @@ RESTAMPED = ("at", "history_length")
 _RETRIED = (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
 
 
+async def run_histories(client: Client, task_id: str) -> list[WorkflowHistory]:
+    """Every run of the task's chain, newest first (each run names the one it continues)."""
+    histories = [await client.get_workflow_handle(task_id).fetch_history()]
+    while (
+        earlier := histories[-1]
+        .events[0]
+        .workflow_execution_started_event_attributes.continued_execution_run_id
+    ):
+        histories.append(await client.get_workflow_handle(task_id, run_id=earlier).fetch_history())
+    return histories
+
+
 async def workflow_tasks_retried(client: Client, task_id: str) -> int:
     """How many workflow tasks of the task's runs timed out or failed (each then retried)."""
-    retried = 0
-    run_id: str | None = None  # the newest run first, then the one each continues
-    while True:
-        history = await client.get_workflow_handle(task_id, run_id=run_id).fetch_history()
-        retried += sum(1 for e in history.events if e.event_type in _RETRIED)
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not (run_id := started.continued_execution_run_id):
-            return retried
+    histories = await run_histories(client, task_id)
+    return sum(1 for h in histories for e in h.events if e.event_type in _RETRIED)
 
 
 def _unstamped(item: BaseModel | dict[str, Any]) -> dict[str, Any]:
     """An event, a stream item or an SSE item (a dict), without its event's stamps."""
     whole = dict(item) if isinstance(item, dict) else item.model_dump(mode="json")
-    if isinstance(whole.get("data"), dict):
-        whole["data"] = dict(whole["data"])
-    event = whole["data"] if isinstance(whole.get("data"), dict) else whole
+    event = whole
+    if isinstance(whole.get("data"), dict):  # a stream item's event
+        event = whole["data"] = dict(whole["data"])
     for stamp in RESTAMPED:
         event.pop(stamp, None)
     return whole

@@ -9,7 +9,6 @@ import threading
 from typing import Any
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -20,7 +19,13 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
-from tests.helpers import agent_task, of_type, pending_requests, same_unless_restamped
+from tests.helpers import (
+    agent_task,
+    of_type,
+    pending_requests,
+    run_histories,
+    same_unless_restamped,
+)
 from worker import WORKFLOW_RUNNER
 from workflows.agent import AgentWorkflow
 from workflows.events import AgentEvent
@@ -70,18 +75,6 @@ def calculating(body: dict[str, Any]) -> Reply:
     if step == len(STEPS):
         return text("computed it all", chunk_delay=0.05)
     return tools(*STEPS[step], content=f"working on step {step + 1} now", chunk_delay=0.05)
-
-
-async def run_histories(client: Client, task_id: str) -> list[WorkflowHistory]:
-    """Every run of the task's chain, newest first (each run names the one it continues)."""
-    histories = [await client.get_workflow_handle(task_id).fetch_history()]
-    while (
-        earlier := histories[-1]
-        .events[0]
-        .workflow_execution_started_event_attributes.continued_execution_run_id
-    ):
-        histories.append(await client.get_workflow_handle(task_id, run_id=earlier).fetch_history())
-    return histories
 
 
 async def test_the_live_stream_equals_the_log_a_fresh_worker_replays(

@@ -17,7 +17,7 @@ from runtime.settings import Settings
 from runtime.streaming import StreamItem
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import WorkerProcess
-from tests.helpers import agent_task, pending_requests
+from tests.helpers import agent_task, pending_requests, run_histories
 from workflows.models import Decision
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
@@ -28,10 +28,8 @@ TWO_KB = "x" * 2048
 async def runs_of(client: Client, task_id: str) -> list[tuple[int, int]]:
     """(history bytes as Temporal counts them, model calls) of each run, oldest first."""
     runs: list[tuple[int, int]] = []
-    run_id: str | None = None
-    while True:
-        run = client.get_workflow_handle(task_id, run_id=run_id)
-        history = await run.fetch_history()
+    for history in reversed(await run_histories(client, task_id)):
+        run = client.get_workflow_handle(task_id, run_id=history.run_id)
         size = (await run.describe()).raw_info.history_size_bytes
         calls = sum(
             1
@@ -40,10 +38,7 @@ async def runs_of(client: Client, task_id: str) -> list[tuple[int, int]]:
             and e.activity_task_scheduled_event_attributes.activity_type.name == "call_llm"
         )
         runs.append((size, calls))
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not started.continued_execution_run_id:
-            return list(reversed(runs))
-        run_id = started.continued_execution_run_id
+    return runs
 
 
 @pytest.mark.long(minutes=4)
@@ -139,16 +134,7 @@ def effects(settings: Settings) -> list[str]:
 
 async def run_ids(client: Client, task_id: str) -> list[str]:
     """The task's runs, oldest first."""
-    ids: list[str] = []
-    run_id: str | None = None
-    while True:
-        handle = client.get_workflow_handle(task_id, run_id=run_id)
-        history = await handle.fetch_history()
-        ids.append(history.run_id)
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not started.continued_execution_run_id:
-            return list(reversed(ids))
-        run_id = started.continued_execution_run_id
+    return [h.run_id for h in reversed(await run_histories(client, task_id))]
 
 
 async def test_continue_as_new_amid_a_retry_a_pending_approval_and_a_subscription(

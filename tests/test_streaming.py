@@ -19,7 +19,7 @@ from runtime.settings import Settings
 from runtime.streaming import POLL_TIMEOUT, StreamGap, StreamItem, in_sequence
 from testing.client_hooks import ClientHooks
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from tests.helpers import agent_task, pending_requests, same_unless_restamped
+from tests.helpers import agent_task, pending_requests, run_histories, same_unless_restamped
 from workflows.stream import LlmAttemptStarted, TokenDelta
 
 
@@ -267,15 +267,13 @@ async def test_continue_as_new_carries_a_bounded_snapshot(
 
     # Each run's input stays small and does not grow with the task: no full log, no
     # full stream, only the fold and the stream's latest items.
-    sizes: list[int] = []
-    run_id: str | None = None
-    while True:
-        history = await dev_env.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
-        started = history.events[0].workflow_execution_started_event_attributes
-        sizes.append(sum(len(p.data) for p in started.input.payloads))
-        if not started.continued_execution_run_id:
-            break
-        run_id = started.continued_execution_run_id
+    sizes = [
+        sum(
+            len(p.data)
+            for p in h.events[0].workflow_execution_started_event_attributes.input.payloads
+        )
+        for h in await run_histories(dev_env.client, handle.id)
+    ]  # newest first
     assert len(sizes) == 4  # three continue-as-new hops
     carried = list(reversed(sizes))[1:]
     assert max(carried) < 1.5 * min(carried) and max(carried) < 500_000
