@@ -49,6 +49,7 @@ from runtime.agent_runtime import (
 from runtime.pollers import cli_worker_identity, no_worker_note
 from runtime.render import LiveView, render_state
 from runtime.settings import Settings
+from runtime.settings_errors import SettingsProblem, load_settings
 from runtime.streaming import StreamItem
 from runtime.temporal import DevServer, TemporalUnavailableError, connect
 from runtime.tree_stream import TreeItem
@@ -1014,11 +1015,15 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     worker_log.configure(args.verbose)
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except SettingsProblem as err:
+        _say(f"error: {err}")
+        return 2
     if args.command == "api":
         from runtime.http_api import main as serve
 
-        return serve()  # uvicorn runs its own event loop
+        return serve(settings)  # uvicorn runs its own event loop
     try:
         return asyncio.run(COMMANDS[args.command](args, settings))
     except (TaskError, DecisionError, TemporalUnavailableError, StorageError) as err:

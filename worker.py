@@ -45,6 +45,7 @@ from runtime import worker_log
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
+from runtime.settings_errors import SettingsProblem, load_settings
 from runtime.stuck_notices import notify_stuck_now_and_then
 from runtime.temporal import connect
 from workflows.agent import AgentWorkflow
@@ -279,7 +280,11 @@ def build_worker(
 async def main() -> int:
     """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
     worker_log.configure_worker()
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except SettingsProblem as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
     try:
         settings.webhook_endpoints()  # before connecting: nothing is started to stop
     except WebhookConfigError as err:
