@@ -3,7 +3,9 @@
     ws api                           # or: uvicorn runtime.http_api:app
 
 Bearer tokens come from settings (`WAYSTATION_API_TOKENS`); with none configured the server
-binds to localhost only and lets every local caller in as an approver named "local".
+binds to localhost only, answers to loopback names only (runtime/api/hosts.py) and lets every
+local caller in as an approver named "local". A body is read only for a known caller, and only
+up to a limit (runtime/api/body_limit.py).
 The routes live in `runtime/api/`, one router per concern; MCP clients are served at /mcp
 (runtime/mcp_server.py) behind the same tokens.
 """
@@ -19,11 +21,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.api import codec, console, tasks
+from runtime.api.body_limit import BodyLimit
 from runtime.api.errors import ERROR_RESPONSES, install_error_handlers
+from runtime.api.hosts import HostCheck, is_loopback
 from runtime.commands import command
 from runtime.mcp_server import mount_http
 from runtime.settings import Settings
@@ -54,17 +57,18 @@ def create_app(
         description="Durable AI-agent tasks on Temporal: start, follow, approve, resume.",
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
+        # Swagger UI and ReDoc load their scripts from a CDN: the schema is /openapi.json.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.sse_ping_seconds = sse_ping_seconds
     # A repeated approval with the same Idempotency-Key gets the first answer back.
     app.state.answered = OrderedDict()
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=settings.codec_cors_origins,
-        allow_methods=["POST", "GET", "OPTIONS"],
-        allow_headers=["Authorization", "Content-Type", "X-Namespace"],
-    )
+    # Outermost last: the Host check, then CORS (the codec's routes only), then the body's.
+    app.add_middleware(BodyLimit, settings=settings)
+    app.add_middleware(codec.CodecCors, origins=settings.codec_cors_origins)
+    app.add_middleware(HostCheck, settings=settings)
     install_error_handlers(app)
     app.include_router(codec.router)
     app.include_router(tasks.router)
@@ -86,15 +90,14 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def main() -> int:
+def main(settings: Settings) -> int:
     """Serve until interrupted. Exit code 1 when the API cannot start (a taken port says so
     in one sentence; a start-up that fails, e.g. Temporal unreachable, in uvicorn's log),
     not uvicorn's 3, which the command line uses for a task waiting for approval."""
     import uvicorn
 
-    settings = Settings()
     host, port = settings.api_host, settings.api_port
-    if not settings.api_tokens and host not in ("127.0.0.1", "localhost", "::1"):
+    if not settings.api_tokens and not is_loopback(host):
         host = "127.0.0.1"
     # Bound before anything else starts, so a taken port is one sentence, not a traceback.
     try:
@@ -115,10 +118,11 @@ def main() -> int:
             file=sys.stderr,
         )
     print(
-        f"waystation API and console on http://{host}:{port}/ (API docs: /docs)",
+        f"waystation API and console on http://{host}:{port}/ (OpenAPI: /openapi.json)",
         file=sys.stderr,
     )
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port))
+    app = create_app(settings.model_copy(update={"api_host": host}))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port))
     server.run(sockets=[sock])
     return 0 if server.started else 1
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import json
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
@@ -30,7 +29,7 @@ from temporalio.service import RPCError
 
 from runtime.agent_runtime import AgentRuntime, DecisionError, TaskError
 from runtime.api.auth import Caller, identify
-from runtime.api.errors import ApiError
+from runtime.api.errors import ApiError, send_error
 from runtime.commands import command
 from runtime.settings import Settings
 from workflows.events import AgentState
@@ -383,14 +382,13 @@ def mount_http(app: FastAPI, settings: Settings) -> StreamableHTTPSessionManager
     Returns the session manager, whose `run()` the app's lifespan must enter.
     """
     server = build_mcp_server(lambda: app.state.runtime, http_caller)
-    # Without tokens the API serves localhost only: refuse other Host headers (DNS
-    # rebinding); with tokens, the token is what authenticates a caller.
-    security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=not settings.api_tokens,
-        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+    # The app's own guards stand in front of every route, this one too: its Host and Origin
+    # check (runtime/api/hosts.py) and its body limit, with the API's error answers.
+    server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_request_body_size=settings.api_max_body_bytes,
     )
-    server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=security)
     sessions = server.session_manager
     endpoint = BearerGuard(StreamableHTTPASGIApp(sessions), lambda: settings.api_tokens)
     app.router.routes.append(Route(MCP_PATH, endpoint=endpoint))
@@ -412,17 +410,6 @@ class BearerGuard:
             try:
                 scope[CALLER_SCOPE_KEY] = identify(self._tokens(), headers.get("authorization"))
             except ApiError as err:
-                body = json.dumps({"error": err.error, "detail": err.detail}).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": err.status,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                await send_error(send, err.status, err.error, err.detail)
                 return
         await self._app(scope, receive, send)

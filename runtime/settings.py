@@ -134,6 +134,20 @@ class Settings(BaseSettings):
         "binds to localhost only and lets every local caller in.",
     )
 
+    api_allowed_hosts: Annotated[list[str] | None, NoDecode] = Field(
+        default=None,
+        description="Host names the API answers to (its DNS-rebinding guard), comma-separated: "
+        "`name` (any port), `name:port`, or `*` for any. Default: 127.0.0.1, localhost and "
+        "[::1] when the API has no tokens or binds to a loopback address; any host otherwise.",
+    )
+    api_max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="The largest request body the API reads (413 beyond it): room for a task's "
+        "longest text and system prompt, and for the codec's payloads.",
+    )
+
     tools: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: [BUILTIN_TOOLS_MODULE],
         min_length=1,
@@ -202,6 +216,13 @@ class Settings(BaseSettings):
     def _tool_modules(cls, value: object) -> object:
         if isinstance(value, str):  # the variable: modules separated by commas
             return [entry.strip() for entry in value.split(",") if entry.strip()]
+        return value
+
+    @field_validator("api_allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value: object) -> object:
+        if isinstance(value, str):  # the variable: names separated by commas
+            return [entry.strip().lower() for entry in value.split(",") if entry.strip()]
         return value
 
     @field_validator("mcp_servers")

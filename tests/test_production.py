@@ -155,7 +155,7 @@ async def test_encrypted_history_holds_no_plaintext_and_everything_still_works(
         ]
     }
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://api"
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as api:
         denied = await api.post("/codec/decode", json=body)
         assert denied.status_code == 401

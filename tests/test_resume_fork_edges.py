@@ -58,7 +58,7 @@ async def api_over(runtime: AgentRuntime) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://api") as api,
+        httpx.AsyncClient(transport=transport, base_url="http://localhost") as api,
     ):
         yield api
 

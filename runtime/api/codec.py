@@ -1,4 +1,7 @@
-"""The codec server: the Temporal Web UI and CLI decrypt payloads through it."""
+"""The codec server: the Temporal Web UI and CLI decrypt payloads through it.
+
+The Web UI calls it from its own origin, so these routes, and only these, answer CORS
+requests from WAYSTATION_CODEC_CORS_ORIGINS."""
 
 from __future__ import annotations
 
@@ -6,14 +9,37 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from fastapi import APIRouter, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from google.protobuf import json_format
+from starlette.types import ASGIApp, Receive, Scope, Send
 from temporalio.api.common.v1 import Payloads
 
 from runtime.api.auth import Reader, settings_of
 from runtime.api.errors import ApiError
 
+CODEC_PREFIX = "/codec/"
+
 router = APIRouter(tags=["codec"])
+
+
+class CodecCors:
+    """CORS for the codec's routes only: another origin may never read the rest of the API."""
+
+    def __init__(self, app: ASGIApp, origins: list[str]) -> None:
+        self._app = app
+        self._cors = CORSMiddleware(
+            app,
+            allow_origins=origins,
+            allow_methods=["POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Namespace"],
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(CODEC_PREFIX):
+            await self._cors(scope, receive, send)
+        else:
+            await self._app(scope, receive, send)
 
 
 async def _run_codec(request: Request, encode: bool) -> JSONResponse:

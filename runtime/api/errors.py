@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+from starlette.types import Send
 from temporalio.service import RPCError
 
 from runtime.task_errors import (
@@ -41,7 +44,7 @@ class ApiError(Exception):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 421, 422, 503)
 }
 
 
@@ -49,11 +52,31 @@ def _body(error: str, detail: str, fields: list[dict[str, Any]] | None = None) -
     return ErrorBody(error=error, detail=detail, fields=fields).model_dump(exclude_none=True)
 
 
+async def send_error(send: Send, status: int, error: str, detail: str) -> None:
+    """An error answer in the API's shape, from ASGI code that runs before any route (the
+    guards in front of the routes and /mcp). What the client still sends of a refused body
+    the server discards as it arrives; closing instead would reset the connection under the
+    client, which could then lose this answer."""
+    body = json.dumps(_body(error, detail)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
         return JSONResponse(_body(err.error, err.detail), err.status, headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, err: HTTPException) -> JSONResponse:
+        # The router's own answers (no such path, method): the same shape as every other.
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
+        detail = f"{request.method} {request.url.path}: {err.detail}"
+        return JSONResponse(_body(kind, detail), err.status_code, headers=err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
