@@ -191,14 +191,15 @@ async def post_while_sending(
             await writer.drain()
 
     sending = asyncio.create_task(send_body())
-    status_line = await reader.readline()
-    length = 0
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode().partition(":")
-        if name.lower() == "content-length":
-            length = int(value)
-    payload = await reader.readexactly(length)
-    written = sent
+    async with asyncio.timeout(120):  # a server that never answers fails, not hangs
+        status_line = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        written = sent
+        payload = await reader.readexactly(length)
     sending.cancel()
     with contextlib.suppress(asyncio.CancelledError, ConnectionError):
         await sending
