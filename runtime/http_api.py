@@ -30,6 +30,7 @@ from runtime.api.hosts import HostCheck, is_loopback
 from runtime.commands import command
 from runtime.mcp_server import mount_http
 from runtime.settings import Settings
+from runtime.settings_errors import load_settings
 from runtime.temporal import connect
 
 
@@ -39,8 +40,9 @@ def create_app(
     *,
     sse_ping_seconds: float = tasks.SSE_PING_SECONDS,
 ) -> FastAPI:
-    """The API over `runtime` (or one connected from `settings` at start-up)."""
-    settings = settings or Settings()
+    """The API over `runtime` (or one connected from `settings` at start-up); without
+    settings, those of the environment (SettingsProblem, quoting no secret, if they are bad)."""
+    settings = settings or load_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -86,3 +86,13 @@ async def test_settings_that_are_not_json_say_which_variable_without_quoting_it(
     assert code == 2
     assert TOKEN not in said and "Traceback" not in said
     assert said.startswith("error: invalid settings: WAYSTATION_API_TOKENS is not valid JSON")
+
+
+async def test_the_api_started_by_uvicorn_itself_quotes_no_secret_either() -> None:
+    """`uvicorn runtime.http_api:app` (docs/http-api.md) prints uvicorn's own traceback of
+    the failed import: its last line is the sentence, and no secret is anywhere in it."""
+    code, said = await run(["-m", "uvicorn", "runtime.http_api:app"], MISCONFIGURED)
+    assert code not in (0, None), said
+    for secret in SECRETS:
+        assert secret not in said, f"{secret!r} printed:\n{said}"
+    assert "WAYSTATION_API_TOKENS at <a token>.role" in said.strip().splitlines()[-1]
