@@ -240,6 +240,8 @@ class SiblingAppendsAtStart(LedgerAttempt):
 
     async def start(self, key: str, detail: Any = None) -> None:
         await super().start(key, detail)
+        if "offset" not in detail:
+            return  # the offset's spot, recorded before the call's own start
         self.sibling_call = asyncio.create_task(
             write_file(
                 WriteFileArgs(path="report.md", content="sibling\n", append=True), self._sibling
@@ -305,3 +307,34 @@ async def test_an_append_waits_for_the_files_lock_without_stalling_the_worker(
     assert log.read_text() == "a\nb\n"
     recorded = await context.ledger.lookup(context.idempotency_key)
     assert recorded is not None and recorded.detail["offset"] == 2
+
+
+class DiesBeforeWriting(Exception):
+    """The attempt's worker died after recording its offset, before writing."""
+
+
+class DyingBeforeWriting(LedgerAttempt):
+    def __init__(self, storage: Storage) -> None:
+        super().__init__(storage.backend, lease=0.2)  # lapses at once: its worker is gone
+
+    async def start(self, key: str, detail: Any = None) -> None:
+        await super().start(key, detail)
+        if "offset" in detail:
+            raise DiesBeforeWriting
+
+
+async def test_a_retry_does_not_take_a_siblings_identical_line_for_its_own(
+    workspace: Path, storage: Storage
+) -> None:
+    """The attempt recorded its offset and died; a sibling then appended the very same line
+    there. The retry must still append: the line at the offset is not its own."""
+    report = workspace / "report.md"
+    report.write_text("# report\n")
+    line = WriteFileArgs(path="report.md", content="- checked\n", append=True)
+    with pytest.raises(DiesBeforeWriting):
+        await write_file(line, context_of(workspace, DyingBeforeWriting(storage), "wf/1/mine"))
+    sibling = context_of(workspace, storage.ledger.attempt(), "wf/1/sibling")
+    assert await write_file(line, sibling) == "appended 10 bytes to report.md"
+    retry = await write_file(line, context_of(workspace, storage.ledger.attempt(), "wf/1/mine"))
+    assert retry == "appended 10 bytes to report.md"
+    assert report.read_text() == "# report\n- checked\n- checked\n"  # neither line lost
