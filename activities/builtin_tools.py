@@ -24,7 +24,12 @@ from pydantic import BaseModel, Field
 from activities.storage import LedgerAttempt
 from activities.storage.ledger import HOST
 from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
-from activities.workspace_files import locate, open_directory, open_regular_file
+from activities.workspace_files import (
+    WorkspacePath,
+    locate,
+    open_directory,
+    open_regular_file,
+)
 from workflows.models import ASK_PERSON_TOOL
 from workflows.questions import ASK_PERSON_DESCRIPTION, AskPersonArgs
 
@@ -216,24 +221,26 @@ def _holds_at(fd: int, offset: int, data: bytes) -> bool:
     return os.pread(fd, len(data), offset) == data
 
 
-def _spot(fd: int, offset: int) -> str:
-    """The ledger key naming who appends at `offset` of this file (whatever path names it)."""
-    identity = os.fstat(fd)
-    return f"write_file/{identity.st_dev}:{identity.st_ino}@{offset}"
+def _spot(place: WorkspacePath, offset: int) -> str:
+    """The ledger key naming who appends at `offset` of the file, by its resolved path (the
+    same on every machine sharing the workspace). Without a '/', it is never a tool call's
+    key (`task/step/call`)."""
+    digest = hashlib.sha256(place.shown.encode()).hexdigest()[:32]
+    return f"write_file-append:{digest}:{offset}"
 
 
 async def _appended_before(
-    ledger: LedgerAttempt, key: str, fd: int, offset: int, data: bytes
+    ledger: LedgerAttempt, key: str, place: WorkspacePath, fd: int, offset: int, data: bytes
 ) -> bool:
     """Whether an earlier attempt of `key`, which recorded `offset`, appended `data` there.
 
     The bytes alone cannot tell: that attempt may have died before writing, and a sibling
-    appended the same bytes at that offset. Whoever appends at an offset records it under
+    appended the same bytes at that offset. Whoever appends at an offset records so under
     the offset's spot first, so the bytes there are this call's only if the spot names it.
     """
     if not await asyncio.to_thread(_holds_at, fd, offset, data):
         return False
-    spot = await ledger.lookup(_spot(fd, offset))
+    spot = await ledger.lookup(_spot(place, offset))
     return spot is None or spot.detail.get("key") == key  # None: pruned, or an older release
 
 
@@ -267,17 +274,12 @@ async def write_file(args: WriteFileArgs, context: ToolContext) -> str:
         await _lock_exclusively(fd)
         if args.append and earlier is not None:
             offset = earlier.detail["offset"]
-            if await _appended_before(ledger, key, fd, offset, data):
+            if await _appended_before(ledger, key, place, fd, offset, data):
                 await ledger.finish(key, result)  # the dead attempt did append: not twice
                 return result
         offset = os.fstat(fd).st_size if args.append else 0
-        spot = _spot(fd, offset) if args.append else None
-        if spot is not None:  # taken over if an attempt that died before writing held it
-            held = await ledger.claim(spot, "write_file")
-            if held is not None and held.state == "done":
-                spot = None  # finished long ago, in a file since deleted whose inode came back
-            else:
-                await ledger.start(spot, {"key": key})
+        if args.append:  # replaces the note of an attempt that died before writing here
+            await ledger.record(_spot(place, offset), "write_file", {"key": key})
         await ledger.start(key, {"offset": offset, "path": args.path})
         handed_over = True  # the thread closes it, even if this attempt is cancelled
         await asyncio.shield(
@@ -288,8 +290,6 @@ async def write_file(args: WriteFileArgs, context: ToolContext) -> str:
     finally:
         if not handed_over:
             os.close(fd)
-    if spot is not None:
-        await ledger.finish(spot, key)
     await ledger.finish(key, result)
     return result
 
