@@ -30,6 +30,9 @@ class WorkspacePath:
     parts: tuple[str, ...]
     asked: str
     """The path as the model gave it, for messages."""
+    sole_name: bool = False
+    """The file must have no other name (hard link) than this one: a write under scratch/
+    must not change a file that also lives elsewhere."""
 
     @property
     def shown(self) -> str:
@@ -57,7 +60,8 @@ def locate(workspace: Path, path: str, *, writing: bool = False) -> WorkspacePat
             f"a path under {SCRATCH_DIR}/ must stay in it (write to the real path instead, "
             "which may need approval)"
         )
-    return WorkspacePath(root, resolved.relative_to(root).parts, path)
+    sole_name = writing and names_scratch(path)
+    return WorkspacePath(root, resolved.relative_to(root).parts, path, sole_name)
 
 
 def open_directory(place: WorkspacePath, parts: tuple[str, ...], *, create: bool) -> int:
@@ -103,10 +107,16 @@ def open_regular_file(place: WorkspacePath, flags: int, *, create_folders: bool 
         raise _refusal(place, err) from None
     finally:
         os.close(folder)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
         os.close(fd)
-        raise ToolError(f"{place.asked!r} is {_kind(mode)}, not a regular file")
+        raise ToolError(f"{place.asked!r} is {_kind(found.st_mode)}, not a regular file")
+    if place.sole_name and found.st_nlink > 1:
+        os.close(fd)
+        raise ToolError(
+            f"{place.asked!r} has another name (a hard link), maybe outside {SCRATCH_DIR}/, "
+            "so it was not written"
+        )
     return fd
 
 

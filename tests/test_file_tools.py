@@ -88,6 +88,12 @@ async def test_a_link_under_scratch_does_not_carry_a_write_out_of_it(
     os.symlink("scratch/up", workspace / "top")
     approved = await activities.run_tool(call("write_file", "k3", path="top/b.txt", content="2"))
     assert approved.output == "wrote 1 bytes to b.txt" and (workspace / "b.txt").exists()
+    # A hard link is a second name of the same file: under scratch/, it is not written.
+    (workspace / "config.txt").write_text("kept")
+    os.link(workspace / "config.txt", workspace / "scratch" / "hard")
+    hard = await activities.run_tool(call("write_file", "k4", path="scratch/hard", content="3"))
+    assert hard.is_error and "has another name (a hard link)" in hard.output
+    assert (workspace / "config.txt").read_text() == "kept"
 
 
 async def test_a_task_writing_through_a_link_out_of_scratch_is_refused(
