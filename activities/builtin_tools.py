@@ -182,11 +182,12 @@ def _read_text(workspace: Path, path: str, max_chars: int) -> str:
         head = handle.read(wanted)
     # surrogateescape keeps one character per undecodable byte, so the bytes a prefix took
     # can be counted back; an incomplete character at the cut is held back, not mangled.
+    whole = len(head) < wanted or len(head) >= size
     decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-    text = decoder.decode(head, final=len(head) < wanted)
+    text = decoder.decode(head, final=whole)
     shown = text[:max_chars].encode("utf-8", "surrogateescape")
     readable = shown.decode("utf-8", errors="replace")
-    if len(text) <= max_chars and len(head) < wanted:
+    if whole and len(text) <= max_chars:
         return readable
     rest = max(size - len(shown), 0)
     return readable + f"\n[file truncated at {max_chars} characters: {rest} more bytes]"

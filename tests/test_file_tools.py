@@ -191,6 +191,8 @@ async def test_read_file_counts_characters_not_bytes(context: ToolContext) -> No
     )
     cut = await read_file(ReadFileArgs(path="wide.txt", max_chars=12), context)
     assert cut == "🙂" * 12 + "\n[file truncated at 12 characters: 2 more bytes]"
+    (context.workspace / "exact.txt").write_text("🙂" * 3)  # 12 bytes, all that is read
+    assert await read_file(ReadFileArgs(path="exact.txt", max_chars=3), context) == "🙂" * 3
     (context.workspace / "bad.bin").write_bytes(b"ok\xff\xfe!")
     assert await read_file(ReadFileArgs(path="bad.bin"), context) == "ok\ufffd\ufffd!"
 
