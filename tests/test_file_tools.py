@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from activities.builtin_tools import (
     ListFilesArgs,
@@ -227,6 +228,34 @@ async def test_a_fifo_is_refused_without_blocking(workspace: Path, storage: Stor
     assert appended.is_error and "FIFO" in appended.output
     listed = await activities.run_tool(call("list_files", "k4", path="scratch"))
     assert listed.output == "pipe (0 bytes)"
+
+
+async def test_a_fifo_in_the_workspace_never_freezes_the_worker(
+    dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, spawn_worker: Any
+) -> None:
+    """End to end, in a worker process: the task that writes to a FIFO is told it cannot,
+    and the worker goes on serving the next task."""
+    fifo = settings.workspace_dir / "scratch" / "pipe"
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    await spawn_worker()
+    runtime = AgentRuntime(dev_env.client, settings)
+    write = tools(("write_file", {"path": "scratch/pipe", "content": "x"}))
+    try:
+        async with asyncio.timeout(120):  # only a frozen worker takes this long
+            writer = await runtime.run(agent_task(fake_openai.script([write, text("tried")])))
+            assert (await writer.result()).result == "tried"
+            sum_up = tools(("calculator", {"expression": "6 * 7"}))
+            other = await runtime.run(agent_task(fake_openai.script([sum_up, text("42")])))
+            assert (await other.result()).result == "42"
+    finally:  # a worker frozen on the FIFO is released, so that it can be stopped
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        os.close(reader)
+    [observation] = of_type(await writer.events(), "observation")
+    assert (
+        observation.is_error
+        and observation.output == "'scratch/pipe' is a FIFO, not a regular file"
+    )
 
 
 # --- item: appends of siblings to one file, and a retry that must tell its own bytes ---------
