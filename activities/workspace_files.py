@@ -49,7 +49,7 @@ def locate(workspace: Path, path: str, *, writing: bool = False) -> WorkspacePat
     root = workspace.resolve()
     try:
         resolved = (root / path).resolve()
-    except (OSError, RuntimeError) as err:  # a loop of links
+    except (OSError, RuntimeError, ValueError) as err:  # a loop of links, a NUL byte
         raise ToolError(f"path {path!r} cannot be resolved: {err}") from None
     if resolved != root and not resolved.is_relative_to(root):
         raise ToolError(f"path {path!r} is outside the workspace")

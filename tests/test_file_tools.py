@@ -95,6 +95,8 @@ async def test_a_link_under_scratch_does_not_carry_a_write_out_of_it(
     hard = await activities.run_tool(call("write_file", "k4", path="scratch/hard", content="3"))
     assert hard.is_error and "has another name (a hard link)" in hard.output
     assert (workspace / "config.txt").read_text() == "kept"
+    nul = await activities.run_tool(call("write_file", "k5", path="scratch/a\x00b", content="4"))
+    assert nul.output == "path 'scratch/a\\x00b' cannot be resolved: embedded null byte"
 
 
 async def test_a_task_writing_through_a_link_out_of_scratch_is_refused(
