@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import codecs
 import contextlib
+import fcntl
 import hashlib
 import math
 import operator
@@ -19,8 +21,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from activities.storage import LedgerAttempt
 from activities.storage.ledger import HOST
 from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
+from activities.workspace_files import (
+    WorkspacePath,
+    locate,
+    open_directory,
+    open_regular_file,
+)
 from workflows.models import ASK_PERSON_TOOL
 from workflows.questions import ASK_PERSON_DESCRIPTION, AskPersonArgs
 
@@ -112,42 +121,43 @@ async def calculator(args: CalculatorArgs, context: ToolContext) -> str:
 
 
 # --- files ----------------------------------------------------------------------------------
-
-
-def resolve_in_workspace(workspace: Path, path: str) -> Path:
-    """The real path of `path` inside the workspace; anything that leaves it is refused.
-
-    Symlinks are followed before the check, so a link that points out is refused too.
-    """
-    root = workspace.resolve()
-    resolved = (root / path).resolve()
-    if resolved != root and not resolved.is_relative_to(root):
-        raise ToolError(f"path {path!r} is outside the workspace")
-    return resolved
-
-
-def _relative(workspace: Path, path: Path) -> str:
-    return path.relative_to(workspace.resolve()).as_posix() or "."
+# Every file operation runs in a thread (a slow or shared disk must not stall the worker's
+# event loop) on descriptors from activities/workspace_files.py (no link out, no FIFO).
 
 
 class ListFilesArgs(BaseModel):
     path: str = Field(default=".", description="Directory inside the workspace.")
 
 
+_LISTED_ENTRIES = 500
+
+
 async def list_files(args: ListFilesArgs, context: ToolContext) -> str:
-    directory = resolve_in_workspace(context.workspace, args.path)
-    if not directory.is_dir():
-        raise ToolError(f"{args.path!r} is not a directory")
-    entries = sorted(directory.iterdir())
-    if not entries:
-        return f"{_relative(context.workspace, directory)} is empty"
-    lines = []
-    for entry in entries[:500]:
-        suffix = "/" if entry.is_dir() else f" ({entry.lstat().st_size} bytes)"
-        lines.append(f"{entry.name}{suffix}")
-    if len(entries) > 500:
-        lines.append(f"... and {len(entries) - 500} more")
+    return await asyncio.to_thread(_list_directory, context.workspace, args.path)
+
+
+def _list_directory(workspace: Path, path: str) -> str:
+    place = locate(workspace, path)
+    fd = open_directory(place, place.parts, create=False)
+    try:
+        with os.scandir(fd) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+        if not entries:
+            return f"{place.shown} is empty"
+        lines = [_listed(entry) for entry in entries[:_LISTED_ENTRIES]]
+    finally:
+        os.close(fd)
+    if len(entries) > _LISTED_ENTRIES:
+        lines.append(f"... and {len(entries) - _LISTED_ENTRIES} more")
     return "\n".join(lines)
+
+
+def _listed(entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        return f"{entry.name} (link)"
+    if entry.is_dir(follow_symlinks=False):
+        return f"{entry.name}/"
+    return f"{entry.name} ({entry.stat(follow_symlinks=False).st_size} bytes)"
 
 
 class ReadFileArgs(BaseModel):
@@ -155,12 +165,32 @@ class ReadFileArgs(BaseModel):
     max_chars: int = Field(default=16_000, ge=1, le=200_000)
 
 
+_UTF8_MAX_BYTES = 4  # per character: max_chars characters never take more bytes than this
+
+
 async def read_file(args: ReadFileArgs, context: ToolContext) -> str:
-    target = resolve_in_workspace(context.workspace, args.path)
-    if not target.is_file():
-        raise ToolError(f"no file {args.path!r} in the workspace")
-    text = target.read_text(encoding="utf-8", errors="replace")
-    return cap_output(text, args.max_chars)
+    return await asyncio.to_thread(_read_text, context.workspace, args.path, args.max_chars)
+
+
+def _read_text(workspace: Path, path: str, max_chars: int) -> str:
+    """The first `max_chars` characters of the file, reading no more bytes than they take
+    (a file of any size costs at most 4 bytes a character)."""
+    fd = open_regular_file(locate(workspace, path), os.O_RDONLY)
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(fd).st_size
+        wanted = max_chars * _UTF8_MAX_BYTES
+        head = handle.read(wanted)
+    # surrogateescape keeps one character per undecodable byte, so the bytes a prefix took
+    # can be counted back; an incomplete character at the cut is held back, not mangled.
+    whole = len(head) < wanted or len(head) >= size
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    text = decoder.decode(head, final=whole)
+    shown = text[:max_chars].encode("utf-8", "surrogateescape")
+    readable = shown.decode("utf-8", errors="replace")
+    if whole and len(text) <= max_chars:
+        return readable
+    rest = max(size - len(shown), 0)
+    return readable + f"\n[file truncated at {max_chars} characters: {rest} more bytes]"
 
 
 class WriteFileArgs(BaseModel):
@@ -169,38 +199,98 @@ class WriteFileArgs(BaseModel):
     append: bool = Field(default=False, description="Append instead of replacing the file.")
 
 
-def _appended(target: Path, offset: int, data: bytes) -> bool:
-    """Whether `data` already stands in `target` at `offset` (an earlier attempt wrote it)."""
-    if not target.is_file() or target.stat().st_size < offset + len(data):
+_LOCK_POLL_SECONDS = (0.005, 0.1)  # first and longest wait between two tries of the lock
+
+
+async def _lock_exclusively(fd: int) -> None:
+    """Hold the file's exclusive lock (released when `fd` closes). Tried without blocking,
+    so that writers queued on one file hold no thread and never stall the event loop."""
+    delay, longest = _LOCK_POLL_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+
+
+def _holds_at(fd: int, offset: int, data: bytes) -> bool:
+    """Whether `data` stands in the file at `offset`."""
+    if os.fstat(fd).st_size < offset + len(data):
         return False
-    with open(target, "rb") as handle:
-        handle.seek(offset)
-        return handle.read(len(data)) == data
+    return os.pread(fd, len(data), offset) == data
+
+
+def _spot(place: WorkspacePath, offset: int) -> str:
+    """The ledger key naming who appends at `offset` of the file, by its resolved path (the
+    same on every machine sharing the workspace). Without a '/', it is never a tool call's
+    key (`task/step/call`)."""
+    digest = hashlib.sha256(place.shown.encode()).hexdigest()[:32]
+    return f"write_file-append:{digest}:{offset}"
+
+
+async def _appended_before(
+    ledger: LedgerAttempt, key: str, place: WorkspacePath, fd: int, offset: int, data: bytes
+) -> bool:
+    """Whether an earlier attempt of `key`, which recorded `offset`, appended `data` there.
+
+    The bytes alone cannot tell: that attempt may have died before writing, and a sibling
+    appended the same bytes at that offset. Whoever appends at an offset records so under
+    the offset's spot first, so the bytes there are this call's only if the spot names it.
+    """
+    if not await asyncio.to_thread(_holds_at, fd, offset, data):
+        return False
+    spot = await ledger.lookup(_spot(place, offset))
+    return spot is None or spot.detail.get("key") == key  # None: pruned, or an older release
+
+
+def _write_and_close(fd: int, data: bytes, *, replace: bool) -> None:
+    try:
+        if replace:
+            os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 async def write_file(args: WriteFileArgs, context: ToolContext) -> str:
-    target = resolve_in_workspace(context.workspace, args.path)
-    if target.is_dir():
-        raise ToolError(f"{args.path!r} is a directory")
+    place = await asyncio.to_thread(locate, context.workspace, args.path, writing=True)
     ledger, key = context.ledger, context.idempotency_key
     earlier = await ledger.claim(key, "write_file")  # waits while a live attempt holds it
     if earlier is not None and earlier.state == "done" and earlier.result is not None:
         return earlier.result
     data = args.content.encode()
     verb = "appended" if args.append else "wrote"
-    result = f"{verb} {len(data)} bytes to {_relative(context.workspace, target)}"
-    if args.append and earlier is not None and _appended(target, earlier.detail["offset"], data):
-        await ledger.finish(key, result)  # the dead attempt did append: do not append twice
-        return result
-    target.parent.mkdir(parents=True, exist_ok=True)
-    offset = target.stat().st_size if target.exists() else 0
-    await ledger.start(key, {"offset": offset, "path": args.path})
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if args.append else os.O_TRUNC)
-    fd = os.open(target, flags, 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    result = f"{verb} {len(data)} bytes to {place.shown}"
+    flags = os.O_RDWR | os.O_CREAT | (os.O_APPEND if args.append else 0)
+    fd = await asyncio.to_thread(open_regular_file, place, flags, create_folders=True)
+    handed_over = False
+    try:
+        # Appenders of one file take turns, so the offset recorded below is where the bytes
+        # go, and a retry that finds its bytes there knows they are its own.
+        await _lock_exclusively(fd)
+        if args.append and earlier is not None:
+            offset = earlier.detail["offset"]
+            if await _appended_before(ledger, key, place, fd, offset, data):
+                await ledger.finish(key, result)  # the dead attempt did append: not twice
+                return result
+        offset = os.fstat(fd).st_size if args.append else 0
+        if args.append:  # replaces the note of an attempt that died before writing here
+            await ledger.record(_spot(place, offset), "write_file", {"key": key})
+        await ledger.start(key, {"offset": offset, "path": args.path})
+        handed_over = True  # the thread closes it, even if this attempt is cancelled
+        await asyncio.shield(
+            asyncio.ensure_future(
+                asyncio.to_thread(_write_and_close, fd, data, replace=not args.append)
+            )
+        )
+    finally:
+        if not handed_over:
+            os.close(fd)
     await ledger.finish(key, result)
     return result
 

@@ -152,11 +152,17 @@ class Tool(Generic[ArgumentsT]):
         }
 
 
-def _path_outside_scratch(arguments: dict[str, Any]) -> bool:
-    path = str(arguments.get("path", ""))
+def names_scratch(path: str) -> bool:
+    """Whether `path`, as written, lies in the workspace's scratch/ folder. Decided on the
+    text alone (no I/O, the same on every worker); the file tools refuse a path named so
+    that a link leads out of scratch/ (activities/workspace_files.py)."""
     normalized = posixpath.normpath(path.replace("\\", "/"))
     inside = normalized == SCRATCH_DIR or normalized.startswith(SCRATCH_DIR + "/")
-    return not inside or posixpath.isabs(normalized)
+    return inside and not posixpath.isabs(normalized)
+
+
+def _path_outside_scratch(arguments: dict[str, Any]) -> bool:
+    return not names_scratch(str(arguments.get("path", "")))
 
 
 def approval_needed(rule: ApprovalRule, arguments: dict[str, Any]) -> str | None:

@@ -106,6 +106,19 @@ async def test_the_ledger_records_start_and_finish(storage: Storage) -> None:
         await storage.ledger.attempt().start("wf/1/unclaimed", {})
 
 
+async def test_a_recorded_fact_replaces_the_last_and_is_pruned_like_a_result(
+    place: Place, storage: Storage
+) -> None:
+    first, second = storage.ledger.attempt(), storage.ledger.attempt()
+    await first.record("spot", "write_file", {"key": "wf/1/a"})
+    await second.record("spot", "write_file", {"key": "wf/1/b"})  # the later word wins
+    entry = await storage.ledger.lookup("spot")
+    assert entry is not None and entry.state == "done" and entry.detail == {"key": "wf/1/b"}
+    assert entry.owner == second.owner and entry.result is None
+    place.backdate("ledger", "updated_at", 40)
+    assert (await storage.prune(timedelta(days=30))).ledger_entries == 1
+
+
 async def test_two_machines_claim_at_once_one_acts_the_other_gets_its_result(
     place: Place, storage: Storage
 ) -> None:

@@ -76,6 +76,11 @@ class Backend(Protocol):
 
     async def ledger_finish(self, key: str, result: str, is_error: bool) -> None: ...
 
+    async def ledger_put(
+        self, key: str, tool: str, detail: Mapping[str, Any], owner: str, host: str
+    ) -> None:
+        """Record a finished entry under `key`, replacing whatever entry was there."""
+
     async def ledger_renew(self, owner: str, lease: float) -> None:
         """Extend the lease of every key `owner` holds."""
 

@@ -130,6 +130,11 @@ class LedgerAttempt:
         """Record the result: every later attempt of `key` returns it."""
         await self._backend.ledger_finish(key, result, is_error)
 
+    async def record(self, key: str, tool: str, detail: Mapping[str, Any]) -> None:
+        """Record a fact under `key`, replacing what was recorded there: no claim, no
+        result (write_file's note of which call appends at an offset of a file)."""
+        await self._backend.ledger_put(key, tool, detail, self.owner, HOST)
+
     async def renew(self) -> None:
         """Extend the lease on every key this attempt holds."""
         if self._claimed:

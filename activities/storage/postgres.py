@@ -247,6 +247,18 @@ class PostgresBackend:
             (result, is_error, key),
         )
 
+    async def ledger_put(
+        self, key: str, tool: str, detail: Mapping[str, Any], owner: str, host: str
+    ) -> None:
+        await self._count(
+            "INSERT INTO ledger (key, tool, state, detail, owner, host, lease_until)"
+            " VALUES (%s, %s, 'done', %s, %s, %s, '-infinity') ON CONFLICT (key) DO UPDATE"
+            " SET tool = excluded.tool, state = 'done', detail = excluded.detail,"
+            " result = NULL, is_error = FALSE, owner = excluded.owner, host = excluded.host,"
+            " lease_until = '-infinity', updated_at = now()",
+            (key, tool, Jsonb(dict(detail)), owner, host),
+        )
+
     async def ledger_renew(self, owner: str, lease: float) -> None:
         await self._count(
             f"UPDATE ledger SET lease_until = {_LEASE_UNTIL}"

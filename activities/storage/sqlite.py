@@ -206,6 +206,20 @@ class SqliteBackend:
             )
         )
 
+    async def ledger_put(
+        self, key: str, tool: str, detail: Mapping[str, Any], owner: str, host: str
+    ) -> None:
+        await self._call(
+            lambda db: db.execute(
+                "INSERT INTO ledger (key, tool, state, detail, owner, host, lease_until,"
+                " updated_at) VALUES (?, ?, 'done', ?, ?, ?, 0, ?) ON CONFLICT (key) DO UPDATE"
+                " SET tool = excluded.tool, state = 'done', detail = excluded.detail,"
+                " result = NULL, is_error = 0, owner = excluded.owner, host = excluded.host,"
+                " lease_until = 0, updated_at = excluded.updated_at",
+                (key, tool, json.dumps(dict(detail)), owner, host, time.time()),
+            )
+        )
+
     async def ledger_renew(self, owner: str, lease: float) -> None:
         await self._call(
             lambda db: db.execute(
