@@ -139,6 +139,12 @@ async def test_a_reader_may_only_tighten_approval_an_approver_may_loosen_it(
     assert loosened.status_code == 201, loosened.text
     done = await state_when(api, loosened.json()["id"], "done", "waiting_approval")
     assert done["status"] == "done" and done["result"] == "done"
+    # A fork is a task its caller starts: a reader may not fork the approver's loosening.
+    forked = await api.post(
+        f"/tasks/{loosened.json()['id']}/fork", json={"at_seq": 0}, headers=AS_READER
+    )
+    assert forked.status_code == 403, forked.text
+    assert forked.json()["detail"].startswith("approval.policy.run_shell: a reader may not")
 
 
 async def test_a_reader_names_only_the_mcp_servers_the_deployment_declares(
