@@ -79,11 +79,16 @@ def deployment_rule(
 
 
 def callable_agents(task: AgentTask, tools: ToolRegistry) -> list[AgentSpec]:
-    """The sub-agents a task may call, and those they may call in turn (a sub-agent gets
-    no tool its caller lacks, so these are the agents among the task's tools)."""
-    names = task.tools if task.tools is not None else tools.names()
-    found = (tools.get(name) for name in names)
-    return [tool.agent for tool in found if tool is not None and tool.agent is not None]
+    """The sub-agents a task may call, and those they may call in turn, down the tree."""
+    found: dict[str, AgentSpec] = {}
+    names = list(task.tools if task.tools is not None else tools.names())
+    while names:
+        tool = tools.get(names.pop())
+        if tool is None or tool.agent is None or tool.name in found:
+            continue
+        found[tool.name] = tool.agent
+        names.extend(tool.agent.tools if tool.agent.tools is not None else tools.names())
+    return list(found.values())
 
 
 def admit(

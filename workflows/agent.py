@@ -409,10 +409,7 @@ class AgentWorkflow:
         task_id = workflow.info().workflow_id
         call_id = delegation.call.call_id
         at = agents.link(self._task, task_id, delegation.spec, call_id)
-        within = workflow.patched(agents.WITHIN_CALLER_PATCH)
-        task = agents.child_task(
-            self._task, delegation.spec, delegation.instruction, share, at, within_caller=within
-        )
+        task = agents.child_task(self._task, delegation.spec, delegation.instruction, share, at)
         child_id = agents.child_id(task_id, step, call_id)
         try:
             handle = await workflow.start_child_workflow(

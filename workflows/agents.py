@@ -23,9 +23,6 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from workflows.models import AgentSpec, AgentTask, ParentLink, ToolCall, ToolResult, Usage
 from workflows.run import ChildOutcome
 
-# Sub-agents started after this patch get no tool or MCP server their caller lacks.
-WITHIN_CALLER_PATCH = "sub-agent-within-caller"
-
 # A parent that meets an existing child asks how it stands this often, doubling.
 REJOIN_FIRST_PAUSE = timedelta(seconds=5)
 REJOIN_LONGEST_PAUSE = timedelta(minutes=5)
@@ -82,39 +79,17 @@ def budget_shares(task: AgentTask, used: int, calls: int) -> int | None:
     return max(1, (task.token_budget - used) // max(1, calls))
 
 
-def narrowed(wanted: list[str] | None, allowed: list[str] | None) -> list[str] | None:
-    """The names of `wanted` that `allowed` has (None: every one)."""
-    if allowed is None:
-        return wanted
-    if wanted is None:
-        return list(allowed)
-    return [name for name in wanted if name in allowed]
-
-
 def child_task(
-    parent: AgentTask,
-    spec: AgentSpec,
-    instruction: str,
-    share: int | None,
-    at: ParentLink,
-    *,
-    within_caller: bool = True,
+    parent: AgentTask, spec: AgentSpec, instruction: str, share: int | None, at: ParentLink
 ) -> AgentTask:
     """The child's task: the agent's own prompt, tools, limits and schema; the caller's
-    model, MCP servers and approval rules unless the agent names its own. With
-    `within_caller`, an agent never gets a tool or MCP server its caller lacks: a task
-    that narrowed its tools cannot widen them again through a sub-agent."""
+    model, MCP servers and approval rules unless the agent names its own."""
     budgets = [b for b in (spec.token_budget, share) if b is not None]
-    tools = spec.tools
-    servers = spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers
-    if within_caller:
-        tools = narrowed(tools, parent.tools)
-        servers = narrowed(servers, parent.mcp_servers)
     return AgentTask(
         task=instruction,
         system_prompt=spec.system_prompt,
         model=spec.model or parent.model,
-        tools=tools,
+        tools=spec.tools,
         max_steps=spec.max_steps,
         token_budget=min(budgets) if budgets else None,
         approval=parent.approval,
@@ -122,7 +97,7 @@ def child_task(
         context_limit_tokens=parent.context_limit_tokens,
         continue_as_new_after_steps=parent.continue_as_new_after_steps,
         max_repeated_calls=parent.max_repeated_calls,
-        mcp_servers=servers,
+        mcp_servers=spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
         heartbeat_timeout_seconds=parent.heartbeat_timeout_seconds,
         output_schema=spec.output_schema,
         max_agent_depth=parent.max_agent_depth,

@@ -154,9 +154,7 @@ class AgentSpec(Contract):
     )
     system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, max_length=200_000)
     tools: list[str] | None = Field(
-        default=None,
-        max_length=200,
-        description="Tools it may call, of those its caller may; None: its caller's.",
+        default=None, max_length=200, description="Tools it may call; None: every one."
     )
     model: ModelSettings | None = Field(default=None, description="None: its caller's model.")
     max_steps: int = Field(default=20, ge=1, le=100_000)
