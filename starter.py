@@ -51,6 +51,7 @@ from runtime.render import LiveView, render_state
 from runtime.settings import Settings
 from runtime.settings_errors import SettingsProblem, load_settings
 from runtime.streaming import StreamItem
+from runtime.task_rights import TaskRefusedError
 from runtime.temporal import DevServer, TemporalUnavailableError, connect
 from runtime.tree_stream import TreeItem
 from workflows import errors
@@ -347,7 +348,8 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     task = _task_from_args(args, settings)
     client = await connect(settings)
     runtime = AgentRuntime(client, settings)
-    runtime.check_tools(runtime.with_defaults(task))  # before a hosted worker starts for it
+    # Refused before a hosted worker starts for it (a bad tool, an id of a sub-agent's form).
+    runtime.admit(runtime.with_defaults(task), task_id=args.id)
     # A worker hosted by a command that returns at once would only abandon what it took.
     async with hosted_worker(client, settings, args.worker and not args.no_wait):
         existed = bool(args.id) and await _exists(runtime, args.id)
@@ -1041,7 +1043,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as err:
         _say(f"error: {_validation_sentence(err)}")
         return 2
-    except (UnknownToolsError, ToolDefinitionError, UsageError, WebhookConfigError) as err:
+    except (
+        UnknownToolsError,
+        ToolDefinitionError,
+        UsageError,
+        WebhookConfigError,
+        TaskRefusedError,
+    ) as err:
         _say(f"error: {err}")
         return 2
     except KeyboardInterrupt:

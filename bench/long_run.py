@@ -198,7 +198,9 @@ async def handle_page_seconds(
 
 
 async def measure(bench: Bench, steps: int = STEPS) -> list[Row]:
-    settings = bench.settings("long")
+    # A longer run than the deployment's default cap allows, as WAYSTATION_MAX_STEPS_CAP would.
+    long = bench.settings("long")
+    settings = long.model_copy(update={"max_steps_cap": max(steps, long.max_steps_cap)})
     worker = await WorkerProcess(bench.address, settings).ready()
     rss: list[float] = []
     sampler = asyncio.create_task(sample_rss(worker.pid, rss))

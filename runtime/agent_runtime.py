@@ -33,6 +33,7 @@ from typing_extensions import TypeVar
 from activities.event_archive import read_archived
 from activities.tool_modules import load_tools
 from activities.tools import ToolRegistry
+from runtime import task_rights
 from runtime.busy import reading, sending
 from runtime.health import (
     Stuck,
@@ -45,7 +46,7 @@ from runtime.health import (
 )
 from runtime.messaging import Delivery, deliver
 from runtime.reset import reset_failed_task, reset_stuck_task
-from runtime.settings import Settings
+from runtime.settings import Role, Settings
 from runtime.streaming import StreamHub, StreamItem
 from runtime.task_errors import (
     DecisionError,
@@ -200,6 +201,7 @@ class TaskHandle(Generic[OutputT]):
             max_steps=max_steps,
             sender=sender,
         )
+        task_rights.check_max_steps(max_steps, self._runtime.settings)
         delivery = await self._runtime.deliver(self.id, message)
         self._handle = delivery.workflow
         self._awaited = _Awaited(message_id=message.message_id)
@@ -714,14 +716,30 @@ class AgentRuntime:
             unknown, f"unknown tool(s) in the task's tools: {named} (the tools are {offered}{mcp})"
         )
 
+    def admit(self, task: AgentTask, role: Role = "approver", task_id: str | None = None) -> None:
+        """Refuse a task `role` may not start as given (runtime/task_rights.py): unknown
+        tools (UnknownToolsError), settings wider than the role may set, limits above the
+        deployment's caps, a client-chosen id of a sub-agent's form, a `parent` link
+        (TaskRefusedError). `task` is as it will run (`with_defaults`)."""
+        if task_id is not None:
+            task_rights.check_task_id(task_id)
+        self.check_tools(task)
+        servers = self.settings.mcp_server_configs()
+        task_rights.admit(task, role, self.settings, self.tools, servers)
+
     @overload
     async def run(
-        self, task: AgentTask | str, *, task_id: str | None = None
+        self, task: AgentTask | str, *, task_id: str | None = None, role: Role = "approver"
     ) -> TaskHandle[Any]: ...
 
     @overload
     async def run(
-        self, task: AgentTask | str, *, task_id: str | None = None, output_type: type[T]
+        self,
+        task: AgentTask | str,
+        *,
+        task_id: str | None = None,
+        output_type: type[T],
+        role: Role = "approver",
     ) -> TaskHandle[T]: ...
 
     async def run(
@@ -730,16 +748,19 @@ class AgentRuntime:
         *,
         task_id: str | None = None,
         output_type: type[Any] | None = None,
+        role: Role = "approver",
     ) -> TaskHandle[Any]:
         """Start a task (or, with a task_id already used, return that task: idempotent).
         With `output_type` (a pydantic model, or any type pydantic can schema) the task
         answers with data of that type: its JSON Schema is the task's output_schema, and
-        the handle's `result().output` (and `output()`) is an instance of it."""
+        the handle's `result().output` (and `output()`) is an instance of it. `role`: who
+        asks (`admit` says what a reader may not set); code holding Temporal's credentials
+        is an approver."""
         task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
         if output_type is not None and task.output_schema is None:
             schema = TypeAdapter(output_type).json_schema()
             task = task.model_copy(update={"output_schema": schema_problem(schema)})
-        self.check_tools(task)
+        self.admit(task, role, task_id)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:
             started = await self.client.start_workflow(
@@ -789,6 +810,7 @@ class AgentRuntime:
         event log then shows a `resumed` event naming the failure. A task whose state says
         `failed` resumes at once, even while its run is still closing.
         """
+        task_rights.check_max_steps(max_steps, self.settings)
         handle = self.get(task_id)
         resumption = Resumption(max_steps=max_steps, token_budget=token_budget, message=message)
         seen = await handle.overview()
@@ -875,14 +897,20 @@ class AgentRuntime:
         new_task_id: str | None = None,
         max_steps: int | None = None,
         token_budget: int | None = None,
+        role: Role = "approver",
     ) -> TaskHandle:
         """A new task that starts from the state just after event `at_seq` of `task_id`.
 
         The original is untouched. A fork at a thought runs that thought's calls first;
         `message` is added as the next user message. The fork has the limits in force at
         `at_seq` (a resume may have raised the original's), or `max_steps` / `token_budget`
-        if given. The fork has its own id and its own stream (offsets from 0).
+        if given. The fork has its own id and its own stream (offsets from 0). The fork is
+        a task `role` starts: its settings are admitted as `run` admits a new task's (a
+        fork of a sub-agent's task stands alone: no `parent`).
         """
+        if new_task_id is not None:
+            task_rights.check_task_id(new_task_id)
+        task_rights.check_max_steps(max_steps, self.settings)
         kept = await self.get(task_id).events(0, limit=at_seq + 1)
         if not 0 <= at_seq < len(kept) or kept[-1].seq != at_seq:
             last = kept[-1].seq if kept else -1
@@ -900,8 +928,9 @@ class AgentRuntime:
         carry = RunCarry(state=state, message=message, earlier=origin, forked=True)
         limits = {"max_steps": max_steps, "token_budget": token_budget}
         task = _limits_in_force(first.task, kept).model_copy(
-            update={k: v for k, v in limits.items() if v is not None}
+            update={k: v for k, v in limits.items() if v is not None} | {"parent": None}
         )
+        self.admit(task, role)
         started = await self.client.start_workflow(
             AgentWorkflow.run,
             AgentRun(task=task, carry=carry),

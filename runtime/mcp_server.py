@@ -32,6 +32,7 @@ from runtime.api.auth import Caller, identify
 from runtime.api.errors import ApiError, send_error
 from runtime.commands import command
 from runtime.settings import Settings
+from runtime.task_rights import TaskRefusedError
 from workflows.events import AgentState
 from workflows.models import ModelSettings, Usage
 
@@ -181,7 +182,7 @@ class WaystationTools:
         task_id: str | None = None,
     ) -> TaskRef:
         """Start an agent task. With `task_id`, a repeated call returns the same task."""
-        self._caller_of(ctx)
+        who = self._caller_of(ctx)
         runtime = self._runtime_of()
         fields: dict[str, Any] = {
             "model": ModelSettings(name=model or runtime.settings.default_model)
@@ -194,7 +195,7 @@ class WaystationTools:
             agent_task = runtime.new_task(task, **fields)
         except ValidationError as err:
             raise ToolError(f"invalid task: {_problems(err)}") from None
-        handle = await _guarded(runtime.run(agent_task, task_id=task_id))
+        handle = await _guarded(runtime.run(agent_task, task_id=task_id, role=who.role))
         return TaskRef(task_id=handle.id, status="running")
 
     async def task_status(self, task_id: str, ctx: Context) -> TaskStatusView:
@@ -363,7 +364,7 @@ async def _guarded(work: Awaitable[T]) -> T:
     """The runtime's refusals as tool errors the client reads (never a protocol error)."""
     try:
         return await work
-    except (TaskError, DecisionError) as err:
+    except (TaskError, DecisionError, TaskRefusedError) as err:
         raise ToolError(str(err)) from None
     except RPCError as err:
         raise ToolError(f"Temporal answered: {err.message}") from None

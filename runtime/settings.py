@@ -23,10 +23,15 @@ DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 BUILTIN_TOOLS_MODULE = "activities.builtin_tools"
 
 
+# Who a caller is (runtime/task_rights.py says what each may set on a task): a reader
+# starts and reads tasks, an approver also decides approvals and widens a task's rights.
+Role = Literal["reader", "approver"]
+
+
 class ApiToken(BaseModel):
     """A bearer token of the HTTP API: a reader starts and reads tasks, an approver decides."""
 
-    role: Literal["reader", "approver"]
+    role: Role
     name: str = Field(min_length=1, description="Recorded as the approver of its decisions.")
 
 
@@ -132,6 +137,25 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='JSON: {"<token>": {"role": "approver", "name": "alice"}}. None: the API '
         "binds to localhost only and lets every local caller in.",
+    )
+    max_steps_cap: int = Field(
+        default=1_000,
+        ge=1,
+        le=100_000,
+        description="The most max_steps any task, sub-agent, resume, fork or message may "
+        "ask for; more is refused, whoever asks.",
+    )
+    max_agent_depth_cap: int = Field(
+        default=5,
+        ge=0,
+        le=20,
+        description="The most max_agent_depth a task may ask for; more is refused.",
+    )
+    max_agent_calls_cap: int = Field(
+        default=16,
+        ge=1,
+        le=100,
+        description="The most max_agent_calls a task may ask for; more is refused.",
     )
 
     api_allowed_hosts: Annotated[list[str] | None, NoDecode] = Field(

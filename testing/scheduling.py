@@ -25,6 +25,7 @@ SHARED_SETUP_MODULES = frozenset(
         "tests/browser/test_console_conversation.py",
         "tests/browser/test_console_questions.py",
         "tests/browser/test_console_composed.py",
+        "tests/browser/test_console_roles.py",
         "tests/test_mcp_tools.py",
         "tests/sdk/test_sdk_query_then_update.py",
     }

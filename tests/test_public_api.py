@@ -40,6 +40,7 @@ PUBLIC = [
     "TaskFailedError",
     "TaskHandle",
     "TaskNotFoundError",
+    "TaskRefusedError",
     "TaskSummary",
     "TaskTree",
     "TemporalUnavailableError",

@@ -54,6 +54,7 @@ from runtime.task_errors import (
     UnknownToolsError,
     UnreadableTaskError,
 )
+from runtime.task_rights import TaskRefusedError
 from runtime.task_tree import TaskTree, TreeNode
 from runtime.temporal import TemporalUnavailableError, connect
 from runtime.tree_stream import TreeItem
@@ -109,6 +110,7 @@ __all__ = [
     "TaskFailedError",
     "TaskHandle",
     "TaskNotFoundError",
+    "TaskRefusedError",
     "TaskSummary",
     "TaskTree",
     "TemporalUnavailableError",

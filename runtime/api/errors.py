@@ -24,6 +24,7 @@ from runtime.task_errors import (
     UnknownToolsError,
     UnreadableTaskError,
 )
+from runtime.task_rights import TaskRefusedError
 from workflows import errors
 
 
@@ -90,6 +91,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def unknown_tools(request: Request, err: UnknownToolsError) -> JSONResponse:
         fields = [{"loc": ["body", "tools"], "msg": f"unknown tool {n!r}"} for n in err.names]
         return JSONResponse(_body("unknown_tools", str(err), fields), 422)
+
+    @app.exception_handler(TaskRefusedError)
+    async def refused(request: Request, err: TaskRefusedError) -> JSONResponse:
+        fields = [{"loc": ["body", *err.setting.split(".")], "msg": str(err)}]
+        return JSONResponse(_body(err.kind, str(err), fields), err.status)
 
     @app.exception_handler(TaskError)
     async def task_error(request: Request, err: TaskError) -> JSONResponse:

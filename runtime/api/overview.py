@@ -46,6 +46,7 @@ class ConsoleSession(BaseModel):
     tokens_required: bool = Field(description="False when the API runs without tokens.")
     default_model: str
     tools: list[ToolInfo] = Field(description="The deployment's tools and their default rules.")
+    max_steps_cap: int = Field(description="The most max_steps a task may ask for.")
     statuses: list[str]
 
 
@@ -136,6 +137,7 @@ async def session(request: Request, who: Reader, runtime: Runtime) -> ConsoleSes
         tokens_required=bool(settings_of(request).api_tokens),
         default_model=runtime.settings.default_model,
         tools=offered_tools(runtime),
+        max_steps_cap=runtime.settings.max_steps_cap,
         statuses=STATUSES,
     )
 

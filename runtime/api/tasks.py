@@ -190,7 +190,7 @@ async def create_task(
     if "model" not in body.model_fields_set:
         body = body.model_copy(update={"model": ModelSettings(name=runtime.settings.default_model)})
     body = runtime.with_defaults(body)
-    runtime.check_tools(body)
+    runtime.admit(body, who.role)  # before the Idempotency-Key's task is looked up
     task_id = task_id_for(idempotency_key) if idempotency_key else None
     if task_id is not None:
         try:
@@ -206,7 +206,7 @@ async def create_task(
             response.status_code = 200
             state = await handle.state()
             return TaskCreated(id=task_id, status=state.status, links=links(task_id))
-    handle = await runtime.run(body, task_id=task_id)
+    handle = await runtime.run(body, task_id=task_id, role=who.role)
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
 
 
@@ -398,6 +398,7 @@ async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -
         message=body.message,
         max_steps=body.max_steps,
         token_budget=body.token_budget,
+        role=who.role,
     )
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
 

@@ -115,6 +115,9 @@ export function mountTaskList(main, { session }) {
 }
 
 const RULES = ["always", "never", "outside_scratch"];
+// Looser to stricter: only an approver may choose a rule looser than a tool's default (the
+// API refuses it from a reader; the form does not offer it).
+const STRICTNESS = { never: 0, outside_scratch: 1, always: 2 };
 
 function field(id, label, control, hint) {
   return h("div", { class: "field" },
@@ -133,6 +136,8 @@ export function mountNewTask(main, { session }) {
   const task = h("textarea", { id: "new-task", name: "task", rows: "5", required: true, "aria-describedby": "new-task-hint" });
   const model = h("input", { id: "new-model", name: "model", type: "text", autocomplete: "off", value: session.default_model, required: true });
   const maxSteps = numberInput("new-max-steps", "20", 1);
+  maxSteps.max = String(session.max_steps_cap);
+  const mayLoosen = session.role === "approver";
   const budget = numberInput("new-token-budget", "", 1);
   const timeout = numberInput("new-approval-timeout", "", 1);
   const onTimeout = h("select", { id: "new-on-timeout", name: "on_timeout" },
@@ -141,7 +146,8 @@ export function mountNewTask(main, { session }) {
     const id = `new-rule-${tool.name}`;
     const select = h("select", { id, name: id, dataset: { tool: tool.name } },
       h("option", { value: "" }, `default (${tool.approval.replace("_", " ")})`),
-      RULES.map((rule) => h("option", { value: rule }, rule.replace("_", " "))));
+      RULES.filter((rule) => mayLoosen || STRICTNESS[rule] >= STRICTNESS[tool.approval])
+        .map((rule) => h("option", { value: rule }, rule.replace("_", " "))));
     return field(id, tool.name, select);
   });
   const problem = h("div", { class: "error", role: "alert" });
@@ -154,7 +160,7 @@ export function mountNewTask(main, { session }) {
     field("new-task", "Task", task, "What the agent should do."),
     field("new-model", "Model", model, "A model name at the configured endpoint, or \"offline\"."),
     h("fieldset", {}, h("legend", {}, "Limits"),
-      field("new-max-steps", "Max steps", maxSteps),
+      field("new-max-steps", "Max steps", maxSteps, `At most ${session.max_steps_cap}.`),
       field("new-token-budget", "Token budget", budget, "Tokens in and out over all steps; empty: no budget.")),
     h("fieldset", {}, h("legend", {}, "Approval policy"),
       h("div", { class: "rules" }, rules),
