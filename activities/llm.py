@@ -24,6 +24,7 @@ from temporalio.contrib.workflow_streams import TopicHandle, WorkflowStreamClien
 from temporalio.exceptions import ApplicationError
 
 from activities.attempt_step import failures_name_step
+from activities.call_ids import unique_call_ids
 from activities.chat import ChatBackend, ChatDelta
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
@@ -471,9 +472,11 @@ class LlmActivities:
                 type=errors.LLM_MALFORMED_RESPONSE,
             )
         content = "".join(message.text)
+        sent_calls = [call for _, call in sorted(message.calls.items())]
+        ids = unique_call_ids([call.call_id for call in sent_calls], f"call_{request.step}")
         written = [
-            (call.call_id or f"call_{request.step}_{index}", call.name, call.arguments)
-            for index, call in sorted(message.calls.items())
+            (call_id, call.name, call.arguments)
+            for call_id, call in zip(ids, sent_calls, strict=True)
         ]
         from_text = not written and request.model.recover_text_tool_calls and way != "native"
         if from_text:
@@ -483,9 +486,8 @@ class LlmActivities:
             if way == "tool":
                 offered.append(FINAL_ANSWER_TOOL)
             recovered = recover_tool_calls(content, offered)
-            written = [
-                (f"text_{request.step}_{i}", r.name, r.arguments) for i, r in enumerate(recovered)
-            ]
+            ids = unique_call_ids([None] * len(recovered), f"text_{request.step}")
+            written = [(i, r.name, r.arguments) for i, r in zip(ids, recovered, strict=True)]
         alone = len(written) == 1
         calls = [
             final_answer_call(call_id, arguments, answer_schema, alone)

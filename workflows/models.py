@@ -472,6 +472,12 @@ class Decision(Contract):
         description="Set by a client that waits for the outcome: it tells its own decision "
         "from a concurrent identical one.",
     )
+    shown: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The `digest` of the request as the person was shown it: the decision "
+        "is refused if the request is for any other call.",
+    )
 
     def repeats(self, outcome: DecisionOutcome) -> bool:
         """Whether this decision is a repeat of `outcome` (else it conflicts with it)."""
@@ -513,6 +519,10 @@ class DecisionOutcome(Contract):
     arguments: dict[str, Any] | None = None
     decision_id: str | None = None
     duplicate: bool = Field(default=False, description="True when an earlier call decided it.")
+    shown: str | None = Field(
+        default=None,
+        description="The digest of the call the decision is for, as its request showed it.",
+    )
 
 
 TASK_TEXT_CHARS = 200_000
