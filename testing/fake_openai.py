@@ -43,6 +43,7 @@ class Reply:
     # The id each tool call is sent with, in order (None: sent without one); by default
     # `call_<step>_<index>`. A malformed model's ids: repeated, empty, missing.
     call_ids: list[str | None] | None = None
+    argument_piece_chars: int = 7  # tool arguments stream in fragments of this size
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -331,8 +332,9 @@ def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
         chunks.append(
             chunk({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})
         )
-        for start in range(0, len(raw), 7):  # arguments arrive in fragments
-            piece = raw[start : start + 7]
+        size = reply.argument_piece_chars
+        for start in range(0, len(raw), size):  # arguments arrive in fragments
+            piece = raw[start : start + size]
             chunks.append(
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             )

@@ -4,6 +4,7 @@ and 17): through the fake OpenAI server, the real HTTP API and the dev server.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,9 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.call_ids import unique_call_ids
+from activities.structured_output import final_answer_call, native_answer
+from activities.text_tool_calls import recover_tool_calls
+from activities.tools import json_object_arguments
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -21,11 +25,11 @@ from tests.test_console_api import APPROVER, Api
 from tests.test_plan import Log, call
 from workflows.approval import decision_problem, request_events
 from workflows.calls import Run, verdict
+from workflows.conversation import MAX_CONTEXT_LIMIT
 from workflows.events import ApprovalResolved, draft, request_digest
 from workflows.models import Decision, ToolResult
+from workflows.nesting import MAX_JSON_DEPTH
 from workflows.notice import notice_key
-
-DEEP = 100_000
 
 
 @pytest.fixture
@@ -93,6 +97,13 @@ async def test_two_calls_with_one_id_are_each_shown_decided_and_run_as_shown(
     elsewhere = {"request_id": asked[shown], "shown": digests[asked[hidden]]}
     refused = await http.post(f"/tasks/{task_id}/approve", json=elsewhere)
     assert (refused.status_code, refused.json()["error"]) == (409, "decision_mismatch")
+    deep: dict[str, Any] = {"command": "echo edited"}
+    for _ in range(MAX_JSON_DEPTH):
+        deep = {"nested": deep}
+    edited = {"request_id": asked[shown], "arguments": deep}
+    too_deep = await http.post(f"/tasks/{task_id}/approve", json=edited)
+    assert too_deep.status_code == 422
+    assert "more than 64 deep" in too_deep.text
     seen = {"request_id": asked[shown], "shown": digests[asked[shown]]}
     approved = await http.post(f"/tasks/{task_id}/approve", json=seen)
     rejected = await http.post(f"/tasks/{task_id}/reject", json={"request_id": asked[hidden]})
@@ -165,3 +176,54 @@ def test_a_decision_runs_only_the_call_its_request_showed() -> None:
     assert isinstance(ran, Run) and ran.request.arguments == hidden.arguments
     refused = verdict("t", 1, shown, log.state)
     assert isinstance(refused, ToolResult) and refused.is_error and "not run" in refused.output
+
+
+DEEP = 100_000
+DEEP_ARGUMENTS = '{"expression": ' + "[" * DEEP + "]" * DEEP + "}"
+
+
+async def test_arguments_nested_100000_deep_are_an_error_the_model_can_correct(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    deep = tools(("calculator", DEEP_ARGUMENTS), argument_piece_chars=20_000)
+    model = fake_openai.script(after_tools(deep, "corrected"))
+    # A window the 200 KB call fits in: the model sees its own call and the error.
+    handle = await dev_runtime.run(agent_task(model, context_limit_tokens=MAX_CONTEXT_LIMIT))
+    assert (await handle.result()).result == "corrected"
+    [observation] = of_type(await handle.events(), "observation")
+    assert observation.is_error
+    assert observation.output == (
+        "the arguments of calculator are nested more than 64 levels deep; send them flatter"
+    )
+    assert tool_messages(fake_openai.requests[model][-1])[0]["content"] == observation.output
+
+
+async def test_a_call_written_in_text_with_arguments_nested_deep_is_not_taken_as_a_call(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    written = json.dumps({"name": "calculator", "arguments": DEEP_ARGUMENTS})
+    model = fake_openai.script([text(f"<tool_call>{written}</tool_call>")])
+    task = agent_task(model)
+    recovering = task.model.model_copy(update={"recover_text_tool_calls": True})
+    handle = await dev_runtime.run(task.model_copy(update={"model": recovering}))
+    outcome = await handle.result()
+    assert outcome.result.startswith("<tool_call>")
+    assert of_type(await handle.events(), "observation") == []
+
+
+def test_no_parser_of_model_json_recurses_on_deep_nesting() -> None:
+    """Every place that reads JSON a model wrote: tool arguments, the final answer's, a
+    native structured answer, calls written in text (bare, fenced, tagged, string-held)."""
+    deep_list = "[" * DEEP + "]" * DEEP
+    schema = {"type": "object", "properties": {"x": {}}}
+    assert "nested more than 64" in str(json_object_arguments("calculator", DEEP_ARGUMENTS))
+    answer = final_answer_call("c", '{"x": ' + deep_list + "}", schema, alone=True)
+    assert answer.problem is not None and "nested more than 64" in answer.problem
+    assert native_answer('{"x": ' + deep_list + "}", schema) == (
+        None,
+        "the answer is nested more than 64 levels deep",
+    )
+    held = json.dumps({"name": "calculator", "arguments": DEEP_ARGUMENTS})
+    bare = '{"name": "calculator", "arguments": {"expression": ' + deep_list + "}}"
+    for written in (held, bare, f"```json\n{bare}\n```", f"<tool_call>{bare}</tool_call>"):
+        assert recover_tool_calls(written, ["calculator"]) == []

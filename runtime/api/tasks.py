@@ -28,6 +28,7 @@ from workflows.models import (
     Message,
     ModelSettings,
     not_blank,
+    not_too_deep,
 )
 
 router = APIRouter(tags=["tasks"])
@@ -76,6 +77,8 @@ class ApprovalBody(BaseModel):
         description="The request's `digest` as the person was shown it: a request for any "
         "other call is refused (409 decision_mismatch).",
     )
+
+    _arguments_not_too_deep = field_validator("arguments")(not_too_deep)
 
 
 class ApprovalResult(BaseModel):
