@@ -62,6 +62,14 @@ TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
 PUBLISHER_EXIT_SECONDS = 5.0
 # How long the work around the model call may go without progress.
 CONVERSATION_READ_SECONDS = 120.0
+# Calls of one message that may run; the rest are answered with TOO_MANY_CALLS. Temporal
+# fails every workflow task of a run with more than 2,000 pending activities (or children),
+# so a message with more calls than that would leave its task stuck.
+MAX_CALLS_PER_MESSAGE = 64
+TOO_MANY_CALLS = (
+    f"not run: a message may make at most {MAX_CALLS_PER_MESSAGE} tool calls; make this one "
+    "again in a later step if you still need it"
+)
 SUMMARY_INSTRUCTIONS = (
     "Summarize this part of an agent's conversation for the agent's own later use: the "
     "facts learned, the results of tool calls, decisions made, and what is still open. "
@@ -493,7 +501,11 @@ class LlmActivities:
             final_answer_call(call_id, arguments, answer_schema, alone)
             if answer_schema is not None and way == "tool" and name == FINAL_ANSWER_TOOL
             else self._check(conversation, call_id, name, arguments)
-            for call_id, name, arguments in written
+            for call_id, name, arguments in written[:MAX_CALLS_PER_MESSAGE]
+        ]
+        calls += [
+            ToolCall(call_id=call_id, tool=name, raw_arguments=arguments, problem=TOO_MANY_CALLS)
+            for call_id, name, arguments in written[MAX_CALLS_PER_MESSAGE:]
         ]
         output, output_problem = None, None
         if answer_schema is not None and not calls:

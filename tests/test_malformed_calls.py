@@ -13,6 +13,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.call_ids import unique_call_ids
+from activities.llm import MAX_CALLS_PER_MESSAGE, TOO_MANY_CALLS
 from activities.structured_output import final_answer_call, native_answer
 from activities.text_tool_calls import recover_tool_calls
 from activities.tools import json_object_arguments
@@ -227,3 +228,17 @@ def test_no_parser_of_model_json_recurses_on_deep_nesting() -> None:
     bare = '{"name": "calculator", "arguments": {"expression": ' + deep_list + "}}"
     for written in (held, bare, f"```json\n{bare}\n```", f"<tool_call>{bare}</tool_call>"):
         assert recover_tool_calls(written, ["calculator"]) == []
+
+
+async def test_calls_past_the_limit_of_one_message_are_answered_not_run(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    sums = [("calculator", {"expression": f"{n}+0"}) for n in range(MAX_CALLS_PER_MESSAGE + 2)]
+    model = fake_openai.script(after_tools(tools(*sums)))
+    handle = await dev_runtime.run(agent_task(model))
+    assert (await handle.result()).result == "done"
+    observations = of_type(await handle.events(), "observation")
+    assert [o.output for o in observations[:MAX_CALLS_PER_MESSAGE]] == [
+        str(n) for n in range(MAX_CALLS_PER_MESSAGE)
+    ]
+    assert [o.output for o in observations[MAX_CALLS_PER_MESSAGE:]] == [TOO_MANY_CALLS] * 2
