@@ -24,6 +24,7 @@ from temporalio.contrib.workflow_streams import TopicHandle, WorkflowStreamClien
 from temporalio.exceptions import ApplicationError
 
 from activities.attempt_step import failures_name_step
+from activities.call_ids import unique_call_ids
 from activities.chat import ChatBackend, ChatDelta
 from activities.conversation_cache import Conversation, ConversationCache
 from activities.conversation_store import ConversationStore
@@ -61,6 +62,14 @@ TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
 PUBLISHER_EXIT_SECONDS = 5.0
 # How long the work around the model call may go without progress.
 CONVERSATION_READ_SECONDS = 120.0
+# Calls of one message that may run; the rest are answered with TOO_MANY_CALLS. Temporal
+# fails every workflow task of a run with more than 2,000 pending activities (or children),
+# so a message with more calls than that would leave its task stuck.
+MAX_CALLS_PER_MESSAGE = 64
+TOO_MANY_CALLS = (
+    f"not run: a message may make at most {MAX_CALLS_PER_MESSAGE} tool calls; make this one "
+    "again in a later step if you still need it"
+)
 SUMMARY_INSTRUCTIONS = (
     "Summarize this part of an agent's conversation for the agent's own later use: the "
     "facts learned, the results of tool calls, decisions made, and what is still open. "
@@ -471,9 +480,11 @@ class LlmActivities:
                 type=errors.LLM_MALFORMED_RESPONSE,
             )
         content = "".join(message.text)
+        sent_calls = [call for _, call in sorted(message.calls.items())]
+        ids = unique_call_ids([call.call_id for call in sent_calls], f"call_{request.step}")
         written = [
-            (call.call_id or f"call_{request.step}_{index}", call.name, call.arguments)
-            for index, call in sorted(message.calls.items())
+            (call_id, call.name, call.arguments)
+            for call_id, call in zip(ids, sent_calls, strict=True)
         ]
         from_text = not written and request.model.recover_text_tool_calls and way != "native"
         if from_text:
@@ -483,15 +494,18 @@ class LlmActivities:
             if way == "tool":
                 offered.append(FINAL_ANSWER_TOOL)
             recovered = recover_tool_calls(content, offered)
-            written = [
-                (f"text_{request.step}_{i}", r.name, r.arguments) for i, r in enumerate(recovered)
-            ]
+            ids = unique_call_ids([None] * len(recovered), f"text_{request.step}")
+            written = [(i, r.name, r.arguments) for i, r in zip(ids, recovered, strict=True)]
         alone = len(written) == 1
         calls = [
             final_answer_call(call_id, arguments, answer_schema, alone)
             if answer_schema is not None and way == "tool" and name == FINAL_ANSWER_TOOL
             else self._check(conversation, call_id, name, arguments)
-            for call_id, name, arguments in written
+            for call_id, name, arguments in written[:MAX_CALLS_PER_MESSAGE]
+        ]
+        calls += [
+            ToolCall(call_id=call_id, tool=name, raw_arguments=arguments, problem=TOO_MANY_CALLS)
+            for call_id, name, arguments in written[MAX_CALLS_PER_MESSAGE:]
         ]
         output, output_problem = None, None
         if answer_schema is not None and not calls:

@@ -8,6 +8,7 @@ from typing import Any
 
 from jsonschema.validators import validator_for
 
+from activities import bounded_json
 from workflows.models import FINAL_ANSWER_TOOL, ToolCall
 from workflows.outputs import ERRORS_SHOWN, parameters, unwrap
 
@@ -35,9 +36,12 @@ def final_answer_call(
         call_id=call_id, tool=FINAL_ANSWER_TOOL, raw_arguments=raw_arguments, retry_safe=True
     )
     try:
-        arguments = json.loads(raw_arguments or "{}")
+        arguments = bounded_json.loads(raw_arguments or "{}")
     except json.JSONDecodeError as err:
         call.problem = f"the arguments of {FINAL_ANSWER_TOOL} are not JSON ({err.msg})"
+        return call
+    except bounded_json.TooDeepError as err:
+        call.problem = f"the arguments of {FINAL_ANSWER_TOOL} are {err}"
         return call
     if not isinstance(arguments, dict):
         call.problem = f"the arguments of {FINAL_ANSWER_TOOL} must be a JSON object"
@@ -64,9 +68,11 @@ def native_answer(content: str, schema: dict[str, Any]) -> tuple[Any, str | None
     if text.startswith("```"):  # a model that fences its JSON anyway
         text = text.strip("`").removeprefix("json").strip()
     try:
-        value = json.loads(text)
+        value = bounded_json.loads(text)
     except json.JSONDecodeError as err:
         return None, f"the answer is not JSON ({err.msg} at {err.pos})"
+    except bounded_json.TooDeepError as err:
+        return None, f"the answer is {err}"
     if (why := problems(value, parameters(schema))) is not None:
         return None, why
     return unwrap(schema, value), None

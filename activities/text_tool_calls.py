@@ -16,6 +16,8 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from activities import bounded_json
+
 RecoveredForm = Literal["tagged", "fenced", "bare"]
 
 
@@ -51,8 +53,6 @@ _BARE_PREFIX = re.compile(
 _BARE_SUFFIX = re.compile(r"[ \t]*\}*[ \t]*[.;]?[ \t]*")
 
 _CALL_START = re.compile(r'\{\s*"|\[\s*\{\s*"')
-
-_decoder = json.JSONDecoder()
 
 
 def recover_tool_calls(text: str, tool_names: Collection[str]) -> list[RecoveredToolCall]:
@@ -93,7 +93,7 @@ def _distinct(calls: list[RecoveredToolCall]) -> list[RecoveredToolCall]:
     seen: set[tuple[str, str]] = set()
     distinct: list[RecoveredToolCall] = []
     for call in calls:
-        key = (call.name, json.dumps(json.loads(call.arguments), sort_keys=True))
+        key = (call.name, json.dumps(bounded_json.loads(call.arguments), sort_keys=True))
         if key not in seen:
             seen.add(key)
             distinct.append(call)
@@ -120,8 +120,8 @@ def _json_values(text: str) -> tuple[list[Any], bool]:
         if position == len(text):
             return values, True
         try:
-            value, position = _decoder.raw_decode(text, position)
-        except (ValueError, RecursionError):  # not JSON, or nested past any real call
+            value, position = bounded_json.raw_decode(text, position)
+        except ValueError:  # not JSON, or nested past any real call
             return values, False
         values.append(value)
 
@@ -164,8 +164,8 @@ def _bare_calls(text: str, names: set[str]) -> Iterator[tuple[int, RecoveredTool
     position = 0
     while (start := _next_json_start(text, position)) >= 0:
         try:
-            value, end = _decoder.raw_decode(text, start)
-        except (ValueError, RecursionError):
+            value, end = bounded_json.raw_decode(text, start)
+        except ValueError:
             position = start + 1
             continue
         position = end  # what is nested in a value is never a call of its own
@@ -228,8 +228,8 @@ def _arguments(raw: Any) -> dict[str, Any] | None:
     if isinstance(raw, str):
         for candidate in (raw, _undouble(raw)):
             try:
-                parsed = json.loads(candidate)
-            except json.JSONDecodeError:
+                parsed = bounded_json.loads(candidate)
+            except ValueError:  # not JSON, or nested past any real call
                 continue
             return parsed if isinstance(parsed, dict) else None
     return None

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from typing_extensions import TypeIs
 
+from activities import bounded_json
 from activities.conversation_cache import ConversationCache
 
 if TYPE_CHECKING:
@@ -72,9 +73,11 @@ def _is_async(function: ToolFunction[ArgumentsT]) -> TypeIs[AsyncToolFunction[Ar
 def json_object_arguments(tool: str, raw_arguments: str) -> dict[str, Any] | str:
     """A call's arguments as the JSON object they must be, or the problem with them."""
     try:
-        parsed = json.loads(raw_arguments or "{}")
+        parsed = bounded_json.loads(raw_arguments or "{}")
     except json.JSONDecodeError as err:
         return f"the arguments of {tool} are not valid JSON ({err.msg} at {err.pos})"
+    except bounded_json.TooDeepError as err:
+        return f"the arguments of {tool} are {err}; send them flatter"
     if not isinstance(parsed, dict):
         return f"the arguments of {tool} must be a JSON object"
     return parsed

@@ -364,11 +364,13 @@ class TaskHandle(Generic[OutputT]):
         message: str | None = None,
         arguments: dict[str, Any] | None = None,
         approver: str | None = None,
+        shown: str | None = None,
         within: timedelta = UPDATE_TIMEOUT,
     ) -> DecisionOutcome:
         """Decide one approval request; with no id, the only pending one (or, when none is
-        pending, a repeat of the latest decision gets its outcome back). Its queries take
-        `within` in all, as `decide`'s."""
+        pending, a repeat of the latest decision gets its outcome back). With `shown` (the
+        request's `digest` as the person saw it) a request for any other call is refused.
+        Its queries take `within` in all, as `decide`'s."""
         deadline = _Deadline.after(within)
         if request_id is None:
             state = await self._state_by(deadline, "the state query", wait_for_a_worker=False)
@@ -393,6 +395,7 @@ class TaskHandle(Generic[OutputT]):
             message=message,
             arguments=arguments,
             approver=approver,
+            shown=shown,
         )
         return await self._decide(decision, deadline)
 

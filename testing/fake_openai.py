@@ -40,6 +40,10 @@ class Reply:
     # "this request is provably mid-stream"); at most GATE_TIMEOUT_SECONDS.
     hold_after_chunks: int | None = None
     gate: threading.Event | None = None
+    # The id each tool call is sent with, in order (None: sent without one); by default
+    # `call_<step>_<index>`. A malformed model's ids: repeated, empty, missing.
+    call_ids: list[str | None] | None = None
+    argument_piece_chars: int = 7  # tool arguments stream in fragments of this size
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -266,6 +270,14 @@ def _call_id(number: int, index: int) -> str:
     return f"call_{number}_{index}"
 
 
+def _id_field(reply: Reply, number: int, index: int) -> dict[str, str]:
+    """The `id` of a tool call as the reply sends it: none at all for a scripted None."""
+    if reply.call_ids is None:
+        return {"id": _call_id(number, index)}
+    given = reply.call_ids[index]
+    return {} if given is None else {"id": given}
+
+
 def _usage(reply: Reply) -> dict[str, int]:
     prompt, completion = reply.usage
     return {
@@ -281,7 +293,7 @@ def _completion(model: str, reply: Reply, number: int) -> dict[str, Any]:
     if reply.tool_calls:
         message["tool_calls"] = [
             {
-                "id": _call_id(number, index),
+                **_id_field(reply, number, index),
                 "type": "function",
                 "function": {"name": name, "arguments": raw},
             }
@@ -316,12 +328,13 @@ def _chunks(model: str, reply: Reply, number: int) -> list[dict[str, Any]]:
         if word or i:
             chunks.append(chunk({"content": word + (" " if i < len(words) - 1 else "")}))
     for index, (name, raw) in enumerate(reply.tool_calls):
-        head = {"index": index, "id": _call_id(number, index), "type": "function"}
+        head = {"index": index, **_id_field(reply, number, index), "type": "function"}
         chunks.append(
             chunk({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]})
         )
-        for start in range(0, len(raw), 7):  # arguments arrive in fragments
-            piece = raw[start : start + 7]
+        size = reply.argument_piece_chars
+        for start in range(0, len(raw), size):  # arguments arrive in fragments
+            piece = raw[start : start + size]
             chunks.append(
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             )

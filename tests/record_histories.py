@@ -466,6 +466,30 @@ async def visibility_what_changed(runtime: AgentRuntime, fake: FakeOpenAI) -> st
     return handle.id
 
 
+async def duplicate_call_ids(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """Two shell calls under one id, each needing approval. The saved history was recorded
+    with `call_llm` as it was before call ids were made unique within a step (so the
+    thought holds `dup` twice, one request stands for both, and one observation closes the
+    step): such histories must go on replaying. Recorded again, the calls get two ids."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return text("done")
+        first = tools(
+            ("run_shell", {"command": "echo shown"}), ("run_shell", {"command": "echo hidden"})
+        )
+        first.call_ids = ["dup", "dup"]
+        return first
+
+    task = AgentTask(task="two calls, one id", model=ModelSettings(name=fake.script(reply)))
+    handle = await runtime.run(task, task_id="duplicate-call-ids")
+    await until(handle, lambda s: s.status == "waiting_approval")
+    for request in (await handle.state()).pending_approvals:
+        await handle.approve(request, approver="alice")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "approvals_update_and_signal": approvals_update_and_signal,
@@ -486,6 +510,7 @@ SCENARIOS: dict[str, Scenario] = {
     "parent_with_two_children": parent_with_two_children,
     "typed_output_retry": typed_output_retry,
     "visibility_what_changed": visibility_what_changed,
+    "duplicate_call_ids": duplicate_call_ids,
 }
 
 

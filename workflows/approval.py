@@ -21,8 +21,10 @@ from workflows.events import (
     ApprovalResolved,
     ErrorEvent,
     OpenStep,
+    PendingApproval,
     call_signature,
     draft,
+    request_digest,
 )
 from workflows.models import ApprovalSettings, Contract, Decision, DecisionOutcome, ToolCall
 
@@ -69,7 +71,7 @@ def repeats_recent_call(call: ToolCall, state: AgentState) -> bool:
 
 def accepted(decision: Decision) -> DecisionOutcome:
     """What the `decide` Update answers for a decision it just recorded."""
-    fields = decision.model_dump(exclude={"decision"})
+    fields = decision.model_dump(exclude={"decision", "shown"})
     return DecisionOutcome(**fields, decision=decision.decision)
 
 
@@ -90,6 +92,7 @@ def outcome_of(
                 message=d.message,
                 arguments=d.arguments,
                 decision_id=d.decision_id,
+                shown=state.pending_approvals[request_id].shown,
             )
     return None
 
@@ -108,8 +111,8 @@ def decision_problem(
             errors.DECISION_CONFLICT,
             f"request {decision.request_id} was already decided: {existing.decision}{by}",
         )
-    if decision.request_id in state.pending_approvals:
-        return None
+    if (pending := state.pending_approvals.get(decision.request_id)) is not None:
+        return shown_problem(decision, pending)
     if state.finished or not state.pending_approvals:
         return Problem(
             errors.TASK_NOT_WAITING,
@@ -119,6 +122,18 @@ def decision_problem(
         errors.UNKNOWN_REQUEST,
         f"unknown approval request {decision.request_id}; pending: "
         + ", ".join(state.pending_approvals),
+    )
+
+
+def shown_problem(decision: Decision, pending: PendingApproval) -> Problem | None:
+    """Why a decision that names the call it was shown cannot apply to this request: the
+    request is for another call (a person decides on what they saw, nothing else)."""
+    if decision.shown is None or decision.shown == pending.shown:
+        return None
+    return Problem(
+        errors.DECISION_MISMATCH,
+        f"request {decision.request_id} is not the {pending.tool} call you were shown; "
+        "look at the request again before you decide",
     )
 
 
@@ -163,6 +178,15 @@ def run_outcome(call: ToolCall, outcome: DecisionOutcome | None) -> tuple[str | 
     """(error to report instead of running, note to add to the output) for a decided call."""
     if outcome is None:
         return None, ""
+    if outcome.shown is not None and outcome.shown != request_digest(
+        call.tool, call.arguments or {}
+    ):
+        # Unreachable while call ids are unique within a step; a history recorded before
+        # they were held two calls under one request, and one decision must not run both.
+        return (
+            "No person decided on this call (the decision was for another call); it was not run.",
+            "",
+        )
     if outcome.decision == "timeout":
         return "Nobody decided on this call in time, so it was not run.", ""
     if outcome.decision == "reject":
@@ -195,7 +219,14 @@ def absorb(
             message=f"ignored {what} ({decision.decision}) for request {request_id}, "
             f"already decided: {existing.decision}",
         )
-    if request_id in state.pending_approvals:
+    if (pending := state.pending_approvals.get(request_id)) is not None:
+        if (problem := shown_problem(decision, pending)) is not None:
+            return draft(
+                ErrorEvent,
+                state.step,
+                kind="decision_mismatch",
+                message=f"ignored a decision ({decision.decision}): {problem.message}",
+            )
         return draft(
             ApprovalResolved,
             state.step,

@@ -22,6 +22,8 @@ AGENT_FAILED = "AgentFailed"
 UNKNOWN_REQUEST = "UnknownApprovalRequest"
 DECISION_CONFLICT = "DecisionConflict"
 TASK_NOT_WAITING = "TaskNotWaiting"
+# A decision that names a call other than the one its request is for (Decision.shown).
+DECISION_MISMATCH = "DecisionMismatch"
 # An answer that is not one of the question's choices.
 INVALID_CHOICE = "InvalidChoice"
 

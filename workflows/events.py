@@ -330,6 +330,14 @@ def messages_of(event: AgentEvent) -> list[ChatMessage]:
     return []
 
 
+def request_digest(tool: str, arguments: dict[str, Any]) -> str:
+    """What a person is shown of a call that asks for approval, its tool and arguments, as
+    a digest: a decision names it to say which call it is for, and a call runs on an
+    approval only when its own digest is the one the request showed."""
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{tool}\0{text}".encode()).hexdigest()
+
+
 def call_signature(call: ToolCall) -> str:
     """Identical calls (same tool, same arguments) have the same signature."""
     arguments = (
@@ -349,6 +357,17 @@ class PendingApproval(Contract):
     model_reason: str | None = None
     requested_at: datetime
     step: int
+    digest: str | None = Field(
+        default=None,
+        description="The call as shown (tool and arguments), as a digest a decision may name "
+        "in `shown` to be refused if the request is for anything else.",
+    )
+
+    @property
+    def shown(self) -> str:
+        """The digest of the call this request shows (a request carried from a run that
+        did not record it is digested now, from the same fields)."""
+        return self.digest or request_digest(self.tool, self.arguments)
 
 
 class PendingQuestion(Contract):
@@ -532,7 +551,10 @@ def _observation(state: AgentState, event: Observation) -> Changes:
     if step is None or event.call_id not in {c.call_id for c in step.calls}:
         return changes
     outputs = {**step.outputs, event.call_id: event.output[:RESULT_EXCERPT_CHARS]}
-    if len(outputs) < len(step.calls):
+    # By id, not by count: a history recorded before call ids were made unique may hold two
+    # calls under one id, and its step must close all the same (one output then stands for
+    # both), never wait for an observation no call can give.
+    if any(c.call_id not in outputs for c in step.calls):
         changes["open_step"] = step.model_copy(update={"outputs": outputs})
         return changes
     # The step closes: remember what its calls gave, and forget decisions of long ago.
@@ -565,6 +587,7 @@ def _approval_requested(state: AgentState, event: ApprovalRequested) -> Changes:
         model_reason=event.model_reason,
         requested_at=event.at,
         step=event.step,
+        digest=request_digest(event.tool, event.arguments),
     )
     approvals = {**state.pending_approvals, event.request_id: pending}
     return {
@@ -583,6 +606,7 @@ def _approval_resolved(state: AgentState, event: ApprovalResolved) -> Changes:
         message=event.message,
         arguments=event.arguments,
         decision_id=event.decision_id,
+        shown=request.shown if request is not None else None,
     )
     changes: Changes = {
         "pending_approvals": remaining,

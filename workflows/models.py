@@ -17,6 +17,8 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from workflows.nesting import MAX_JSON_DEPTH, too_deep
+
 OFFLINE_MODEL = "offline"
 
 # The built-in tool the model calls to ask the person it works for; the workflow, not a
@@ -59,6 +61,12 @@ def schema_problem(schema: dict[str, Any] | None) -> dict[str, Any] | None:
 def not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must contain something other than whitespace")
+    return value
+
+
+def not_too_deep(value: Any) -> Any:
+    if too_deep(value):
+        raise ValueError(f"must not nest objects and lists more than {MAX_JSON_DEPTH} deep")
     return value
 
 
@@ -472,6 +480,14 @@ class Decision(Contract):
         description="Set by a client that waits for the outcome: it tells its own decision "
         "from a concurrent identical one.",
     )
+    shown: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The `digest` of the request as the person was shown it: the decision "
+        "is refused if the request is for any other call.",
+    )
+
+    _arguments_not_too_deep = field_validator("arguments")(not_too_deep)
 
     def repeats(self, outcome: DecisionOutcome) -> bool:
         """Whether this decision is a repeat of `outcome` (else it conflicts with it)."""
@@ -513,6 +529,10 @@ class DecisionOutcome(Contract):
     arguments: dict[str, Any] | None = None
     decision_id: str | None = None
     duplicate: bool = Field(default=False, description="True when an earlier call decided it.")
+    shown: str | None = Field(
+        default=None,
+        description="The digest of the call the decision is for, as its request showed it.",
+    )
 
 
 TASK_TEXT_CHARS = 200_000

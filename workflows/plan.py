@@ -233,6 +233,10 @@ def due_for_hand_over(state: AgentState, task: AgentTask, progress: RunProgress)
 
 
 def open_step_size(state: AgentState) -> int:
-    pending = sum(len(p.model_dump_json()) for p in state.pending_approvals.values())
+    # Without the digest, which runs recorded before it did not count: the same size, the
+    # same decision to hand over, in a replay of those runs.
+    pending = sum(
+        len(p.model_dump_json(exclude={"digest"})) for p in state.pending_approvals.values()
+    )
     step = state.open_step
     return pending + (len(step.model_dump_json()) if step is not None else 0)

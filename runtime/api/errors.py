@@ -116,6 +116,7 @@ def install_error_handlers(app: FastAPI) -> None:
             status, kind = {
                 errors.UNKNOWN_REQUEST: (404, "unknown_request"),
                 errors.DECISION_CONFLICT: (409, "decision_conflict"),
+                errors.DECISION_MISMATCH: (409, "decision_mismatch"),
                 errors.TASK_NOT_WAITING: (409, "task_not_waiting"),
                 errors.INVALID_CHOICE: (422, "invalid_choice"),
             }.get(err.kind or "", (409, "conflict"))

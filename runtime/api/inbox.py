@@ -68,6 +68,9 @@ class InboxItem(BaseModel):
     model_reason: str | None = Field(default=None, description="What the model said with it.")
     requested_at: datetime
     step: int
+    digest: str = Field(
+        description="The call as shown, as a digest: send it as `shown` with the decision."
+    )
     chain: Chain | None = Field(default=None, description="Set when a sub-agent asks.")
 
 
@@ -183,7 +186,12 @@ async def approvals(request: Request, runtime: Runtime, who: Reader) -> Inbox:
     read_ok = [(i, got) for i, got in zip(task_ids, results, strict=True) if got is not None]
     chains = await _chains(request, runtime, [got.parent for _, got in read_ok])
     items = [
-        InboxItem(task_id=task_id, task=got.task, chain=chain, **pending.model_dump())
+        InboxItem(
+            task_id=task_id,
+            task=got.task,
+            chain=chain,
+            **{**pending.model_dump(), "digest": pending.shown},
+        )
         for (task_id, got), chain in zip(read_ok, chains, strict=True)
         for pending in got.pending
     ]

@@ -28,6 +28,7 @@ from workflows.models import (
     Message,
     ModelSettings,
     not_blank,
+    not_too_deep,
 )
 
 router = APIRouter(tags=["tasks"])
@@ -70,6 +71,14 @@ class ApprovalBody(BaseModel):
     request_id: str | None = Field(default=None, description="Default: the only pending one.")
     message: str | None = Field(default=None, max_length=10_000)
     arguments: dict[str, Any] | None = None
+    shown: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The request's `digest` as the person was shown it: a request for any "
+        "other call is refused (409 decision_mismatch).",
+    )
+
+    _arguments_not_too_deep = field_validator("arguments")(not_too_deep)
 
 
 class ApprovalResult(BaseModel):
@@ -261,6 +270,7 @@ async def _decide(
         message=body.message,
         arguments=body.arguments,
         approver=who.name,  # from the token, never from the body
+        shown=body.shown,
     )
     outcome = await decided
     result = ApprovalResult(

@@ -99,7 +99,8 @@ export function approvalCard(item, { me, canDecide, showTask = true, onDecided =
     try {
       const outcome = await api(`/tasks/${seg(item.task_id)}/${kind}`, {
         method: "POST",
-        body: { request_id: item.request_id, ...body },
+        // The inbox's item names the call it shows: the API refuses the decision for any other.
+        body: { request_id: item.request_id, ...(item.digest ? { shown: item.digest } : {}), ...body },
         headers: { "Idempotency-Key": idempotencyKey() },
       });
       const mine = outcome.approver === me && outcome.decision === kind;
