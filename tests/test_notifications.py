@@ -34,6 +34,7 @@ from tests.test_never_stuck import (
     shell_steps,
     stuck_on_todays_build,
 )
+from tests.test_resume_fork_edges import KEY_1, client_for, with_keys
 from workflows.notice import NOTIFICATION_WORKFLOW_TYPE, DeliveryReport, NotificationTargets
 
 SECRET = "whsec-" + secrets.token_hex(16)
@@ -620,3 +621,30 @@ def test_a_slack_endpoint_needs_no_secret_and_a_file_holds_the_same_list(tmp_pat
     assert endpoint.shown()["url"] == "https://hooks.slack.com/****"
     with pytest.raises(WebhookConfigError, match="WAYSTATION_CONSOLE_URL must be an http"):
         Settings(console_url="localhost:8000").webhook_endpoints()
+
+
+@pytest.mark.long(minutes=0.8)
+async def test_every_stuck_task_is_told_even_without_a_repair_point_or_a_readable_text(
+    dev_env: WorkflowEnvironment, settings: Settings, receiver: WebhookReceiver, spawn: Spawn
+) -> None:
+    # The worker lacks the key the tasks are encrypted with: each is stuck on its first
+    # workflow task (no repair point) and its text cannot be decoded there.
+    await spawn(
+        webhook_env(
+            endpoint("ops", receiver, ["stuck"]), WAYSTATION_WEBHOOK_STUCK_CHECK_SECONDS="0.2"
+        )
+    )
+    secure = with_keys(settings, {"k1": KEY_1}, "k1")
+    runtime = AgentRuntime(await client_for(dev_env, secure), secure)
+    ids = {"stuck-first-a", "stuck-first-b"}
+    for task_id in sorted(ids):
+        await runtime.run(agent_task("offline", "add 2+2"), task_id=task_id)
+    told = await receiver.until(lambda rs: {r.json()["task"]["id"] for r in rs} >= ids, "ops", 120)
+    for request in told:
+        notice = request.json()
+        assert signature_valid(SECRET, request)
+        assert notice["kind"] == "stuck" and notice["task"]["text"] == ""
+        assert notice["stuck"]["reset_to_event"] is None and notice["actions"] == []
+        task_id, run_id = notice["task"]["id"], notice["stuck"]["run_id"]
+        assert request.key == notice["key"] == f"{task_id}:stuck:{run_id}:start"
+    assert len(told) == len(ids)

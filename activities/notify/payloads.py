@@ -20,6 +20,10 @@ RESULT_CHARS = 2_000
 SLACK_SECTION_CHARS = 3_000
 SLACK_BUTTON_CHARS = 75
 SLACK_CONTEXT_ELEMENTS = 10
+NO_REPAIR_POINT = (
+    "It has no repair point: its first workflow task fails, so a repair has nothing to reset "
+    "it to. A worker that can run it (the code or the encryption keys it needs) moves it on."
+)
 _HEADLINES = {
     "approval_requested": "needs an approval",
     "question_asked": "asks a question",
@@ -54,7 +58,8 @@ def actions(notice: Notice) -> list[dict[str, Any]]:
     if isinstance(event, Failed):
         return [call("resume", "resume", {})]
     if notice.stuck is not None:
-        return [call("repair", "repair", {})]
+        # Without a repair point a repair is refused: nothing a call can do.
+        return [call("repair", "repair", {})] if notice.stuck.reset_to_event is not None else []
     return []
 
 
@@ -149,10 +154,13 @@ def _what(notice: Notice) -> list[str]:
         return [f"*{mrkdwn_escaped(event.kind)}:* {mrkdwn_escaped(shortened(event.reason, 2_800))}"]
     if notice.stuck is not None:
         problem = shortened(notice.stuck.problem, 2_500)
-        return [
+        said = [
             f"Its workflow task failed {notice.stuck.attempts} times in a row: "
             f"{mrkdwn_escaped(problem)}"
         ]
+        if notice.stuck.reset_to_event is None:
+            said.append(NO_REPAIR_POINT)
+        return said
     return []
 
 
