@@ -76,7 +76,7 @@ def temporal_binary() -> str:
 
 def search_attribute_flags() -> list[str]:
     flags: list[str] = []
-    for key in search.ALL:
+    for key in search.REGISTERED:
         flags += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.indexed_value_type]}"]
     return flags
 
@@ -240,7 +240,7 @@ class DevServer:
 
 async def ensure_search_attributes(client: Client) -> None:
     """Register the agent search attributes on the client's namespace if missing."""
-    wanted: dict[str, Any] = {key.name: int(key.indexed_value_type) for key in search.ALL}
+    wanted: dict[str, Any] = {key.name: int(key.indexed_value_type) for key in search.REGISTERED}
     try:
         existing = await client.operator_service.list_search_attributes(
             ListSearchAttributesRequest(namespace=client.namespace)
