@@ -8,9 +8,12 @@ log, the task's events or a process's end, never on the clock.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.notify.config import WebhookConfigError
+from activities.notify.payloads import slack_body
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from runtime.stuck_notices import notify_stuck_tasks
@@ -35,7 +39,13 @@ from tests.test_never_stuck import (
     stuck_on_todays_build,
 )
 from tests.test_resume_fork_edges import KEY_1, client_for, with_keys
-from workflows.notice import NOTIFICATION_WORKFLOW_TYPE, DeliveryReport, NotificationTargets
+from workflows.events import ApprovalRequested
+from workflows.notice import (
+    NOTIFICATION_WORKFLOW_TYPE,
+    DeliveryReport,
+    NotificationTargets,
+    notice_of,
+)
 
 SECRET = "whsec-" + secrets.token_hex(16)
 CONSOLE = "http://console.example:8000"
@@ -648,3 +658,38 @@ async def test_every_stuck_task_is_told_even_without_a_repair_point_or_a_readabl
         task_id, run_id = notice["task"]["id"], notice["stuck"]["run_id"]
         assert request.key == notice["key"] == f"{task_id}:stuck:{run_id}:start"
     assert len(told) == len(ids)
+
+
+@pytest.mark.parametrize("size", [8_000, 400_000])
+def test_a_slack_approval_notice_holds_the_whole_call_or_says_what_it_left_out(
+    size: int,
+) -> None:
+    command = "echo <start> & " + "y" * size + " && rm -rf ~/the-end"
+    requested = ApprovalRequested(
+        seq=2,
+        step=1,
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+        request_id="1-call_1_0",
+        call_id="call_1",
+        tool="run_shell",
+        arguments={"command": command},
+        reason="run_shell needs approval",
+    )
+    notice = notice_of(
+        requested,
+        "slack-long",
+        "tidy up",
+        NotificationTargets(
+            endpoints={"team": ["approval_requested"]}, retry=Settings().webhook_retry()
+        ),
+    )
+    assert notice is not None
+    message = slack_body(notice, CONSOLE)
+    assert slack_shape_problems(message) == []
+    sections = [b["text"]["text"] for b in message["blocks"] if b["type"] == "section"]
+    shown = "".join(re.findall(r"```(.*?)```", "".join(sections), re.DOTALL))
+    if size < 100_000:  # all of it, in order, however many sections it takes
+        assert json.loads(html.unescape(shown)) == {"command": command}
+    else:
+        assert "rm -rf ~/the-end" not in shown
+        assert any("more characters, not shown here" in s for s in sections), sections[-2:]
