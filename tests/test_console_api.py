@@ -215,10 +215,10 @@ async def test_a_followed_up_task_is_listed_by_its_own_text_and_first_start_in_a
     handle = await runtime.run(agent_task(name, f"Count the {marker}s"))
     await handle.result()
 
-    async def listed(client: httpx.AsyncClient) -> dict[str, Any]:
+    async def listed(client: httpx.AsyncClient) -> dict[str, Any] | None:
         page = (await client.get("/console/api/tasks", params={"q": marker})).json()
-        [task] = [t for t in page["tasks"] if t["id"] == handle.id] or [None]
-        return task
+        found: list[dict[str, Any]] = [t for t in page["tasks"] if t["id"] == handle.id]
+        return found[0] if found else None
 
     async with asyncio.timeout(60):
         while (before := await listed(http)) is None:  # and this API process remembers it
