@@ -75,7 +75,8 @@ def visible_json(text: str) -> str:
     """JSON text (`--json` output) with the characters `visible` escapes that JSON keeps raw
     (DEL, C1 controls, bidirectional overrides: only ever inside strings) as \\u escapes,
     so the output is still the same JSON, and inert on a terminal."""
-    return "".join(f"\\u{ord(c):04x}" if _inert(c) else c for c in text)
+    # JSON escapes every control character in a string itself: one outside is whitespace.
+    return "".join(f"\\u{ord(c):04x}" if _inert(c) and c not in "\n\r\t " else c for c in text)
 
 
 def _short(value: Any, limit: int = 160) -> str:

@@ -695,3 +695,7 @@ async def test_a_pending_call_is_shown_whole_and_inert_by_run_and_status(
     for shown in (out, status):
         assert "#\\r\\u001b[2Kls -la" in shown and "rm -rf ~/work" in shown, shown
     assert "ok\\x1b]52;c;cHduZWQ=\\x07" in out
+    code, as_json, _ = await starter(dev_env, settings, "status", "cli-hidden", "--json")
+    assert code == 3 and "\x1b" not in as_json and "\r" not in as_json
+    [pending] = json.loads(as_json)["pending_approvals"].values()
+    assert pending["arguments"]["command"] == command_line  # the same JSON, escaped

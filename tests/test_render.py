@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.attempt_step import failures_name_step
-from runtime.render import LiveView, render_state
+from runtime.render import LiveView, render_state, visible_json
 from runtime.streaming import StreamItem
 from runtime.worker_log import AttemptFailure, attempt_failure
 from workflows.events import (
@@ -273,3 +273,11 @@ def test_a_short_call_is_one_line() -> None:
     _, out = view_of(started(), pending_request({"command": "ls -la"}))
     assert "in full" not in out.getvalue()
     assert "run_shell(command=ls -la)" in out.getvalue()
+
+
+def test_json_output_stays_the_same_json_with_nothing_a_terminal_acts_on() -> None:
+    value = {"command": HIDDEN, "c1": "a\x9b31mb\x7f", "rlo": REORDERED, "ok": "café\n日本"}
+    for indent in (None, 2):
+        shown = visible_json(json.dumps(value, ensure_ascii=False, indent=indent))
+        our_own_escapes_only(shown)
+        assert json.loads(shown) == value
