@@ -27,12 +27,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import sending
@@ -40,7 +35,7 @@ from runtime.commands import command
 from runtime.health import overview
 from runtime.pollers import polling_workers
 from runtime.task_errors import MessageRefusedError, TaskNotFoundError
-from runtime.task_list import task_origin
+from runtime.task_list import first_start, task_origin
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
 from workflows.models import AgentTask, Message
@@ -118,9 +113,7 @@ async def deliver(
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
                 static_summary=origin.text or summary,
-                search_attributes=TypedSearchAttributes(
-                    [SearchAttributePair(search.AGENT_TASK_STARTED, origin.started_at)]
-                ),
+                search_attributes=first_start(origin.started_at),
                 task_timeout=task_timeout,
             )
             return Delivery(started, started=True, stream_from=outcome.next_offset)

@@ -24,6 +24,7 @@ from temporalio.api.common.v1 import SearchAttributes
 from temporalio.api.common.v1 import WorkflowExecution as ExecutionRef
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.converter import decode_typed_search_attributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -188,6 +189,12 @@ class _Page:
             latest = await _latest_run(self._client, listed.id)
             self._latest[listed.id] = latest == listed.execution.run_id
         return self._latest[listed.id]
+
+
+def first_start(at: datetime) -> TypedSearchAttributes:
+    """The search attribute that says when a task first started, for each run a client
+    starts; a run continued as new keeps it, so a long task is listed by its first start."""
+    return TypedSearchAttributes([SearchAttributePair(search.AGENT_TASK_STARTED, at)])
 
 
 @dataclass(frozen=True)

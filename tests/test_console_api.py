@@ -8,6 +8,7 @@ import json
 import re
 import socket
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 from urllib.parse import quote
@@ -251,6 +252,39 @@ async def test_a_followed_up_task_is_listed_by_its_own_text_and_first_start_in_a
                 assert row["started_at"] == first_start
     finally:
         await fresh.stop()
+
+
+async def test_a_task_continued_as_new_is_listed_by_its_own_text_and_first_start(
+    dev_env: WorkflowEnvironment,
+    http: httpx.AsyncClient,
+    fake_openai: FakeOpenAI,
+    console_runtime: AgentRuntime,
+) -> None:
+    calls = [tools(("calculator", {"expression": f"{n} + 1"})) for n in range(3)]
+    name = fake_openai.script([*calls, text("done")])
+    marker = f"tapir-{_free_port()}"
+    handle = await console_runtime.run(
+        agent_task(name, f"Add up the {marker}s", continue_as_new_after_steps=1)
+    )
+    first = await dev_env.client.get_workflow_handle(handle.id).describe()
+    await handle.result()
+    latest = (await dev_env.client.get_workflow_handle(handle.id).describe()).run_id
+    assert latest != first.run_id  # it continued as new
+    async with asyncio.timeout(60):  # until visibility lists the last run as closed
+        while not [
+            e
+            async for e in dev_env.client.list_workflows(
+                f'WorkflowId = "{handle.id}" AND ExecutionStatus = "Completed"'
+            )
+            if e.run_id == latest
+        ]:
+            await asyncio.sleep(0.1)
+    page = (await http.get("/console/api/tasks", params={"q": marker})).json()
+    assert [t["task"] for t in page["tasks"]] == [f"Add up the {marker}s"]
+    [row] = [t for t in (await http.get("/tasks")).json()["tasks"] if t["id"] == handle.id]
+    # When the client started it (the run's own start comes a moment later, at the server).
+    listed_start = datetime.fromisoformat(row["started_at"])
+    assert timedelta(0) <= first.start_time - listed_start < timedelta(seconds=5), row
 
 
 async def test_a_task_page_starts_from_its_whole_log_and_stream_head(
