@@ -47,7 +47,7 @@ from runtime.agent_runtime import (
     UnknownToolsError,
 )
 from runtime.pollers import cli_worker_identity, no_worker_note
-from runtime.render import LiveView, render_state
+from runtime.render import LiveView, render_state, visible, visible_json
 from runtime.settings import Settings
 from runtime.settings_errors import SettingsProblem, load_settings
 from runtime.streaming import StreamItem
@@ -86,7 +86,8 @@ TASK_STATUSES = [
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A line for the person at the terminal; what it quotes of a task is made `visible`."""
+    print(visible(message, indent=""), file=sys.stderr, flush=True)
 
 
 @contextlib.asynccontextmanager
@@ -142,7 +143,7 @@ async def follow(
     with shows_failed_attempts(view, handle.id, enabled=not as_json, tree=whole):
         async for item in runtime.stream(handle.id, since=since, follow=following, tree=whole):
             if as_json:
-                print(item.model_dump_json(), flush=True)
+                print(visible_json(item.model_dump_json()), flush=True)
             else:
                 view.show(item)
             below = item if isinstance(item, TreeItem) and item.path else None
@@ -201,7 +202,7 @@ async def _ask_question(handle: TaskHandle, question: QuestionAsked) -> None:
         _say(f"  {question.details}")
     choices = f" [{' / '.join(question.choices)}]" if question.choices else ""
     while True:
-        text = await asyncio.to_thread(input, f"answer{choices}> ")
+        text = await asyncio.to_thread(input, visible(f"answer{choices}> "))
         if not text.strip():
             continue
         try:
@@ -261,7 +262,9 @@ def shows_failed_attempts(
 
 
 async def _ask(handle: TaskHandle, request: ApprovalRequested) -> None:
-    answer = await asyncio.to_thread(input, f"approve {request.tool}? [y/N/message to reject] ")
+    # The live view has shown the call, with every argument in full when its summary cut one.
+    prompt = f"approve {visible(request.tool)}? [y/N/message to reject] "
+    answer = await asyncio.to_thread(input, prompt)
     answer = answer.strip()
     approve = answer.lower() in {"y", "yes"}
     message = None if approve or answer.lower() in {"", "n", "no"} else answer
@@ -369,7 +372,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         if args.quiet:
             code = await _final_status(handle)
             if code == 0:
-                print((await handle.result()).result)
+                print(visible((await handle.result()).result, indent=""))
             return code
         interactive = sys.stdin.isatty() and not args.json and args.on_approval == "ask"
         return await follow(
@@ -572,7 +575,7 @@ async def cmd_stream(args: argparse.Namespace, settings: Settings) -> int:
 
 def _emit(item: StreamItem, view: LiveView, as_json: bool) -> None:
     if as_json:
-        print(item.model_dump_json(), flush=True)
+        print(visible_json(item.model_dump_json()), flush=True)
     else:
         view.show(item)
 
@@ -592,12 +595,13 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         running = not state.finished
         queued = await handle.queued_messages(timedelta(seconds=args.timeout)) if running else []
     if args.json:
-        print(state.model_dump_json(indent=2))
+        print(visible_json(state.model_dump_json(indent=2)))
     else:
         print(render_state(state, args.id, await handle.tree(state)))
         for message in queued:
             who = f" from {message.sender}" if message.sender else ""
-            print(f"queued    [{message.message_id}]{who}: {message.content[:120]}")
+            said = visible(f"[{message.message_id}]{who}: {message.content}")
+            print(f"queued    {said[:200]}")
     if state.status == "running" and (note := await no_worker_note(client, settings.task_queue)):
         _say(note)
     return STATUS_EXIT_CODES.get(state.status, 0)
@@ -609,7 +613,7 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     async with hosted_worker(client, settings, args.worker, activities=False):
         events = await handle.events(args.since, within=timedelta(seconds=args.timeout))
     for event in events:
-        print(event.model_dump_json())
+        print(visible_json(event.model_dump_json()))
     return 0
 
 
@@ -619,7 +623,7 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     for task in tasks:
         step = task.step if task.step is not None else "?"
         started = task.started_at.strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{task.id:<28} {task.status:<17} step {step:<4} {started}")
+        print(f"{visible(task.id):<28} {task.status:<17} step {step:<4} {started}")
     if not tasks:
         _say("no tasks" + (f" with status {args.status}" if args.status else ""))
     return 0

@@ -47,7 +47,7 @@ from runtime.auto_repair import repair_now_and_then
 from runtime.settings import Settings
 from runtime.settings_errors import SettingsProblem, load_settings
 from runtime.stuck_notices import notify_stuck_now_and_then
-from runtime.temporal import connect
+from runtime.temporal import TemporalUnavailableError, connect
 from workflows.agent import AgentWorkflow
 from workflows.notifications import NotificationWorkflow
 
@@ -290,7 +290,13 @@ async def main() -> int:
     except WebhookConfigError as err:
         print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
         return 1
-    client = await connect(settings, side="worker")
+    try:
+        client = await connect(
+            settings, side="worker", wait_seconds=settings.worker_connect_wait_seconds
+        )
+    except TemporalUnavailableError as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
     try:
         worker = build_worker(client, settings)
         await worker.prepare()

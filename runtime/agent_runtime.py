@@ -13,7 +13,7 @@ import functools
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Literal, cast, overload
 
 from pydantic import TypeAdapter
@@ -62,7 +62,7 @@ from runtime.task_errors import (
     undecryptable,
     unreadable,
 )
-from runtime.task_list import InvalidPageTokenError, TaskSummary, list_page
+from runtime.task_list import InvalidPageTokenError, TaskSummary, first_start, list_page
 from runtime.task_log import TaskLog
 from runtime.task_tree import TaskTree, read_tree
 from runtime.tree_stream import InvalidCursorError, TreeCursor, TreeItem, TreeStream, parse_cursor
@@ -774,6 +774,7 @@ class AgentRuntime:
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 static_summary=_summary(task.task),
+                search_attributes=first_start(datetime.now(UTC)),
                 task_timeout=WORKFLOW_TASK_TIMEOUT,
             )
         except WorkflowAlreadyStartedError:  # a closed task with this id
@@ -941,6 +942,7 @@ class AgentRuntime:
             task_queue=self.settings.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=_summary(task.task),
+            search_attributes=first_start(datetime.now(UTC)),
             task_timeout=WORKFLOW_TASK_TIMEOUT,
         )
         return TaskHandle(self, fork_id, started)

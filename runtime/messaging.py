@@ -35,6 +35,7 @@ from runtime.commands import command
 from runtime.health import overview
 from runtime.pollers import polling_workers
 from runtime.task_errors import MessageRefusedError, TaskNotFoundError
+from runtime.task_list import first_start, task_origin
 from workflows import errors, search
 from workflows.agent import AgentWorkflow
 from workflows.models import AgentTask, Message
@@ -99,7 +100,9 @@ async def deliver(
                 )
                 return Delivery(closed, started=False)
             # Its first activity claims the turn (activities/turns.py), so two senders never
-            # both follow one answer.
+            # both follow one answer. The run carries the task's text and first start, which
+            # the task list shows (runtime/task_list.py), not the message's.
+            origin = await task_origin(client, task_id, seen.run_id)
             started = await client.start_workflow(
                 AgentWorkflow.run,
                 await _next_run(client, task_id, seen.run_id, task, task_queue),
@@ -109,7 +112,8 @@ async def deliver(
                 start_signal_args=[message],
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                static_summary=summary,
+                static_summary=origin.text or summary,
+                search_attributes=first_start(origin.started_at),
                 task_timeout=task_timeout,
             )
             return Delivery(started, started=True, stream_from=outcome.next_offset)

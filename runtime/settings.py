@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         description="Start the Temporal dev server (SQLite under data_dir) when none is reachable "
         "at a local address.",
     )
+    worker_connect_wait_seconds: float = Field(
+        default=60,
+        ge=0,
+        description="How long a worker that starts waits for Temporal to answer before it "
+        "gives up (a server restarting, or started after the worker).",
+    )
     worker_cached_tasks: int = Field(
         default=1000,
         ge=1,

@@ -21,7 +21,13 @@ from temporalio.service import RPCError
 
 from runtime.health import stuck
 from workflows import search
-from workflows.notice import NotificationTargets, StuckNote, notification_workflow_id, stuck_notice
+from workflows.notice import (
+    Notice,
+    NotificationTargets,
+    StuckNote,
+    notification_workflow_id,
+    stuck_notice,
+)
 from workflows.notifications import NotificationWorkflow
 from workflows.run import WORKFLOW_TYPE, AgentRun
 
@@ -29,39 +35,36 @@ logger = logging.getLogger("waystation.worker")
 
 
 async def task_text(client: Client, task_id: str, run_id: str) -> str:
-    """The task's text, from the run's input ("" for a run started with none)."""
+    """The task's text, from the run's input ("" for a run started with none, or one this
+    worker cannot decode: the notice goes out without it)."""
     handle = client.get_workflow_handle(task_id, run_id=run_id)
-    async for start in handle.fetch_history_events(page_size=1):
-        payloads = start.workflow_execution_started_event_attributes.input.payloads
-        [run] = await client.data_converter.decode(payloads, [AgentRun])
-        if isinstance(run, AgentRun) and run.task is not None:
-            return run.task.task
+    try:
+        async for start in handle.fetch_history_events(page_size=1):
+            payloads = start.workflow_execution_started_event_attributes.input.payloads
+            [run] = await client.data_converter.decode(payloads, [AgentRun])
+            if isinstance(run, AgentRun) and run.task is not None:
+                return run.task.task
+    except RPCError:
+        raise  # Temporal's answer, not the text's: the round looks again
+    except Exception as err:  # encrypted under a key this worker lacks, or not ours
+        logger.warning("task %s is stuck and its text cannot be read here: %s", task_id, err)
     return ""
 
 
 async def notify_stuck_tasks(
     client: Client, task_queue: str, targets: NotificationTargets
 ) -> list[str]:
-    """Start the notification of each stuck task of the queue not told yet; their ids."""
+    """Start the notification of each stuck task of the queue not told yet; their ids. A
+    task that cannot be told is logged and passed: the ones after it are told all the same."""
     query = f'WorkflowType="{WORKFLOW_TYPE}" AND TaskQueue="{task_queue}" AND {search.STUCK_QUERY}'
     told: list[str] = []
+    if not targets.wanting("stuck") or targets.retry is None:
+        return told
     async for execution in client.list_workflows(query):
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        history = await handle.fetch_history()
-        found = stuck(await handle.describe(), list(history.events))
-        if found is None:
-            continue  # visibility lags: it moves again
-        note = StuckNote(
-            run_id=execution.run_id,
-            problem=found.problem,
-            attempts=found.attempts,
-            reset_to_event=found.reset_to_event,
-        )
-        text = await task_text(client, execution.id, execution.run_id)
-        notice = stuck_notice(execution.id, text, note, targets)
-        if notice is None:
-            return told
         try:
+            notice = await _stuck_notice(client, execution.id, execution.run_id, targets)
+            if notice is None:
+                continue
             await client.start_workflow(
                 NotificationWorkflow.run,
                 notice,
@@ -71,9 +74,33 @@ async def notify_stuck_tasks(
             )
         except WorkflowAlreadyStartedError:
             continue  # told already, by this worker or another
+        except RPCError:
+            raise  # Temporal unreachable: the whole round waits for the next
+        except Exception:
+            logger.exception("could not tell that task %s is stuck; trying again", execution.id)
+            continue
         logger.warning("task %s is stuck: notified %s", execution.id, ", ".join(notice.endpoints))
         told.append(execution.id)
     return told
+
+
+async def _stuck_notice(
+    client: Client, task_id: str, run_id: str, targets: NotificationTargets
+) -> Notice | None:
+    """The notice of a listed task, or None when it is not stuck after all (visibility lags)
+    or no endpoint wants to know."""
+    handle = client.get_workflow_handle(task_id, run_id=run_id)
+    history = await handle.fetch_history()
+    found = stuck(await handle.describe(), list(history.events))
+    if found is None:
+        return None
+    note = StuckNote(
+        run_id=run_id,
+        problem=found.problem,
+        attempts=found.attempts,
+        reset_to_event=found.reset_to_event,
+    )
+    return stuck_notice(task_id, await task_text(client, task_id, run_id), note, targets)
 
 
 async def notify_stuck_now_and_then(

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field, ValidationError
+from temporalio.api.common.v1 import SearchAttributes
 from temporalio.api.common.v1 import WorkflowExecution as ExecutionRef
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.converter import decode_typed_search_attributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import reading
@@ -113,13 +116,14 @@ class _Listed:
 
     def summary(self) -> TaskSummary:
         e = self.execution
+        first_start = e.typed_search_attributes.get(search.AGENT_TASK_STARTED)
         return TaskSummary(
             id=e.id,
             status="stuck"
             if search.reports_stuck(e.search_attributes)
             else e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
             step=e.typed_search_attributes.get(search.AGENT_STEP),
-            started_at=e.start_time,
+            started_at=first_start or e.start_time,
             closed_at=e.close_time,
         )
 
@@ -185,6 +189,43 @@ class _Page:
             latest = await _latest_run(self._client, listed.id)
             self._latest[listed.id] = latest == listed.execution.run_id
         return self._latest[listed.id]
+
+
+def first_start(at: datetime) -> TypedSearchAttributes:
+    """The search attribute that says when a task first started, for each run a client
+    starts; a run continued as new keeps it, so a long task is listed by its first start."""
+    return TypedSearchAttributes([SearchAttributePair(search.AGENT_TASK_STARTED, at)])
+
+
+@dataclass(frozen=True)
+class TaskOrigin:
+    """What a run that follows another one of the task carries from it, so the task is
+    listed by its own text and first start, not by the run's."""
+
+    started_at: datetime
+    text: str | None
+
+
+async def task_origin(client: Client, task_id: str, run_id: str) -> TaskOrigin:
+    """The task's first start time and text (its summary), as run `run_id` has them: set on
+    it by the client when it followed an earlier run, else its own. Read without decoding
+    the other search attributes (see runtime.health.TaskOverview)."""
+    request = DescribeWorkflowExecutionRequest(
+        namespace=client.namespace, execution=ExecutionRef(workflow_id=task_id, run_id=run_id)
+    )
+    raw = await reading(lambda: client.workflow_service.describe_workflow_execution(request))
+    info = raw.workflow_execution_info
+    started = info.start_time.ToDatetime(tzinfo=UTC)
+    name = search.AGENT_TASK_STARTED.name
+    if name in info.search_attributes.indexed_fields:
+        only = SearchAttributes(indexed_fields={name: info.search_attributes.indexed_fields[name]})
+        started = decode_typed_search_attributes(only).get(search.AGENT_TASK_STARTED) or started
+    text = None
+    if raw.execution_config.user_metadata.HasField("summary"):
+        summary = raw.execution_config.user_metadata.summary
+        [decoded] = await client.data_converter.decode([summary], [str])
+        text = decoded if isinstance(decoded, str) and decoded else None
+    return TaskOrigin(started, text)
 
 
 async def _latest_run(client: Client, task_id: str) -> str | None:

@@ -14,13 +14,14 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def temporal_binary() -> str:
 
 def search_attribute_flags() -> list[str]:
     flags: list[str] = []
-    for key in search.ALL:
+    for key in search.REGISTERED:
         flags += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.indexed_value_type]}"]
     return flags
 
@@ -239,7 +240,7 @@ class DevServer:
 
 async def ensure_search_attributes(client: Client) -> None:
     """Register the agent search attributes on the client's namespace if missing."""
-    wanted: dict[str, Any] = {key.name: int(key.indexed_value_type) for key in search.ALL}
+    wanted: dict[str, Any] = {key.name: int(key.indexed_value_type) for key in search.REGISTERED}
     try:
         existing = await client.operator_service.list_search_attributes(
             ListSearchAttributesRequest(namespace=client.namespace)
@@ -262,28 +263,59 @@ async def ensure_search_attributes(client: Client) -> None:
 SERVER_STARTUP_GRACE_SECONDS = 30.0
 
 
-async def connect_when_serving(**connect_args: Any) -> Client:
-    """Client.connect, waiting out a server that listens but is still starting up.
+def _reason(error: str) -> str:
+    """The readable end of a connection error ("Connection refused"), else all of it."""
+    found = re.search(r'message: "([^"]+)"', error)
+    return found.group(1) if found else error
+
+
+# How Client.connect says that nothing answers at the address (yet): refused, reset, no route.
+_UNREACHABLE = "Server connection error"
+
+
+async def connect_when_serving(
+    *,
+    wait_unreachable: float = 0.0,
+    waiting: Callable[[str], None] | None = None,
+    **connect_args: Any,
+) -> Client:
+    """Client.connect, waiting out a server that listens but is still starting up, and (for
+    up to `wait_unreachable` seconds) one that does not answer yet; `waiting` is told once,
+    with the reason, when the wait begins.
 
     A freshly started server accepts connections before its frontend is healthy and
     answers "Frontend is not healthy yet" for a moment; that is a wait, not a failure.
     """
-    deadline = time.monotonic() + SERVER_STARTUP_GRACE_SECONDS
+    started = time.monotonic()
+    told = False
     while True:
         try:
             return await Client.connect(**connect_args)
         except RuntimeError as err:
-            if "not healthy" not in str(err) or time.monotonic() > deadline:
+            elapsed = time.monotonic() - started
+            starting_up = "not healthy" in str(err) and elapsed < SERVER_STARTUP_GRACE_SECONDS
+            unreachable = _UNREACHABLE in str(err) and elapsed < wait_unreachable
+            if not (starting_up or unreachable):
                 raise
+            if unreachable and waiting is not None and not told:
+                waiting(str(err))
+                told = True
         await asyncio.sleep(0.2)
 
 
 async def connect(
-    settings: Settings, *, log: bool = True, start_server: bool = True, side: Side = "client"
+    settings: Settings,
+    *,
+    log: bool = True,
+    start_server: bool = True,
+    side: Side = "client",
+    wait_seconds: float = 0.0,
 ) -> Client:
     """A client with the pydantic converter (for a worker's use with `side="worker"`);
     starts the embedded server when it is needed, unless `start_server` is false (a
-    command that only reads leaves a stopped one stopped)."""
+    command that only reads leaves a stopped one stopped). `wait_seconds`: how long a server
+    that does not answer yet is waited for (a worker started before, or while, Temporal
+    restarts), saying so once on stderr."""
     config = connect_config(settings)
     target = str(config["target_host"])
     host, _, port = target.rpartition(":")
@@ -305,12 +337,22 @@ async def connect(
             await asyncio.to_thread(server.start)
     try:
         client = await connect_when_serving(
+            wait_unreachable=wait_seconds,
+            waiting=lambda reason: print(
+                f"Temporal at {target} does not answer yet; waiting up to {wait_seconds:g} s "
+                f"for it ({_reason(reason)})",
+                file=sys.stderr,
+                flush=True,
+            ),
             data_converter=data_converter(settings.payload_codec(), side),
             interceptors=tracing_interceptors(settings),
             **config,
         )
     except RuntimeError as err:
-        raise TemporalUnavailableError(f"cannot connect to Temporal at {target}: {err}") from err
+        waited = f" (waited {wait_seconds:g} s)" if wait_seconds else ""
+        raise TemporalUnavailableError(
+            f"cannot connect to Temporal at {target}{waited}: {_reason(str(err))}"
+        ) from err
     with contextlib.suppress(RPCError):  # Temporal Cloud registers them through its own API
         await ensure_search_attributes(client)
     return client

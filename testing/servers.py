@@ -23,7 +23,7 @@ async def start_dev_env(log_level: str = "warn") -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_binary(),
-        search_attributes=search.ALL,
+        search_attributes=search.REGISTERED,
         dev_server_extra_args=list(DEV_SERVER_TUNING),
         dev_server_log_level=log_level,
         dev_server_startup_timeout=DEV_SERVER_STARTUP,

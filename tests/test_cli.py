@@ -675,3 +675,27 @@ async def test_an_output_schema_that_is_not_one_is_refused_before_anything_start
     assert code == 0, err
     code, out, err = await starter(dev_env, settings, "status", "typed-cli")
     assert "output    n  42" in out, out
+
+
+async def test_a_pending_call_is_shown_whole_and_inert_by_run_and_status(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    # Shown raw, `\r` and erase-line leave `ls -la` on the screen; the long tail would be cut.
+    command_line = "touch /tmp/pwned #\r\x1b[2Kls -la; echo " + "x" * 120 + " && rm -rf ~/work"
+    model = fake_openai.script(
+        [tools(("run_shell", {"command": command_line}), content="ok\x1b]52;c;cHduZWQ=\x07")]
+    )
+    run = ("run", "--id", "cli-hidden", "--model", model, "tidy up")
+    code, out, err = await starter(dev_env, settings, *run, endpoint=fake_openai)
+    assert code == 3, err
+    code, status, err = await starter(dev_env, settings, "status", "cli-hidden")
+    assert code == 3, err
+    for shown in (out, status, err):
+        assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown, repr(shown)
+    for shown in (out, status):
+        assert "#\\r\\u001b[2Kls -la" in shown and "rm -rf ~/work" in shown, shown
+    assert "ok\\x1b]52;c;cHduZWQ=\\x07" in out
+    code, as_json, _ = await starter(dev_env, settings, "status", "cli-hidden", "--json")
+    assert code == 3 and "\x1b" not in as_json and "\r" not in as_json
+    [pending] = json.loads(as_json)["pending_approvals"].values()
+    assert pending["arguments"]["command"] == command_line  # the same JSON, escaped

@@ -8,6 +8,7 @@ import json
 import re
 import socket
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 from urllib.parse import quote
@@ -201,6 +202,89 @@ async def test_tasks_are_listed_with_their_text_and_found_by_it(
     stuck = await http.get("/console/api/tasks", params={"status": "stuck"})
     assert stuck.status_code == 200
     assert (await http.get("/console/api/tasks", params={"status": "nope"})).status_code == 422
+
+
+async def test_a_followed_up_task_is_listed_by_its_own_text_and_first_start_in_any_process(
+    dev_env: WorkflowEnvironment,
+    http: httpx.AsyncClient,
+    fake_openai: FakeOpenAI,
+    console_runtime: AgentRuntime,
+) -> None:
+    name = fake_openai.script(lambda body: text("done"))
+    runtime = console_runtime
+    marker = f"okapi-{_free_port()}"
+    handle = await runtime.run(agent_task(name, f"Count the {marker}s"))
+    await handle.result()
+
+    async def listed(client: httpx.AsyncClient) -> dict[str, Any] | None:
+        page = (await client.get("/console/api/tasks", params={"q": marker})).json()
+        found: list[dict[str, Any]] = [t for t in page["tasks"] if t["id"] == handle.id]
+        return found[0] if found else None
+
+    async with asyncio.timeout(60):
+        while (before := await listed(http)) is None:  # and this API process remembers it
+            await asyncio.sleep(0.1)
+    first_start = before["started_at"]
+    followed = await handle.send("and the zebras too")
+    await followed.result()
+    latest = (await dev_env.client.get_workflow_handle(handle.id).describe()).run_id
+    async with asyncio.timeout(60):  # until visibility lists the follow-up's run as closed
+        while not [
+            e
+            async for e in dev_env.client.list_workflows(
+                f'WorkflowId = "{handle.id}" AND ExecutionStatus = "Completed"'
+            )
+            if e.run_id == latest
+        ]:
+            await asyncio.sleep(0.1)
+
+    fresh = Api(runtime)  # another API process: nothing remembered
+    try:
+        async with await fresh.start() as other:
+            for client in (http, other):
+                task = await listed(client)
+                assert task is not None, "the task is listed by its own text"
+                assert task["task"] == f"Count the {marker}s"
+                assert task["started_at"] == first_start
+                [row] = [
+                    t for t in (await client.get("/tasks")).json()["tasks"] if t["id"] == handle.id
+                ]
+                assert row["started_at"] == first_start
+    finally:
+        await fresh.stop()
+
+
+async def test_a_task_continued_as_new_is_listed_by_its_own_text_and_first_start(
+    dev_env: WorkflowEnvironment,
+    http: httpx.AsyncClient,
+    fake_openai: FakeOpenAI,
+    console_runtime: AgentRuntime,
+) -> None:
+    calls = [tools(("calculator", {"expression": f"{n} + 1"})) for n in range(3)]
+    name = fake_openai.script([*calls, text("done")])
+    marker = f"tapir-{_free_port()}"
+    handle = await console_runtime.run(
+        agent_task(name, f"Add up the {marker}s", continue_as_new_after_steps=1)
+    )
+    first = await dev_env.client.get_workflow_handle(handle.id).describe()
+    await handle.result()
+    latest = (await dev_env.client.get_workflow_handle(handle.id).describe()).run_id
+    assert latest != first.run_id  # it continued as new
+    async with asyncio.timeout(60):  # until visibility lists the last run as closed
+        while not [
+            e
+            async for e in dev_env.client.list_workflows(
+                f'WorkflowId = "{handle.id}" AND ExecutionStatus = "Completed"'
+            )
+            if e.run_id == latest
+        ]:
+            await asyncio.sleep(0.1)
+    page = (await http.get("/console/api/tasks", params={"q": marker})).json()
+    assert [t["task"] for t in page["tasks"]] == [f"Add up the {marker}s"]
+    [row] = [t for t in (await http.get("/tasks")).json()["tasks"] if t["id"] == handle.id]
+    # When the client started it (the run's own start comes a moment later, at the server).
+    listed_start = datetime.fromisoformat(row["started_at"])
+    assert timedelta(0) <= first.start_time - listed_start < timedelta(seconds=5), row
 
 
 async def test_a_task_page_starts_from_its_whole_log_and_stream_head(

@@ -8,9 +8,12 @@ log, the task's events or a process's end, never on the clock.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.notify.config import WebhookConfigError
+from activities.notify.payloads import slack_body
 from runtime.agent_runtime import AgentRuntime
 from runtime.settings import Settings
 from runtime.stuck_notices import notify_stuck_tasks
@@ -34,7 +38,14 @@ from tests.test_never_stuck import (
     shell_steps,
     stuck_on_todays_build,
 )
-from workflows.notice import NOTIFICATION_WORKFLOW_TYPE, DeliveryReport, NotificationTargets
+from tests.test_resume_fork_edges import KEY_1, client_for, with_keys
+from workflows.events import ApprovalRequested
+from workflows.notice import (
+    NOTIFICATION_WORKFLOW_TYPE,
+    DeliveryReport,
+    NotificationTargets,
+    notice_of,
+)
 
 SECRET = "whsec-" + secrets.token_hex(16)
 CONSOLE = "http://console.example:8000"
@@ -620,3 +631,65 @@ def test_a_slack_endpoint_needs_no_secret_and_a_file_holds_the_same_list(tmp_pat
     assert endpoint.shown()["url"] == "https://hooks.slack.com/****"
     with pytest.raises(WebhookConfigError, match="WAYSTATION_CONSOLE_URL must be an http"):
         Settings(console_url="localhost:8000").webhook_endpoints()
+
+
+@pytest.mark.long(minutes=0.8)
+async def test_every_stuck_task_is_told_even_without_a_repair_point_or_a_readable_text(
+    dev_env: WorkflowEnvironment, settings: Settings, receiver: WebhookReceiver, spawn: Spawn
+) -> None:
+    # The worker lacks the key the tasks are encrypted with: each is stuck on its first
+    # workflow task (no repair point) and its text cannot be decoded there.
+    await spawn(
+        webhook_env(
+            endpoint("ops", receiver, ["stuck"]), WAYSTATION_WEBHOOK_STUCK_CHECK_SECONDS="0.2"
+        )
+    )
+    secure = with_keys(settings, {"k1": KEY_1}, "k1")
+    runtime = AgentRuntime(await client_for(dev_env, secure), secure)
+    ids = {"stuck-first-a", "stuck-first-b"}
+    for task_id in sorted(ids):
+        await runtime.run(agent_task("offline", "add 2+2"), task_id=task_id)
+    told = await receiver.until(lambda rs: {r.json()["task"]["id"] for r in rs} >= ids, "ops", 120)
+    for request in told:
+        notice = request.json()
+        assert signature_valid(SECRET, request)
+        assert notice["kind"] == "stuck" and notice["task"]["text"] == ""
+        assert notice["stuck"]["reset_to_event"] is None and notice["actions"] == []
+        task_id, run_id = notice["task"]["id"], notice["stuck"]["run_id"]
+        assert request.key == notice["key"] == f"{task_id}:stuck:{run_id}:start"
+    assert len(told) == len(ids)
+
+
+@pytest.mark.parametrize("size", [8_000, 400_000])
+def test_a_slack_approval_notice_holds_the_whole_call_or_says_what_it_left_out(
+    size: int,
+) -> None:
+    command = "echo <start> & " + "y" * size + " && rm -rf ~/the-end"
+    requested = ApprovalRequested(
+        seq=2,
+        step=1,
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+        request_id="1-call_1_0",
+        call_id="call_1",
+        tool="run_shell",
+        arguments={"command": command},
+        reason="run_shell needs approval",
+    )
+    notice = notice_of(
+        requested,
+        "slack-long",
+        "tidy up",
+        NotificationTargets(
+            endpoints={"team": ["approval_requested"]}, retry=Settings().webhook_retry()
+        ),
+    )
+    assert notice is not None
+    message = slack_body(notice, CONSOLE)
+    assert slack_shape_problems(message) == []
+    sections = [b["text"]["text"] for b in message["blocks"] if b["type"] == "section"]
+    shown = "".join(re.findall(r"```(.*?)```", "".join(sections), re.DOTALL))
+    if size < 100_000:  # all of it, in order, however many sections it takes
+        assert json.loads(html.unescape(shown)) == {"command": command}
+    else:
+        assert "rm -rf ~/the-end" not in shown
+        assert any("more characters, not shown here" in s for s in sections), sections[-2:]

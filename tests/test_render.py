@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,10 +18,18 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.attempt_step import failures_name_step
-from runtime.render import LiveView
+from runtime.render import LiveView, render_state, visible_json
 from runtime.streaming import StreamItem
 from runtime.worker_log import AttemptFailure, attempt_failure
-from workflows.events import ApprovalResolved, TaskStarted, Thought
+from workflows.events import (
+    AgentState,
+    ApprovalRequested,
+    ApprovalResolved,
+    Done,
+    PendingApproval,
+    TaskStarted,
+    Thought,
+)
 from workflows.models import AgentTask, ModelSettings
 from workflows.options import RETRY_SAFE_TOOL
 from workflows.stream import LlmAttemptStarted, TokenDelta
@@ -162,3 +172,112 @@ def test_a_late_attempt_of_a_retry_safe_tool_call_says_when_it_is_tried_again() 
     assert failure.describe() == (
         "attempt 60 of 100 failed: the database cannot be reached; next try in 10 s"
     )
+
+
+# A command that shows as `ls -la` on a terminal (`\r` and erase-line hide the start), a
+# clipboard write (OSC 52), a title change, and text that reorders itself (RLO).
+HIDDEN = "touch /tmp/pwned #\r\x1b[2Kls -la"
+CLIPBOARD = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
+REORDERED = "safe\u202eexe.txt"
+LONG = "echo " + "x" * 150 + " && rm -rf ~/project-that-matters"
+
+
+def pending_request(arguments: dict[str, Any]) -> ApprovalRequested:
+    return ApprovalRequested(
+        seq=2,
+        step=1,
+        at=AT,
+        request_id="1-call\x1b[8m_1_0",
+        call_id="call_1",
+        tool="run_shell",
+        arguments=arguments,
+        reason="run_shell needs approval",
+    )
+
+
+def our_own_escapes_only(shown: str) -> None:
+    """Nothing a terminal acts on but the view's own colours."""
+    bare = re.sub(r"\x1b\[[0-9;]*m", "", shown)
+    assert not [c for c in bare if ord(c) < 0x20 and c not in "\n\t"], repr(bare)
+    assert not [c for c in bare if 0x7F <= ord(c) <= 0x9F or c == "\u202e"], repr(bare)
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_control_characters_from_a_task_are_shown_as_escapes_and_do_nothing(color: bool) -> None:
+    out = io.StringIO()
+    view = LiveView(out, color=color)
+    task = AgentTask(task=f"check {CLIPBOARD}the files", model=ModelSettings(name="m"))
+    items: list[Any] = [
+        TaskStarted(seq=0, step=0, at=AT, task_id="task\x1b]0;owned\x07-1", task=task),
+        TokenDelta(step=1, attempt=1, index=0, text=f"let me look {CLIPBOARD}"),
+        Thought(seq=1, step=2, at=AT, content=f"first line\nsecond {REORDERED} — café ✓ 日本"),
+        pending_request({"command": HIDDEN}),
+        Done(seq=3, step=2, at=AT, result=f"all\rdone {CLIPBOARD}"),
+    ]
+    for offset, item in enumerate(items):
+        topic = "tokens" if isinstance(item, TokenDelta) else "events"
+        view.show(StreamItem(offset=offset, topic=topic, data=item))
+    shown = out.getvalue()
+    our_own_escapes_only(shown)
+    assert "#\\r\\x1b[2Kls -la" in shown  # the whole command, escapes visible
+    assert "\\x1b]52;c;ZWNobyBwd25lZA==\\x07" in shown
+    assert "task\\x1b]0;owned\\x07-1" in shown and "1-call\\x1b[8m_1_0" in shown
+    assert "safe\\u202eexe.txt" in shown and "café ✓ 日本" in shown
+    assert "all\\rdone" in shown
+    # A newline of the model's text stays, and what follows it is indented: it cannot pass
+    # for a line of the view's own.
+    assert "first line\n    second" in shown
+
+
+def test_status_shows_control_characters_as_escapes() -> None:
+    state = AgentState(status="waiting_approval", step=1, result=f"so{CLIPBOARD}")
+    state.pending_approvals["r"] = PendingApproval(
+        request_id="r",
+        call_id="call_1",
+        tool="run_shell",
+        arguments={"command": HIDDEN},
+        reason="run_shell needs approval\nstatus    done",
+        requested_at=AT,
+        step=1,
+    )
+    shown = render_state(state, "task\r-1")
+    our_own_escapes_only(shown)
+    assert "task\\r-1" in shown and "#\\r\\x1b[2Kls -la" in shown
+    assert "\nstatus    done" not in shown  # the reason's newline goes on indented
+
+
+def test_an_approval_shows_every_argument_whole_before_anyone_decides() -> None:
+    arguments = {"command": LONG, "timeout_seconds": 30, "cwd": "scratch"}
+    _, out = view_of(started(), pending_request(arguments))
+    shown = out.getvalue()
+    assert "rm -rf ~/project-that-matters" in shown, shown
+    # The summary line stays short; the whole call follows it, each argument as it is.
+    summary = next(line for line in shown.splitlines() if "approval needed" in line)
+    assert "rm -rf" not in summary and "…" in summary
+    assert json.dumps(LONG) in shown and '"timeout_seconds": 30' in shown
+
+    state = AgentState(status="waiting_approval", step=1)
+    state.pending_approvals["r"] = PendingApproval(
+        request_id="r",
+        call_id="call_1",
+        tool="run_shell",
+        arguments=arguments,
+        reason="needs approval",
+        requested_at=AT,
+        step=1,
+    )
+    assert json.dumps(LONG) in render_state(state, "task-1")
+
+
+def test_a_short_call_is_one_line() -> None:
+    _, out = view_of(started(), pending_request({"command": "ls -la"}))
+    assert "in full" not in out.getvalue()
+    assert "run_shell(command=ls -la)" in out.getvalue()
+
+
+def test_json_output_stays_the_same_json_with_nothing_a_terminal_acts_on() -> None:
+    value = {"command": HIDDEN, "c1": "a\x9b31mb\x7f", "rlo": REORDERED, "ok": "café\n日本"}
+    for indent in (None, 2):
+        shown = visible_json(json.dumps(value, ensure_ascii=False, indent=indent))
+        our_own_escapes_only(shown)
+        assert json.loads(shown) == value

@@ -70,7 +70,15 @@ class StuckNote(Contract):
     run_id: str
     problem: str
     attempts: int
-    reset_to_event: int = Field(description="The failure point: where a repair resets it to.")
+    reset_to_event: int | None = Field(
+        description="The failure point: where a repair resets it to; None when its first "
+        "workflow task fails (nothing to reset to: a repair cannot help)."
+    )
+
+    @property
+    def point(self) -> str:
+        """The failure point in keys and ids: the event id, or `start`."""
+        return "start" if self.reset_to_event is None else str(self.reset_to_event)
 
 
 class Notice(Contract):
@@ -158,7 +166,7 @@ def stuck_notice(
     if not endpoints or targets.retry is None:
         return None
     return Notice(
-        key=f"{task_id}:stuck:{stuck.run_id}:{stuck.reset_to_event}",
+        key=f"{task_id}:stuck:{stuck.run_id}:{stuck.point}",
         kind="stuck",
         task_id=task_id,
         task=shortened(task, NOTICE_TASK_CHARS),
@@ -173,7 +181,7 @@ def notification_workflow_id(notice: Notice) -> str:
     from its run and failure point), so a parent that replays, is repaired, or several
     workers watching one stuck task, start it once."""
     if notice.stuck is not None:
-        point = f"stuck-{notice.stuck.run_id}-{notice.stuck.reset_to_event}"
+        point = f"stuck-{notice.stuck.run_id}-{notice.stuck.point}"
     else:
         point = str(notice.event.seq if notice.event is not None else notice.key)
     return f"{notice.task_id}/notify/{point}"

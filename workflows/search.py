@@ -23,6 +23,12 @@ AGENT_MODEL = SearchAttributeKey.for_keyword("AgentModel")
 AGENT_WAITING_SINCE = SearchAttributeKey.for_datetime("AgentWaitingSince")
 
 ALL = (AGENT_STATUS, AGENT_STEP, AGENT_MODEL, AGENT_WAITING_SINCE)
+# When the task first started, set by the client on each run it starts (a follow-up's carries
+# the task's) and kept by a run continued as new: visibility's StartTime is the run's, and a
+# task is listed by its own.
+AGENT_TASK_STARTED = SearchAttributeKey.for_datetime("AgentTaskStarted")
+# What a namespace must have registered: the workflow's own attributes and the client's.
+REGISTERED = (*ALL, AGENT_TASK_STARTED)
 
 # Temporal's own attribute for a workflow whose workflow task keeps failing or timing out
 # (a nondeterminism error, a bug in a new version): such a task is stuck. Closed runs keep

@@ -20,6 +20,14 @@ RESULT_CHARS = 2_000
 SLACK_SECTION_CHARS = 3_000
 SLACK_BUTTON_CHARS = 75
 SLACK_CONTEXT_ELEMENTS = 10
+# A message holds at most 50 blocks: the arguments of a call to approve take up to this many
+# sections, and a tool's name shown beside them up to this many characters.
+SLACK_ARGUMENT_SECTIONS = 40
+SLACK_TOOL_NAME_CHARS = 200
+NO_REPAIR_POINT = (
+    "It has no repair point: its first workflow task fails, so a repair has nothing to reset "
+    "it to. A worker that can run it (the code or the encryption keys it needs) moves it on."
+)
 _HEADLINES = {
     "approval_requested": "needs an approval",
     "question_asked": "asks a question",
@@ -54,7 +62,8 @@ def actions(notice: Notice) -> list[dict[str, Any]]:
     if isinstance(event, Failed):
         return [call("resume", "resume", {})]
     if notice.stuck is not None:
-        return [call("repair", "repair", {})]
+        # Without a repair point a repair is refused: nothing a call can do.
+        return [call("repair", "repair", {})] if notice.stuck.reset_to_event is not None else []
     return []
 
 
@@ -123,6 +132,32 @@ def mrkdwn_escaped(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _code_sections(text: str) -> list[str]:
+    """`text` as escaped code blocks, each fitting a section, so the whole of it is in the
+    message (a person may decide on it from there); past SLACK_ARGUMENT_SECTIONS, a last
+    section says how much is left out and where to read it whole."""
+    room = SLACK_SECTION_CHARS - len("*Tool:* ``\n``````") - SLACK_TOOL_NAME_CHARS
+    sections: list[str] = []
+    piece: list[str] = []
+    used = 0
+    for at, char in enumerate(text):
+        escaped = mrkdwn_escaped(char)
+        if used + len(escaped) > room:
+            if len(sections) == SLACK_ARGUMENT_SECTIONS - 1:
+                left = len(text) - at
+                sections.append(
+                    f"_The arguments go on for {left:,} more characters, not shown here: "
+                    "read them whole in the console or the API before deciding._"
+                )
+                return sections
+            sections.append("```" + "".join(piece) + "```")
+            piece, used = [], 0
+        piece.append(escaped)
+        used += len(escaped)
+    sections.append("```" + "".join(piece) + "```")
+    return sections
+
+
 def _section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text[:SLACK_SECTION_CHARS]}}
 
@@ -131,8 +166,10 @@ def _what(notice: Notice) -> list[str]:
     """The mrkdwn paragraphs that say what happened."""
     event = notice.event
     if isinstance(event, ApprovalRequested):
-        arguments = shortened(json.dumps(event.arguments, ensure_ascii=False, indent=1), 2_500)
-        said = [f"*Tool:* `{mrkdwn_escaped(event.tool)}`\n```{mrkdwn_escaped(arguments)}```"]
+        arguments = json.dumps(event.arguments, ensure_ascii=False, indent=1)
+        first, *more = _code_sections(arguments)
+        tool = mrkdwn_escaped(shortened(event.tool, SLACK_TOOL_NAME_CHARS // 5))
+        said = [f"*Tool:* `{tool}`\n{first}", *more]
         if event.reason:
             said.append(f"*Why it asks:* {mrkdwn_escaped(shortened(event.reason, 1_000))}")
         return said
@@ -149,10 +186,13 @@ def _what(notice: Notice) -> list[str]:
         return [f"*{mrkdwn_escaped(event.kind)}:* {mrkdwn_escaped(shortened(event.reason, 2_800))}"]
     if notice.stuck is not None:
         problem = shortened(notice.stuck.problem, 2_500)
-        return [
+        said = [
             f"Its workflow task failed {notice.stuck.attempts} times in a row: "
             f"{mrkdwn_escaped(problem)}"
         ]
+        if notice.stuck.reset_to_event is None:
+            said.append(NO_REPAIR_POINT)
+        return said
     return []
 
 

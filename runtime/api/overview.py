@@ -17,7 +17,8 @@ from runtime.api.paging import decode_page_token, encode_page_token
 from runtime.api.paths import TASK
 from runtime.api.tasks import TaskId
 from workflows.events import AgentEvent
-from workflows.models import AgentTask, ApprovalRule
+from workflows.models import ApprovalRule
+from workflows.run import AgentRun
 
 router = APIRouter(tags=["console"])
 
@@ -95,8 +96,8 @@ def remembered(request: Request, name: str) -> OrderedDict[str, Any]:
 
 
 async def read_task_text(runtime: AgentRuntime, task_id: str) -> str:
-    """A task's text: the summary it was started with, or (a fork has none) the task in its
-    run's first history event. Needs Temporal only, never a worker."""
+    """A task's text: the summary its latest run was started with, or (a run continued as new
+    has none) the task in the run's input. Needs Temporal only, never a worker."""
     description = await runtime.get(task_id).describe()
     summary = await description.static_summary()
     if summary:
@@ -105,8 +106,9 @@ async def read_task_text(runtime: AgentRuntime, task_id: str) -> str:
     async for event in history:
         payloads = event.workflow_execution_started_event_attributes.input.payloads
         if payloads:
-            [task] = await runtime.client.data_converter.decode([payloads[0]], [AgentTask])
-            return " ".join(task.task.split())[:200] if isinstance(task, AgentTask) else ""
+            [run] = await runtime.client.data_converter.decode([payloads[0]], [AgentRun])
+            task = run.task if isinstance(run, AgentRun) else None
+            return " ".join(task.task.split())[:200] if task is not None else ""
         break
     return ""
 

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime, TaskHandle
+from runtime.pollers import polling_workers
 from runtime.settings import Settings
 from runtime.temporal import (
     DEV_SERVER_TUNING,
@@ -184,6 +185,9 @@ async def test_the_flaky_agent_ends_like_a_clean_run(
     assert retried, "no LLM call failed: the flaky model did not bite"
 
 
+START_ATTEMPTS = 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,41 +195,74 @@ def _free_port() -> int:
 
 
 class OwnDevServer:
-    """A dev server on an SQLite file, which this test may stop and start again."""
+    """A dev server on an SQLite file, which this test may stop and start again.
+
+    Started means that its own process answers on the port and is still alive. A port free
+    when it was picked can be taken before the server binds it (by another server, or as
+    the local end of any connection); so can one of the five other ports the dev server
+    picks and binds by itself, after its frontend already listens, and then it exits. Seen
+    at load 10: the test's client reached the server before it died, its worker did not.
+    A start that fails so is tried again (on a new port, the first time), and the server's
+    own output says why.
+    """
 
     def __init__(self, database: Path) -> None:
         self.database = database
+        self.log = database.with_suffix(".log")
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                temporal_binary(),
-                "server",
-                "start-dev",
-                "--headless",
-                "--db-filename",
-                str(self.database),
-                "--port",
-                str(self.port),
-                "--ip",
-                "127.0.0.1",
-                "--log-level",
-                "error",
-                *DEV_SERVER_TUNING,
-                *search_attribute_flags(),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    def start(self, *, new_port_if_taken: bool = False) -> None:
+        for _ in range(START_ATTEMPTS):
+            if self._started():
+                return
+            if new_port_if_taken:
+                self.port = _free_port()
+        raise RuntimeError(f"dev server did not start:\n{self.log.read_text(errors='replace')}")
+
+    def _started(self) -> bool:
+        with open(self.log, "ab") as log:
+            process = self.process = subprocess.Popen(
+                [
+                    temporal_binary(),
+                    "server",
+                    "start-dev",
+                    "--headless",
+                    "--db-filename",
+                    str(self.database),
+                    "--port",
+                    str(self.port),
+                    "--ip",
+                    "127.0.0.1",
+                    "--log-level",
+                    "error",
+                    *DEV_SERVER_TUNING,
+                    *search_attribute_flags(),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
+        while time.monotonic() < deadline and process.poll() is None:
+            if pid_with_local_port(self.port, [process.pid]) == process.pid and self._healthy():
+                return process.poll() is None
             time.sleep(0.1)
-        raise RuntimeError("dev server did not start")
+        self.stop()
+        return False
+
+    def _healthy(self) -> bool:
+        answer = subprocess.run(
+            [temporal_binary(), "operator", "cluster", "health", "--address", self.address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return "SERVING" in answer.stdout
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         if self.process is not None:
@@ -233,10 +270,17 @@ class OwnDevServer:
             self.process.wait()
 
 
+async def until_polled(client: Client, task_queue: str) -> None:
+    """Until the server says a worker polls the task queue for workflow tasks."""
+    async with asyncio.timeout(60):
+        while not await polling_workers(client, task_queue, "workflow"):
+            await asyncio.sleep(0.1)
+
+
 @pytest.fixture
 async def own_server(tmp_path: Path) -> AsyncIterator[OwnDevServer]:
     server = OwnDevServer(tmp_path / "temporal.db")
-    server.start()
+    server.start(new_port_if_taken=True)
     yield server
     server.stop()
 
@@ -246,12 +290,12 @@ async def test_dev_server_restart_mid_run(
 ) -> None:
     """The server goes down while every task provably has a model stream held open."""
     client = await connect_when_serving(
-        target_host=f"127.0.0.1:{own_server.port}", data_converter=pydantic_data_converter
+        target_host=own_server.address, data_converter=pydantic_data_converter
     )
     await ensure_search_attributes(client)
     runtime = AgentRuntime(client, settings)
-    address = f"127.0.0.1:{own_server.port}"
-    worker = await WorkerProcess(address, settings).ready()
+    worker = await WorkerProcess(own_server.address, settings).ready()
+    await until_polled(client, settings.task_queue)  # the server knows the worker: it is up
     indices = (300, 301, 302)
     gates = Gates(settings.workspace_dir)
     held = [gates.hold_stream(i) for i in indices]
@@ -275,3 +319,44 @@ async def test_dev_server_restart_mid_run(
     finally:
         gates.release_all()
         worker.kill()
+
+
+async def test_a_worker_started_before_its_server_waits_for_it_and_then_serves(
+    tmp_path: Path, settings: Settings
+) -> None:
+    server = OwnDevServer(tmp_path / "temporal.db")  # its port picked, nothing listens yet
+    worker = WorkerProcess(server.address, settings)
+    try:
+        async with asyncio.timeout(60):
+            while "does not answer yet" not in worker.log.read_text():
+                assert worker.process.poll() is None, worker.log.read_text()
+                await asyncio.sleep(0.05)
+        server.start()
+        await worker.ready()
+        log = worker.log.read_text()
+        waited = f"Temporal at {server.address} does not answer yet; waiting up to 60 s for it"
+        assert f"{waited} (Connection refused)" in log, log
+        assert "Traceback" not in log, log
+        client = await connect_when_serving(
+            target_host=server.address, data_converter=pydantic_data_converter
+        )
+        await until_polled(client, settings.task_queue)
+    finally:
+        worker.kill()
+        server.stop()
+
+
+async def test_a_worker_whose_server_never_answers_gives_up_in_one_line(
+    settings: Settings,
+) -> None:
+    address = f"127.0.0.1:{_free_port()}"
+    worker = WorkerProcess(address, settings, {"WAYSTATION_WORKER_CONNECT_WAIT_SECONDS": "0.5"})
+    try:
+        code = await asyncio.to_thread(worker.process.wait, 60)
+    finally:
+        worker.kill()
+    log = worker.log.read_text()
+    assert code == 1, log
+    gave_up = f"worker cannot start: cannot connect to Temporal at {address} (waited 0.5 s): "
+    assert f"{gave_up}Connection refused\n" in log, log
+    assert "Traceback" not in log, log
