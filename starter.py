@@ -55,7 +55,7 @@ from runtime.task_rights import TaskRefusedError
 from runtime.temporal import DevServer, TemporalUnavailableError, connect
 from runtime.tree_stream import TreeItem
 from workflows import errors
-from workflows.events import ApprovalRequested, QuestionAsked, UserMessage
+from workflows.events import ApprovalRequested, QuestionAsked, UserMessage, request_digest
 from workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 
@@ -268,8 +268,13 @@ async def _ask(handle: TaskHandle, request: ApprovalRequested) -> None:
     answer = answer.strip()
     approve = answer.lower() in {"y", "yes"}
     message = None if approve or answer.lower() in {"", "n", "no"} else answer
+    # Bound to the call this prompt showed: a decision for any other call is refused.
     outcome = await handle.approve(
-        request.request_id, reject=not approve, message=message, approver=_approver()
+        request.request_id,
+        reject=not approve,
+        message=message,
+        approver=_approver(),
+        shown=request_digest(request.tool, request.arguments),
     )
     if outcome.duplicate:
         _say(f"request {outcome.request_id} was already decided: {outcome.decision}")
