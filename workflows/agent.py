@@ -146,6 +146,8 @@ ARCHIVE_PATCH = "archive-events"
 _FOLLOW_UP_PLACEHOLDER = AgentTask(task="(a follow-up: the task is the one it follows)")
 # Before it, a server's notice that its tools changed was not acted on.
 RELIST_PATCH = "mcp-relist-changed"
+# Before it, a parent adopted any task it found under a child's id, even one it never started.
+OWN_CHILD_PATCH = "adopt-own-child-only"
 
 
 @dataclass(frozen=True)
@@ -391,7 +393,8 @@ class AgentWorkflow:
             starts = await asyncio.gather(*(self._start_child(step, d, share) for d in delegations))
             for delegation, start in zip(delegations, starts, strict=True):
                 call_id, name = delegation.call.call_id, delegation.spec.name
-                self._started(step, call_id, name, start.child_id)
+                if not start.foreign:
+                    self._started(step, call_id, name, start.child_id)
             pairs = zip(delegations, starts, strict=True)
             answers = [self._child_answer(d, start) for d, start in pairs]
             return list(await asyncio.gather(*running, *answers))
@@ -424,12 +427,21 @@ class AgentWorkflow:
                 static_summary=f"{delegation.spec.name}: {delegation.instruction[:180]}",
             )
         except WorkflowAlreadyStartedError:
+            # Adopt it only if Temporal recorded this task as its parent: the id is
+            # predictable, so anyone could have created a task under it first.
+            if workflow.patched(OWN_CHILD_PATCH):
+                seen = await activity_calls.child_outcome(self._task, child_id)
+                self._clock = _sample()
+                if seen.foreign:
+                    return agents.ChildStart(child_id, None, foreign=True)
             return agents.ChildStart(child_id, None)
         return agents.ChildStart(child_id, handle)
 
     async def _child_answer(self, delegation: Delegation, start: agents.ChildStart) -> ToolResult:
         """The sub-agent's answer (or its end) as the call's observation."""
         name = delegation.spec.name
+        if start.foreign:
+            return agents.not_adopted(delegation.call, start.child_id)
         if start.handle is None:
             return await self._rejoin(start.child_id, name)
         try:

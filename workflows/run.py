@@ -119,6 +119,11 @@ class ChildOutcome(Contract):
     ended: Literal["failed", "cancelled"] | None = None
     reason: str = ""
     usage: Usage | None = None
+    foreign: bool = Field(
+        default=False,
+        description="The task under the child's id was not started by the asking task (one "
+        "created under that predictable id first): it is never adopted.",
+    )
 
 
 class TurnClaim(Contract):
