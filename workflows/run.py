@@ -31,6 +31,7 @@ SEND_MESSAGE_UPDATE = "send_message"
 QUEUED_MESSAGES_QUERY = "queued_messages"
 CONTINUATION_QUERY = "continuation"
 MESSAGE_SIGNAL = "message"
+MESSAGE_ROOM_QUERY = "message_room"
 ANSWER_UPDATE = "answer"
 ANSWER_SIGNAL = "answer"
 # Sent by a notification workflow whose delivery failed for good (workflows/notifications.py).
