@@ -298,7 +298,9 @@ class LlmActivities:
             found.update(await self._store.get(missing))
         if missing := [d for d in context.digests if d not in found]:
             info = activity.info()
-            found.update(await _held_by(info.workflow_id or "", info.workflow_run_id, missing))
+            found.update(
+                await _held_by(info.workflow_id or "", info.workflow_run_id or "", missing)
+            )
         if lost := [d for d in context.digests if d not in found]:
             raise ApplicationError(
                 f"{len(lost)} message(s) of the conversation are neither in the task's current "
@@ -326,7 +328,9 @@ class LlmActivities:
             missing = [d for d in missing if d not in held]
             if missing:  # what did not fit the context query's answer
                 info = activity.info()
-                held.update(await _held_by(info.workflow_id or "", info.workflow_run_id, missing))
+                held.update(
+                    await _held_by(info.workflow_id or "", info.workflow_run_id or "", missing)
+                )
                 missing = [d for d in missing if d not in held]
             if missing and snapshot.source_workflow_id and snapshot.source_run_id:
                 held.update(

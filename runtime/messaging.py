@@ -41,6 +41,7 @@ from runtime.pollers import polling_workers
 from runtime.task_errors import MessageRefusedError, TaskNotFoundError
 from workflows import errors, messages, search
 from workflows.agent import AgentWorkflow
+from workflows.messages import size_of
 from workflows.models import AgentTask, Message
 from workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
 
@@ -77,6 +78,8 @@ async def deliver(
 ) -> Delivery:
     """Deliver `message` to the task (see the module's docstring), or raise
     MessageRefusedError / TaskNotFoundError with a sentence."""
+    if refused := messages.room_refusal(task_id, messages.QueueVolume(), size_of(message)):
+        raise MessageRefusedError(task_id, refused[1], refused[0])  # too large for any queue
     for _ in range(MOST_LOOKS):
         try:
             seen = await overview(client, task_id)
@@ -145,7 +148,7 @@ async def _check_room(
         return
     if message.message_id in waiting.message_ids:
         return  # a repeat of a waiting message: it counts once
-    refused = messages.room_refusal(task_id, waiting, messages.size_of(message))
+    refused = messages.room_refusal(task_id, waiting, size_of(message))
     if refused is not None:
         kind, sentence = refused
         raise MessageRefusedError(task_id, sentence, kind)

@@ -13,7 +13,6 @@ import pytest
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.testing import WorkflowEnvironment
 
 from activities.builtin_tools import builtin_registry
 from activities.tools import Tool, ToolContext
@@ -368,7 +367,7 @@ async def test_a_flood_of_messages_is_bounded_in_bytes_on_every_path_and_the_tas
             dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
         )
         with pytest.raises(WorkflowUpdateFailedError):
-            await workflow.execute_update(
+            _ = await workflow.execute_update(
                 AgentWorkflow.send_message, Message(content=big, message_id="big-4")
             )
         # A sender that only signals (the Temporal CLI) learns it from the task's log.
@@ -386,19 +385,30 @@ async def test_a_flood_of_messages_is_bounded_in_bytes_on_every_path_and_the_tas
     assert refusal.message.startswith(f"message big-5 was not taken: task {handle.id} already has")
 
 
-async def test_a_run_holding_more_than_a_payload_of_messages_reads_them_in_pages(
-    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+async def test_a_run_holding_more_than_a_payload_reads_its_conversation_in_pages(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
 ) -> None:
-    """Messages within their limits can make one run hold more than one query may answer
-    (2 MB): a task text and a message of 200,000 control characters each (6 bytes each in
-    JSON), the message sent before any worker runs. The model call reads the conversation
-    a page at a time and the task answers."""
-    model = fake_openai.script([text("read it all")])
+    """Input within its limits can make one run hold more than one query may answer (2 MB):
+    a task text of 200,000 control characters (6 bytes each in JSON) and a step of twelve
+    shell commands that each print 16,000 more. The run's hand-over reads the conversation a
+    page at a time to save it, and the task answers (before: the query passed 2 MB and the
+    hand-over was retried without end). A message is bounded in bytes, so what waits beside
+    such a text stays small."""
     heavy = "\x01" * 199_999 + "x"
-    runtime = AgentRuntime(dev_env.client, settings)
-    handle = await runtime.run(agent_task(model, task=heavy, context_limit_tokens=10_000_000))
-    await handle.send(heavy, message_id="heavy")
-    async with running_worker(dev_env.client, settings):
-        assert (await handle.result()).result == "read it all"
-    [request] = fake_openai.requests[model]
-    assert [m["content"] for m in request["messages"] if m["role"] == "user"] == [heavy, heavy]
+    noisy = ("run_shell", {"command": "head -c 16000 /dev/zero | tr '\\0' '\\1'"})
+    model = fake_openai.script([tools(*[noisy] * 12), text("read it all")])
+    policy = ApprovalSettings(policy={"run_shell": "never"})
+    task = agent_task(
+        model,
+        task=heavy,
+        approval=policy,
+        context_limit_tokens=10_000_000,
+        continue_as_new_after_steps=1,  # its hand-over saves what the run holds
+    )
+    handle = await dev_runtime.run(task)
+    with pytest.raises(MessageRefusedError, match="bytes as JSON and one may take") as refused:
+        await handle.send(heavy)
+    assert refused.value.kind == errors.MESSAGE_TOO_LARGE
+    assert (await handle.result()).result == "read it all"
+    last = fake_openai.requests[model][-1]
+    assert [m["content"] for m in last["messages"] if m["role"] == "user"] == [heavy]

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from workflows import errors
 from workflows.events import AgentState, ErrorEvent, MessageVia, UserMessage, draft
-from workflows.models import Contract, Message, MessageReceipt
+from workflows.models import MESSAGE_BYTES, Contract, Message, MessageReceipt
 
 # Messages waiting for the loop, carried from run to run (and answered by queries) are
 # bounded in number and in bytes, so a flood cannot grow the task: past either bound a
-# message is refused. One message always fits an empty queue; its own limit (TASK_TEXT_CHARS)
-# keeps it far below Temporal's 2 MB per payload, so what waits stays below that too.
+# message is refused. One message (at most MESSAGE_BYTES) always fits an empty queue, so
+# what waits, beside the task's text, stays below Temporal's 2 MB per payload.
 QUEUED_MESSAGES_KEPT = 100
-QUEUED_MESSAGE_BYTES = 512_000
+QUEUED_MESSAGE_BYTES = MESSAGE_BYTES
 # Refusals of signalled messages (a Signal cannot be refused) logged by id; more are counted.
 REFUSALS_NAMED = 20
 
@@ -67,6 +67,12 @@ def room_refusal(task_id: str, waiting: QueueVolume, size: int) -> tuple[str, st
     """(error type, sentence) when a message of `size` bytes does not fit beside what
     waits, else None: the one rule of the Update's validator, the Signal's handler and the
     clients."""
+    if size > MESSAGE_BYTES:
+        return (
+            errors.MESSAGE_TOO_LARGE,
+            f"the message takes {size} bytes as JSON and one may take {MESSAGE_BYTES} (a "
+            "character takes up to 6); send it in parts",
+        )
     if waiting.messages >= QUEUED_MESSAGES_KEPT:
         return (
             errors.TOO_MANY_MESSAGES,
