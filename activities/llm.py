@@ -305,6 +305,11 @@ class LlmActivities:
         missing = [d for d in context.digests if d not in found]
         if missing:
             found.update(await self._store.get(missing))
+        if missing := [d for d in context.digests if d not in found]:
+            info = activity.info()
+            found.update(
+                await _held_by(info.workflow_id or "", info.workflow_run_id or "", missing)
+            )
         if lost := [d for d in context.digests if d not in found]:
             raise ApplicationError(
                 f"{len(lost)} message(s) of the conversation are neither in the task's current "
@@ -330,8 +335,16 @@ class LlmActivities:
             seen = self._conversations.known(activity.info().workflow_id or "")
             held.update({d: seen[d] for d in missing if d in seen})
             missing = [d for d in missing if d not in held]
+            if missing:  # what did not fit the context query's answer
+                info = activity.info()
+                held.update(
+                    await _held_by(info.workflow_id or "", info.workflow_run_id or "", missing)
+                )
+                missing = [d for d in missing if d not in held]
             if missing and snapshot.source_workflow_id and snapshot.source_run_id:
-                held.update(await self._content_of_source(snapshot, missing))
+                held.update(
+                    await _held_by(snapshot.source_workflow_id, snapshot.source_run_id, missing)
+                )
             await self._store.put(held)
         if lost := [d for d in missing if d not in held]:
             raise ApplicationError(
@@ -339,18 +352,6 @@ class LlmActivities:
                 type=errors.CONVERSATION_LOST,
                 non_retryable=True,
             )
-
-    async def _content_of_source(
-        self, snapshot: ConversationSnapshot, wanted: list[str]
-    ) -> dict[str, ChatMessage]:
-        from workflows.agent import AgentWorkflow
-
-        client: Client = activity.client()
-        source: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
-            AgentWorkflow.run, snapshot.source_workflow_id or "", run_id=snapshot.source_run_id
-        )
-        found = await source.query(AgentWorkflow.conversation_content, wanted)
-        return {d: m for d, m in found.items() if message_digest(m) == d}
 
     # --- the model --------------------------------------------------------------------------
 
@@ -532,3 +533,24 @@ class LlmActivities:
             activity.info().workflow_id or "", request.step, conversation, reply
         )
         return result
+
+
+async def _held_by(workflow_id: str, run_id: str, wanted: list[str]) -> dict[str, ChatMessage]:
+    """The messages with these digests that a run holds, read a page at a time (each answer
+    stays below Temporal's payload limit); those it does not hold are left out."""
+    from workflows.agent import AgentWorkflow  # the workflow module imports this one
+
+    client: Client = activity.client()
+    run: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, workflow_id, run_id=run_id
+    )
+    found: dict[str, ChatMessage] = {}
+    rest = wanted
+    while rest:
+        page = await run.query(AgentWorkflow.conversation_content, rest)
+        fresh = {d: m for d, m in page.items() if d in rest and message_digest(m) == d}
+        if not fresh:
+            break
+        found.update(fresh)
+        rest = [d for d in rest if d not in found]
+    return found

@@ -79,6 +79,7 @@ from workflows.events import (
     conversation_of,
     fold,
 )
+from workflows.forks import fork_start
 from workflows.models import (
     AgentTask,
     Answer,
@@ -905,7 +906,9 @@ class AgentRuntime:
     ) -> TaskHandle:
         """A new task that starts from the state just after event `at_seq` of `task_id`.
 
-        The original is untouched. A fork at a thought runs that thought's calls first;
+        The original is untouched. A fork at a thought runs that thought's calls first (a
+        call that needs approval and has not run asks for a decision in the fork, even one
+        approved in the original);
         `message` is added as the next user message. The fork has the limits in force at
         `at_seq` (a resume may have raised the original's), or `max_steps` / `token_budget`
         if given. The fork has its own id and its own stream (offsets from 0). The fork is
@@ -929,7 +932,8 @@ class AgentRuntime:
             )
         origin = await self._run_holding(task_id, at_seq)
         fork_id = new_task_id or f"{task_id}-fork-{uuid.uuid4().hex[:6]}"
-        carry = RunCarry(state=state, message=message, earlier=origin, forked=True)
+        # Decisions on calls not yet run stay with the original: the fork asks again.
+        carry = RunCarry(state=fork_start(state), message=message, earlier=origin, forked=True)
         limits = {"max_steps": max_steps, "token_budget": token_budget}
         task = _limits_in_force(first.task, kept).model_copy(
             update={k: v for k, v in limits.items() if v is not None} | {"parent": None}

@@ -13,7 +13,11 @@ or cancelled task takes no message: resume or fork it.
 
 Signals, not the `send_message` Update: a Signal is safe whatever moment it lands in
 (docs/never-stuck.md), and two senders at once are both kept, in the order Temporal took
-them. The Update is for Temporal CLI users who want an answer.
+them. The Update is for Temporal CLI users who want an answer. A Signal cannot be refused,
+so before it goes out the sender asks the task how much waits (`message_room`) and applies
+the workflow's own rule (workflows/messages.py): a message that does not fit is refused
+here (TOO_MANY_MESSAGES). Without a worker to ask it goes out, and the task logs a
+`message_refused` error for it if it still does not fit when the task reads it.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from runtime.health import overview
 from runtime.pollers import polling_workers
 from runtime.task_errors import MessageRefusedError, TaskNotFoundError
 from runtime.task_list import first_start, task_origin
-from workflows import errors, search
+from workflows import errors, messages, search
 from workflows.agent import AgentWorkflow
+from workflows.messages import size_of
 from workflows.models import AgentTask, Message
 from workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
 
@@ -47,6 +52,8 @@ MOST_LOOKS = 10
 # How long a follow-up waits for a worker to give the closed run's continuation (a replay of
 # that run) before it leaves the reading to the next run's first activity.
 CONTINUATION_WAIT = timedelta(seconds=5)
+# How long a sender waits for a worker to say how much waits in the task's queue.
+ROOM_WAIT = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ async def deliver(
 ) -> Delivery:
     """Deliver `message` to the task (see the module's docstring), or raise
     MessageRefusedError / TaskNotFoundError with a sentence."""
+    if refused := messages.room_refusal(task_id, messages.QueueVolume(), size_of(message)):
+        raise MessageRefusedError(task_id, refused[1], refused[0])  # too large for any queue
     for _ in range(MOST_LOOKS):
         try:
             seen = await overview(client, task_id)
@@ -84,6 +93,7 @@ async def deliver(
             handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
                 AgentWorkflow.run, task_id, run_id=seen.run_id
             )
+            await _check_room(client, handle, task_id, message, task_queue)
             try:
                 await _signal(handle, message)
             except RPCError as err:
@@ -124,6 +134,28 @@ async def deliver(
         f"task {task_id} kept changing its run while the message was sent: send it again",
         None,
     )
+
+
+async def _check_room(
+    client: Client,
+    handle: WorkflowHandle[AgentWorkflow, AgentOutcome],
+    task_id: str,
+    message: Message,
+    task_queue: str,
+) -> None:
+    """Refuse a message the task's queue has no room for, by the workflow's own rule."""
+    if not await polling_workers(client, task_queue, "workflow", this_process=True):
+        return  # nobody to ask: the task's log says so if it cannot take the message
+    try:
+        waiting = await handle.query(AgentWorkflow.message_room, rpc_timeout=ROOM_WAIT)
+    except (WorkflowQueryFailedError, RPCError):
+        return
+    if message.message_id in waiting.message_ids:
+        return  # a repeat of a waiting message: it counts once
+    refused = messages.room_refusal(task_id, waiting, size_of(message))
+    if refused is not None:
+        kind, sentence = refused
+        raise MessageRefusedError(task_id, sentence, kind)
 
 
 async def _signal(handle: WorkflowHandle[AgentWorkflow, AgentOutcome], message: Message) -> None:

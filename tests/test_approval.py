@@ -120,6 +120,32 @@ async def test_twenty_concurrent_identical_decisions_run_the_tool_once(
     assert side_effects(settings) == ["once"]
 
 
+async def test_a_fork_past_a_decision_asks_again(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI, settings: Settings
+) -> None:
+    """A decision belongs to the task it was made in: a fork at the approval, before the
+    call ran, asks for a decision of its own before anything runs."""
+    model = fake_openai.script([tools(shell("approved")), text("ran it"), text("ran it again")])
+    original = await dev_runtime.run(agent_task(model))
+    [request] = await pending_requests(original)
+    await original.approve(request, approver="alice")
+    await original.result()
+    [resolved] = of_type(await original.events(), "approval_resolved")
+    fork = await dev_runtime.fork(original.id, resolved.seq)
+    state = await wait_for_state(fork, lambda s: s.status in ("waiting_approval", "done"))
+    assert state.status == "waiting_approval"
+    assert list(state.pending_approvals) == [request]
+    assert side_effects(settings) == ["approved"]
+    await fork.approve(request, approver="carol")
+    assert (await fork.result()).result == "ran it again"
+    assert side_effects(settings) == ["approved", "approved"]
+    forked = of_type(await fork.events(), "approval_resolved")
+    assert [(e.seq > resolved.seq, e.approver) for e in forked] == [
+        (False, "alice"),
+        (True, "carol"),
+    ]
+
+
 async def test_a_sent_decision_waits_for_its_outcome_longer_than_a_status_query(
     dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, settings: Settings, spawn_worker: Any
 ) -> None:

@@ -21,6 +21,7 @@ from runtime.settings import Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
+from workflows import errors
 from workflows.agent import AgentWorkflow
 from workflows.events import Interrupted, Thought, UserMessage
 from workflows.models import ApprovalSettings, Message, MessageReceipt
@@ -338,3 +339,76 @@ async def test_a_follow_up_with_a_worker_running_starts_one_run_with_no_hold_bac
     assert started.first_workflow_task_backoff.ToTimedelta().total_seconds() == 0
     assert not started.continued_execution_run_id  # the message started it
     assert len({run.run_id for run in runs}) <= 2  # visibility may lag: never a third
+
+
+async def test_a_flood_of_messages_is_bounded_in_bytes_on_every_path_and_the_task_goes_on(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """Messages waiting for the next model call are bounded in bytes, not only in number:
+    the client refuses one that does not fit (429 on the API), the Update's validator too,
+    and a bare Signal past the bound is not kept but logged; the task then takes what it
+    kept and answers."""
+    gate = threading.Event()
+    held = Reply(content="working", hold_after_chunks=1, gate=gate)
+    model = fake_openai.script([held, text("took them")])
+    big = "m" * 190_000
+    try:
+        # A window that takes what is kept, so nothing is summarized.
+        task = agent_task(model, timeout=60, context_limit_tokens=1_000_000)
+        handle = await dev_runtime.run(task)
+        await fake_openai.until_streaming(model, 1, request=0)
+        await handle.send(big, message_id="big-1")
+        await handle.send(big, message_id="big-2")
+        with pytest.raises(MessageRefusedError, match="bytes of messages waiting") as refused:
+            await handle.send(big, message_id="big-3")
+        assert refused.value.kind == errors.TOO_MANY_MESSAGES
+        await handle.send(big, message_id="big-2")  # a repeat of a waiting one: no refusal
+        workflow: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+            dev_runtime.client.get_workflow_handle_for(AgentWorkflow.run, handle.id)
+        )
+        with pytest.raises(WorkflowUpdateFailedError):
+            _ = await workflow.execute_update(
+                AgentWorkflow.send_message, Message(content=big, message_id="big-4")
+            )
+        # A sender that only signals (the Temporal CLI) learns it from the task's log.
+        await workflow.signal(AgentWorkflow.message, Message(content=big, message_id="big-5"))
+        assert (await workflow.query(AgentWorkflow.message_room)).message_ids == [
+            "big-1",
+            "big-2",
+        ]
+    finally:
+        gate.set()
+    assert (await handle.result()).result == "took them"
+    events = await handle.events()
+    assert [e.message_id for e in of_type(events, "user_message")] == ["big-1", "big-2"]
+    [refusal] = [e for e in of_type(events, "error") if e.kind == "message_refused"]
+    assert refusal.message.startswith(f"message big-5 was not taken: task {handle.id} already has")
+
+
+async def test_a_run_holding_more_than_a_payload_reads_its_conversation_in_pages(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """Input within its limits can make one run hold more than one query may answer (2 MB):
+    a task text of 200,000 control characters (6 bytes each in JSON) and a step of twelve
+    shell commands that each print 16,000 more. The run's hand-over reads the conversation a
+    page at a time to save it, and the task answers (before: the query passed 2 MB and the
+    hand-over was retried without end). A message is bounded in bytes, so what waits beside
+    such a text stays small."""
+    heavy = "\x01" * 199_999 + "x"
+    noisy = ("run_shell", {"command": "head -c 16000 /dev/zero | tr '\\0' '\\1'"})
+    model = fake_openai.script([tools(*[noisy] * 12), text("read it all")])
+    policy = ApprovalSettings(policy={"run_shell": "never"})
+    task = agent_task(
+        model,
+        task=heavy,
+        approval=policy,
+        context_limit_tokens=10_000_000,
+        continue_as_new_after_steps=1,  # its hand-over saves what the run holds
+    )
+    handle = await dev_runtime.run(task)
+    with pytest.raises(MessageRefusedError, match="bytes as JSON and one may take") as refused:
+        await handle.send(heavy)
+    assert refused.value.kind == errors.MESSAGE_TOO_LARGE
+    assert (await handle.result()).result == "read it all"
+    last = fake_openai.requests[model][-1]
+    assert [m["content"] for m in last["messages"] if m["role"] == "user"] == [heavy]

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import socket
+import threading
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,9 +23,9 @@ from runtime.api.paging import encode_page_token
 from runtime.api.tasks import task_id_for
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
-from testing.fake_openai import FakeOpenAI, text, tools
+from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from testing.workers import running_worker
-from tests.helpers import same_unless_restamped
+from tests.helpers import same_unless_restamped, wait_for_state
 
 READER = "reader-token"
 APPROVER = "approver-token"
@@ -645,6 +646,33 @@ async def test_bad_messages_are_refused_with_a_sentence(
         headers={"Authorization": f"Bearer {READER}"},
     )
     assert reader.status_code == 403
+
+
+async def test_messages_past_the_queues_bound_are_refused_with_429(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    gate = threading.Event()
+    held = Reply(content="working", hold_after_chunks=1, gate=gate)
+    model = fake_openai.script([held, text("took them")])
+    big = "m" * 190_000
+    try:
+        created = await api.post(
+            "/tasks",
+            json={"task": "hello", "model": {"name": model}, "context_limit_tokens": 1_000_000},
+        )
+        task_id = created.json()["id"]
+        await fake_openai.until_streaming(model, 1, request=0)
+        for _ in range(2):
+            sent = await api.post(f"/tasks/{task_id}/messages", json={"content": big})
+            assert sent.status_code == 202, sent.text
+        refused = await api.post(f"/tasks/{task_id}/messages", json={"content": big})
+    finally:
+        gate.set()
+    assert refused.status_code == 429
+    assert refused.json()["error"] == "too_many_messages"
+    assert "bytes of messages waiting" in refused.json()["detail"]
+    runtime: AgentRuntime = api._transport_runtime  # type: ignore[attr-defined]
+    await wait_for_state(runtime.get(task_id), lambda s: s.result == "took them")
 
 
 async def test_a_question_is_in_the_inbox_and_answered_over_http(

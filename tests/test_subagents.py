@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.agent_tools import agent_tool
 from activities.builtin_tools import builtin_registry
+from activities.child_outcomes import started_by
 from activities.tools import ToolRegistry
 from runtime.agent_runtime import AgentRuntime, TaskCancelledError
 from runtime.settings import Settings
@@ -26,7 +28,9 @@ from testing.mcp import CallLog, demo_stdio
 from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from workflows import search
+from workflows.agent import AgentWorkflow
 from workflows.models import AgentSpec, ApprovalSettings, ModelSettings
+from workflows.run import AgentRun
 
 
 def tool_results(body: dict[str, Any]) -> list[str]:
@@ -265,3 +269,42 @@ async def test_a_task_with_mcp_servers_calls_its_sub_agents(
     assert outcome.result == "looked"
     assert tool_results(fake_openai.requests[parent][1]) == ["the attic is empty"]
     assert [c.status for c in state.children.values()] == ["done"]
+
+
+async def test_a_task_created_under_a_sub_agents_id_is_not_adopted(
+    tree: Any, fake_openai: FakeOpenAI, dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A sub-agent's id is predictable: a task created under it first (here straight
+    through Temporal, as the API and MCP refuse such ids) is not its parent's child, and its
+    answer is never taken for the sub-agent's. The step's other sub-agent is."""
+    squatter = fake_openai.script([text("the squatter's answer")])
+    child = fake_openai.script([text("the real child's answer")])
+    parent = fake_openai.script(
+        [
+            tools(("agent__one", {"task": "look"}), ("agent__one", {"task": "look too"})),
+            text("went on"),
+        ]
+    )
+    parent_id = f"victim-{uuid.uuid4().hex[:8]}"
+    async with tree(agent("one", child)) as runtime:
+        squatting = await dev_env.client.start_workflow(
+            AgentWorkflow.run,
+            AgentRun(task=runtime.with_defaults(agent_task(squatter))),
+            id=f"{parent_id}/1/call_1_0",
+            task_queue=settings.task_queue,
+        )
+        await squatting.result()
+        handle = await runtime.run(agent_task(parent), task_id=parent_id)
+        outcome = await handle.result()
+        events = await handle.events()
+        # What the parent asks of a task under a child's id: Temporal's record of who
+        # started it.
+        starters = [await started_by(dev_env.client, f"{parent_id}/1/call_1_{i}") for i in (0, 1)]
+    assert outcome.result == "went on"
+    assert tool_results(fake_openai.requests[parent][1]) == [
+        f"agent__one was not started: a task with its id {parent_id}/1/call_1_0 exists that "
+        "this task did not start, so its answer is not this call's; do the work another way",
+        "the real child's answer",
+    ]
+    assert [e.child_id for e in of_type(events, "agent_started")] == [f"{parent_id}/1/call_1_1"]
+    assert starters == ["", parent_id]

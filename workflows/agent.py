@@ -113,6 +113,7 @@ with workflow.unsafe.imports_passed_through():
         APPROVE_SIGNAL,
         CONTINUATION_QUERY,
         DECIDE_UPDATE,
+        MESSAGE_ROOM_QUERY,
         MESSAGE_SIGNAL,
         NOTIFICATION_FAILED_SIGNAL,
         QUEUED_MESSAGES_QUERY,
@@ -146,6 +147,11 @@ ARCHIVE_PATCH = "archive-events"
 _FOLLOW_UP_PLACEHOLDER = AgentTask(task="(a follow-up: the task is the one it follows)")
 # Before it, a server's notice that its tools changed was not acted on.
 RELIST_PATCH = "mcp-relist-changed"
+# Before it, a parent adopted any task it found under a child's id, even one it never started.
+OWN_CHILD_PATCH = "adopt-own-child-only"
+# Before it, signalled messages were kept beyond the queue's bounds, and a run took waiting
+# messages before it handed over, however long its history had grown.
+MESSAGE_BOUND_PATCH = "bounded-message-queue"
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ class AgentWorkflow:
             via = "fork" if carry.forked else "resume"
             self._incoming.insert(0, QueuedMessage(message=Message(content=carry.message), via=via))
         self._message_signals = 0
+        self._refused_messages = messages.Refusals()
         # Messages whose model call was cancelled for them (their user_message says so).
         self._interrupters: set[str] = set()
         self._turn_messages: list[str] = []
@@ -245,6 +252,8 @@ class AgentWorkflow:
                 messages=self._incoming,
                 unlisted=self._unlisted,
             )
+            if isinstance(move, AddMessage) and self._hand_over_first():
+                move = HandOver()  # waiting messages travel in the bounded carry
             match move:
                 case Announce(step=step, calls=calls):
                     for call in calls:
@@ -300,11 +309,23 @@ class AgentWorkflow:
                 self._append(made)
         for failed in self._notifier.failure_events(step):
             self._append(failed)
+        for refused in self._refused_messages.events(step):
+            self._append(refused)
 
     def _recorded(self) -> bool:
         return bool(
-            self._inbox or self._repairs or self._answers or self._notifier.failures_recorded
+            self._inbox
+            or self._repairs
+            or self._answers
+            or self._notifier.failures_recorded
+            or self._refused_messages
         )
+
+    def _hand_over_first(self) -> bool:
+        """A run whose history is due to be handed over does so before it takes waiting
+        messages, so a flood of them never grows one run (and what it holds) without end."""
+        due = due_for_hand_over(self._state, self._task, self._progress())
+        return due and workflow.patched(MESSAGE_BOUND_PATCH)
 
     async def _await_decisions(
         self, request_ids: list[str], asked: list[str], deadline: datetime
@@ -391,7 +412,8 @@ class AgentWorkflow:
             starts = await asyncio.gather(*(self._start_child(step, d, share) for d in delegations))
             for delegation, start in zip(delegations, starts, strict=True):
                 call_id, name = delegation.call.call_id, delegation.spec.name
-                self._started(step, call_id, name, start.child_id)
+                if not start.foreign:
+                    self._started(step, call_id, name, start.child_id)
             pairs = zip(delegations, starts, strict=True)
             answers = [self._child_answer(d, start) for d, start in pairs]
             return list(await asyncio.gather(*running, *answers))
@@ -424,12 +446,21 @@ class AgentWorkflow:
                 static_summary=f"{delegation.spec.name}: {delegation.instruction[:180]}",
             )
         except WorkflowAlreadyStartedError:
+            # Adopt it only if Temporal recorded this task as its parent: the id is
+            # predictable, so anyone could have created a task under it first.
+            if workflow.patched(OWN_CHILD_PATCH):
+                seen = await activity_calls.child_outcome(self._task, child_id)
+                self._clock = _sample()
+                if seen.foreign:
+                    return agents.ChildStart(child_id, None, foreign=True)
             return agents.ChildStart(child_id, None)
         return agents.ChildStart(child_id, handle)
 
     async def _child_answer(self, delegation: Delegation, start: agents.ChildStart) -> ToolResult:
         """The sub-agent's answer (or its end) as the call's observation."""
         name = delegation.spec.name
+        if start.foreign:
+            return agents.not_adopted(delegation.call, start.child_id)
         if start.handle is None:
             return await self._rejoin(start.child_id, name)
         try:
@@ -827,14 +858,28 @@ class AgentWorkflow:
 
     @send_message.validator
     def _validate_message(self, message: Message) -> None:
-        if (refused := messages.refusal(self._state, self._incoming)) is not None:
+        if (refused := messages.refusal(self._state, self._incoming, message)) is not None:
             kind, sentence = refused
             raise ApplicationError(sentence, type=kind, non_retryable=True)
 
     @workflow.signal(name=MESSAGE_SIGNAL)
     def message(self, message: Message) -> None:
-        """Send the task a message (for tools that can only signal; a repeat counts once)."""
-        messages.record(self._incoming, self._state, message, "signal", self._signal_message_id())
+        """Send the task a message (for tools that can only signal; a repeat counts once).
+        One past the queue's bounds is not kept: the log says so (`message_refused`)."""
+        fallback = self._signal_message_id()
+        named = message.model_copy(update={"message_id": message.message_id or fallback})
+        refused = messages.refusal(self._state, self._incoming, named) is not None
+        # Only a refusal asks for the patch: runs recorded before it kept every message.
+        refusals = (
+            self._refused_messages if refused and workflow.patched(MESSAGE_BOUND_PATCH) else None
+        )
+        messages.record_signalled(self._incoming, self._state, message, fallback, refusals)
+
+    @workflow.query(name=MESSAGE_ROOM_QUERY)
+    def message_room(self) -> messages.QueueVolume:
+        """How many messages, and bytes of them, wait to be taken (clients check the room
+        before they signal)."""
+        return messages.volume(self._incoming)
 
     def _signal_message_id(self) -> str:
         # Deterministic: the same history gives the same ids in the same order.
@@ -872,10 +917,13 @@ class AgentWorkflow:
 
     @workflow.query(name="llm_context")
     def llm_context(self, message_count: int) -> LlmContext:
-        """The conversation of an LLM step: the content this run holds, the rest by digest."""
+        """The conversation of an LLM step: the content this run holds (as much as fits one
+        answer; `conversation_content` gives the rest), the rest by digest."""
         refs = self._state.conversation[:message_count]
+        # The content that fits one answer; the asker reads the rest a page at a time.
+        held = self._messages.page([r.digest for r in refs])
         return LlmContext(
-            messages=[self._messages.get(r.digest) for r in refs],
+            messages=[held.get(r.digest) for r in refs],
             digests=[r.digest for r in refs],
             tools=self._task.tools,
             approval_policy=self._task.approval.policy,
@@ -895,8 +943,9 @@ class AgentWorkflow:
 
     @workflow.query(name="conversation_content")
     def conversation_content(self, digests: list[str]) -> dict[str, ChatMessage]:
-        """The messages with these digests that this run holds."""
-        return self._messages.of(digests)
+        """The messages with these digests that this run holds, as many as fit one answer
+        (at least one): ask again for the rest."""
+        return self._messages.page(digests)
 
     # --- the log ----------------------------------------------------------------------------
 

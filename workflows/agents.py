@@ -3,10 +3,12 @@
 Pure decisions over the folded state. The child is an AgentWorkflow like any task (its
 own log, stream, inbox entries and status), started as a child workflow whose id derives
 from the parent's id, the step and the call id: a retried, replayed or repaired parent
-never starts a second one, and the child's tool calls get idempotency keys of their own.
-The child's answer (its validated output, when it has a schema) is the call's observation,
-and its tree's usage counts towards the parent's, whose token budget is shared among the
-calls of a step. A depth limit and a per-step limit stop runaway trees with a sentence.
+never starts a second one (and adopts an existing one only if Temporal recorded this
+parent as the one that started it: such an id is predictable), and the child's tool calls
+get idempotency keys of their own. The child's answer (its validated output, when it has
+a schema) is the call's observation, and its tree's usage counts towards the parent's,
+whose token budget is shared among the calls of a step. A depth limit and a per-step
+limit stop runaway trees with a sentence.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ AGENT_ARGUMENTS_SCHEMA: dict[str, Any] = {
 @dataclass(frozen=True)
 class ChildStart:
     """A sub-agent's task as its start left it: the handle to await, or None when the task
-    existed already (a repaired or reset step started it before)."""
+    existed already (a repaired or reset step started it before); `foreign` when the task
+    under its id is not one this parent started."""
 
     child_id: str
     handle: Any | None
+    foreign: bool = False
 
 
 class AgentArgs(BaseModel):
@@ -123,6 +127,17 @@ def refusal(task: AgentTask, call: ToolCall, index: int) -> ToolResult | None:
             is_error=True,
         )
     return None
+
+
+def not_adopted(call: ToolCall, child_id: str) -> ToolResult:
+    """The observation of a sub-agent call whose id a task this parent did not start holds
+    (someone created it under the predictable id first): that task's answer is not the
+    call's, and it is not this task's child."""
+    return ToolResult(
+        output=f"{call.tool} was not started: a task with its id {child_id} exists that this "
+        "task did not start, so its answer is not this call's; do the work another way",
+        is_error=True,
+    )
 
 
 def answered(outcome_output: Any | None, result: str, usage: Any) -> ToolResult:

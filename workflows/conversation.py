@@ -150,6 +150,10 @@ def compaction_range(refs: list[MessageRef], limit: int) -> tuple[int, int] | No
     return KEPT_AT_START, end
 
 
+# What one answer of a conversation query carries at most (a message may exceed it alone).
+CONTENT_PAGE_BYTES = 1_000_000
+
+
 class RunMessages:
     """The message content one run answers for: the task's, and every message the run adds.
 
@@ -170,6 +174,22 @@ class RunMessages:
 
     def of(self, digests: list[str]) -> dict[str, ChatMessage]:
         return {d: self._content[d] for d in digests if d in self._content}
+
+    def page(self, digests: list[str], budget: int = CONTENT_PAGE_BYTES) -> dict[str, ChatMessage]:
+        """The messages with these digests that the run holds, in order, as many as fit in
+        `budget` bytes (at least one): one query's answer stays far below Temporal's 2 MB
+        per payload, however much the run holds; the asker asks again for the rest."""
+        found: dict[str, ChatMessage] = {}
+        size = 0
+        for digest in digests:
+            message = self._content.get(digest)
+            if message is None or digest in found:
+                continue
+            size += len(message.model_dump_json().encode())
+            if found and size > budget:
+                break
+            found[digest] = message
+        return found
 
     def added_to(self, refs: list[MessageRef]) -> bool:
         """Whether `refs` reference any message this run added (content only it holds)."""

@@ -30,6 +30,7 @@ INVALID_CHOICE = "InvalidChoice"
 # Messages that are refused before they enter history.
 TASK_NOT_TAKING_MESSAGES = "TaskNotTakingMessages"
 TOO_MANY_MESSAGES = "TooManyMessages"
+MESSAGE_TOO_LARGE = "MessageTooLarge"
 # A follow-up run found no earlier run to continue (a Temporal CLI start for an unknown id).
 NOTHING_TO_FOLLOW = "NothingToFollow"
 

@@ -536,6 +536,10 @@ class DecisionOutcome(Contract):
 
 
 TASK_TEXT_CHARS = 200_000
+# A message's bytes as Temporal carries it (JSON, where a character takes up to 6 bytes):
+# beside the task's text it stays far below the 2 MB of one payload (a run's input). Checked
+# by workflows/messages.py, not by the model: recorded messages must always load.
+MESSAGE_BYTES = 512_000
 MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_.:/-]+$"
 
 

@@ -31,6 +31,7 @@ SEND_MESSAGE_UPDATE = "send_message"
 QUEUED_MESSAGES_QUERY = "queued_messages"
 CONTINUATION_QUERY = "continuation"
 MESSAGE_SIGNAL = "message"
+MESSAGE_ROOM_QUERY = "message_room"
 ANSWER_UPDATE = "answer"
 ANSWER_SIGNAL = "answer"
 # Sent by a notification workflow whose delivery failed for good (workflows/notifications.py).
@@ -119,6 +120,11 @@ class ChildOutcome(Contract):
     ended: Literal["failed", "cancelled"] | None = None
     reason: str = ""
     usage: Usage | None = None
+    foreign: bool = Field(
+        default=False,
+        description="The task under the child's id was not started by the asking task (one "
+        "created under that predictable id first): it is never adopted.",
+    )
 
 
 class TurnClaim(Contract):

@@ -110,6 +110,10 @@ def install_error_handlers(app: FastAPI) -> None:
             status, kind = 409, "task_ended"
         elif isinstance(err, UnreadableTaskError):
             status, kind = 500, "unreadable_task"
+        elif isinstance(err, MessageRefusedError) and err.kind == errors.TOO_MANY_MESSAGES:
+            status, kind = 429, "too_many_messages"
+        elif isinstance(err, MessageRefusedError) and err.kind == errors.MESSAGE_TOO_LARGE:
+            status, kind = 413, "message_too_large"
         elif isinstance(err, MessageRefusedError):
             status, kind = 409, "task_not_taking_messages"
         elif isinstance(err, DecisionError):
