@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from activities.program_environment import program_environment
 from activities.storage.ledger import HOST
 from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
 from workflows.models import ASK_PERSON_TOOL
@@ -311,6 +312,9 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     run_dir.mkdir(parents=True)
     (run_dir / "host").write_text(HOST)
     await ledger.start(key, {"command": args.command, "host": HOST})
+    environment = context.environment
+    if environment is None:
+        environment = program_environment(context.workspace, (), os.environ)
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -319,6 +323,7 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
         args.command,
         str(run_dir),
         cwd=context.workspace,
+        env=environment,  # none of the worker's secrets
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,

@@ -19,16 +19,21 @@ from typing import Literal, Self
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
+from temporalio.api.failure.v1 import Failure
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
     DefaultPayloadConverter,
+    FailureConverter,
     JSONPlainPayloadConverter,
     PayloadCodec,
     SerializationContext,
     WithSerializationContext,
 )
+from temporalio.exceptions import FailureError
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
@@ -80,6 +85,11 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         self._side: Side = side
         self._task_id = task_id
         self._plaintext_told: set[str] = set()
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether this side encrypts what it writes (it holds an active key)."""
+        return self._active is not None
 
     @classmethod
     def without_keys(cls, side: Side = "client") -> EncryptionCodec:
@@ -234,9 +244,31 @@ PYDANTIC_DATA_CONVERTER = ContextualDataConverter(payload_converter_class=Pydant
 
 def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataConverter:
     """The pydantic converter with the codec (None: encryption off, and an encrypted payload
-    refused with a sentence), as a worker or a client uses it."""
+    refused with a sentence), as a worker or a client uses it. With encryption on, failure
+    messages and stack traces are encrypted too (an endpoint's error may quote the prompt):
+    Temporal's failure converter moves them into a payload, which the codec encrypts."""
     if codec is None:
         codec = EncryptionCodec.without_keys(side)
     elif isinstance(codec, EncryptionCodec):
         codec = codec.on_side(side)
-    return dataclasses.replace(PYDANTIC_DATA_CONVERTER, payload_codec=codec)
+    failures: type[FailureConverter] = DefaultFailureConverter
+    if not isinstance(codec, EncryptionCodec) or codec.encrypts:
+        failures = DefaultFailureConverterWithEncodedAttributes
+    return dataclasses.replace(
+        PYDANTIC_DATA_CONVERTER, payload_codec=codec, failure_converter_class=failures
+    )
+
+
+async def failure_message(converter: DataConverter, failure: Failure) -> str:
+    """A failure's message as its side wrote it, decrypted when encryption put it in the
+    failure's encoded attributes (Temporal's own field then says "Encoded failure"); a
+    message this side cannot decrypt is the sentence saying why."""
+    if not failure.HasField("encoded_attributes"):
+        return failure.message
+    copy = Failure()
+    copy.CopyFrom(failure)
+    try:
+        err = await converter.decode_failure(copy)
+    except UndecryptablePayloadError as refused:
+        return str(refused)
+    return err.message if isinstance(err, FailureError) else str(err)

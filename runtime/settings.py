@@ -151,6 +151,12 @@ class Settings(BaseSettings):
         "tool agent__<name>. Python definitions (Agent) at the top level of a WAYSTATION_TOOLS "
         "module count too.",
     )
+    shell_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Variables of the worker's environment passed on to shell commands, by "
+        "name, comma-separated. A command gets only PATH, HOME, USER, SHELL, TERM, LOGNAME, "
+        "the locale and WAYSTATION_WORKSPACE besides: none of the worker's secrets.",
+    )
     mcp_servers: dict[str, McpServerConfig] = Field(
         default_factory=dict,
         description='JSON: {"<name>": {"command": "...", "args": [...]} or {"url": "...", '
@@ -202,6 +208,13 @@ class Settings(BaseSettings):
     def _tool_modules(cls, value: object) -> object:
         if isinstance(value, str):  # the variable: modules separated by commas
             return [entry.strip() for entry in value.split(",") if entry.strip()]
+        return value
+
+    @field_validator("shell_env", mode="before")
+    @classmethod
+    def _variable_names(cls, value: object) -> object:
+        if isinstance(value, str):  # the variable: names separated by commas
+            return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
     @field_validator("mcp_servers")

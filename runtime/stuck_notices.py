@@ -19,7 +19,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from runtime.health import stuck
+from runtime.health import stuck, with_failures_readable
 from workflows import search
 from workflows.notice import NotificationTargets, StuckNote, notification_workflow_id, stuck_notice
 from workflows.notifications import NotificationWorkflow
@@ -48,7 +48,8 @@ async def notify_stuck_tasks(
     async for execution in client.list_workflows(query):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         history = await handle.fetch_history()
-        found = stuck(await handle.describe(), list(history.events))
+        events = await with_failures_readable(client.data_converter, list(history.events))
+        found = stuck(await handle.describe(), events)
         if found is None:
             continue  # visibility lags: it moves again
         note = StuckNote(
