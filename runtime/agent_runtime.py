@@ -543,7 +543,8 @@ class TaskHandle(Generic[OutputT]):
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
         history = await self._handle.fetch_history()
-        events = await with_failures_readable(self.client.data_converter, list(history.events))
+        converter = self._runtime.client.data_converter
+        events = await with_failures_readable(converter, list(history.events))
         found = stuck(description, events)
         if found is not None:
             failing = f"task {self.id} is stuck (its workflow task failed {found.attempts} times)"

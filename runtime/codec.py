@@ -30,6 +30,7 @@ from temporalio.converter import (
     FailureConverter,
     JSONPlainPayloadConverter,
     PayloadCodec,
+    PayloadConverter,
     SerializationContext,
     WithSerializationContext,
 )
@@ -242,6 +243,32 @@ class ContextualDataConverter(DataConverter):
 PYDANTIC_DATA_CONVERTER = ContextualDataConverter(payload_converter_class=PydanticPayloads)
 
 
+class EncryptedFailureTexts(DefaultFailureConverterWithEncodedAttributes):
+    """Temporal's failure converter that moves messages and stack traces into a payload
+    (which the codec encrypts), except the sentence of a payload this side cannot decrypt:
+    it names key ids only, and must reach a client that asked a query, whose failure
+    carries nothing but its message."""
+
+    _plain = DefaultFailureConverter()
+
+    def to_failure(
+        self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
+    ) -> None:
+        if _refuses_a_payload(exception):
+            self._plain.to_failure(exception, payload_converter, failure)
+        else:
+            super().to_failure(exception, payload_converter, failure)
+
+
+def _refuses_a_payload(err: BaseException | None) -> bool:
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, UndecryptablePayloadError):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
 def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataConverter:
     """The pydantic converter with the codec (None: encryption off, and an encrypted payload
     refused with a sentence), as a worker or a client uses it. With encryption on, failure
@@ -253,7 +280,7 @@ def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataCon
         codec = codec.on_side(side)
     failures: type[FailureConverter] = DefaultFailureConverter
     if not isinstance(codec, EncryptionCodec) or codec.encrypts:
-        failures = DefaultFailureConverterWithEncodedAttributes
+        failures = EncryptedFailureTexts
     return dataclasses.replace(
         PYDANTIC_DATA_CONVERTER, payload_codec=codec, failure_converter_class=failures
     )
