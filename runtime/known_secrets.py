@@ -12,6 +12,10 @@ from activities.notify.config import WebhookConfigError
 from activities.redaction import Redactor
 from runtime.settings import Settings
 
+# A path this long may be a credential (a Slack webhook's token); a shorter one ("/notify")
+# is a route, and redacting it would only blank out a word.
+CREDENTIAL_PATH_CHARS = 16
+
 
 def known_secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """The model API key, the database URL and its password, the webhooks' secrets and URLs,
@@ -27,7 +31,7 @@ def known_secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     except WebhookConfigError:
         endpoints = []  # the worker refuses to start on it, with a sentence of its own
     for endpoint in endpoints:
-        found += _url_secrets(endpoint.url)
+        found += _url_secrets(endpoint.url, path_credential=True)
         if endpoint.secret is not None:
             found.append(endpoint.secret.get_secret_value())
     found += list(settings.api_tokens)
@@ -51,16 +55,20 @@ def redactor_for(settings: Settings, environ: Mapping[str, str]) -> Redactor:
     return Redactor(known_secrets(settings, environ))
 
 
-def _url_secrets(url: str) -> Iterator[str]:
-    """The URL, its password, and its path (a Slack webhook's path is its credential)."""
+def _url_secrets(url: str, *, path_credential: bool = False) -> Iterator[str]:
+    """The URL, its password, and with `path_credential` its path (a Slack webhook's path
+    is its credential; a database's name is none)."""
     yield url
     parts = urlsplit(url)
     if parts.password:
         yield parts.password
         yield unquote(parts.password)
-    if path := parts.path.strip("/"):
-        yield path
-        yield path.rsplit("/", 1)[-1]  # its last part may be quoted alone
+    if not path_credential:
+        return
+    path = parts.path.strip("/")
+    for part in (path, path.rsplit("/", 1)[-1]):  # the last part may be quoted alone
+        if len(part) >= CREDENTIAL_PATH_CHARS:
+            yield part
 
 
 def _mcp_secrets(config: McpServerConfig, environ: Mapping[str, str]) -> Iterator[str]:

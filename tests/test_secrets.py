@@ -294,7 +294,8 @@ async def test_an_approved_env_shows_none_of_the_workers_secrets(
         await handle.approve()
         assert (await handle.result()).result == "checked"
         events = await handle.events()
-        histories = [h.to_json() for h in await run_histories(client, handle.id)]
+        runs = await run_histories(client, handle.id)
+        histories = [with_payloads_decoded(h.to_json()) for h in runs]
     finally:
         worker.kill()
     shell_output = of_type(events, "observation")[-1].output
@@ -375,7 +376,7 @@ async def test_an_endpoint_echoing_the_api_key_shows_it_nowhere(
             await handle.result()
         [notice] = await receiver.until(lambda rs: len(rs) >= 1, "ops")
         events = await handle.events()
-    histories = [h.to_json() for h in await run_histories(client, handle.id)]
+    histories = [with_payloads_decoded(h.to_json()) for h in await run_histories(client, handle.id)]
     spans = [
         json.dumps([dict(s.attributes or {}), str(s.status.description), s.to_json()])
         for s in span_exporter.get_finished_spans()
@@ -397,6 +398,13 @@ async def test_an_endpoint_echoing_the_api_key_shows_it_nowhere(
     )
     assert api_key not in shown
     assert "RunActivity:call_llm" in "".join(spans)  # the spans were there to look at
+
+
+def with_payloads_decoded(history_json: str) -> str:
+    """A history's JSON and the text of its payloads (base64 in the JSON)."""
+    payloads = re.findall(r'"data":\s*"([A-Za-z0-9+/=]+)"', history_json)
+    decoded = [base64.b64decode(p).decode("utf-8", "replace") for p in payloads]
+    return "\n".join([history_json, *decoded])
 
 
 # --- failure texts under encryption ----------------------------------------------------------
