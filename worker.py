@@ -30,6 +30,8 @@ from activities.mcp.activities import McpActivities
 from activities.mcp.manager import McpClientManager
 from activities.notify.config import WebhookConfigError, check_console_url
 from activities.notify.delivery import NotificationActivities
+from activities.program_environment import program_environment
+from activities.redaction import RedactingInterceptor
 from activities.sealed_blobs import SealedBlobs
 from activities.storage import DeploymentMismatchError, Storage, StorageError
 from activities.storage.deployment import (
@@ -44,6 +46,7 @@ from activities.turns import TurnActivities
 from runtime import worker_log
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
+from runtime.known_secrets import redactor_for
 from runtime.settings import Settings
 from runtime.settings_errors import SettingsProblem, load_settings
 from runtime.stuck_notices import notify_stuck_now_and_then
@@ -227,6 +230,9 @@ def build_worker(
     storage = storage or Storage.from_settings(settings)
     # Connections start on first use, so a worker with servers it never needs spawns none.
     mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
+    # Every secret the settings hold, kept out of tool outputs, error texts and the log.
+    redactor = redactor_for(settings, os.environ)
+    worker_log.redact_records(redactor)
     sealed = SealedBlobs(storage.blobs, settings.codec_for("worker"))
     archive = ArchiveActivities(EventArchive(sealed))
     llm = LlmActivities(
@@ -237,8 +243,17 @@ def build_worker(
         backends=backends,
         conversations=conversations,
         mcp=mcp,
+        redactor=redactor,
     )
-    tools = ToolActivities(registry, settings.workspace_dir, storage.ledger, conversations, mcp)
+    tools = ToolActivities(
+        registry,
+        settings.workspace_dir,
+        storage.ledger,
+        conversations,
+        mcp,
+        redactor=redactor,
+        environment=program_environment(settings.workspace_dir, settings.shell_env, os.environ),
+    )
     turns = TurnActivities(storage.ledger)
     children = ChildActivities()
     return AgentWorker(
@@ -266,6 +281,7 @@ def build_worker(
         ],
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,
+        interceptors=[RedactingInterceptor(redactor)],
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_cached_workflows=settings.worker_cached_tasks,
         graceful_shutdown_timeout=graceful_shutdown,

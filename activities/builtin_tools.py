@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from activities.program_environment import program_environment
 from activities.storage import LedgerAttempt
 from activities.storage.ledger import HOST
 from activities.tools import Tool, ToolContext, ToolError, ToolRegistry, cap_output
@@ -401,6 +402,9 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
     run_dir.mkdir(parents=True)
     (run_dir / "host").write_text(HOST)
     await ledger.start(key, {"command": args.command, "host": HOST})
+    environment = context.environment
+    if environment is None:
+        environment = program_environment(context.workspace, (), os.environ)
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -409,6 +413,7 @@ async def run_shell(args: RunShellArgs, context: ToolContext) -> str:
         args.command,
         str(run_dir),
         cwd=context.workspace,
+        env=environment,  # none of the worker's secrets
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,

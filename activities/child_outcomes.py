@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.converter import DataConverter
 
 from activities.turns import close_event
+from runtime.codec import failure_message
 from runtime.health import overview
 from workflows.models import Usage
 from workflows.run import AgentOutcome, ChildOutcome
@@ -81,6 +82,7 @@ class ChildActivities:
         usage = await failure_usage(convert, close)
         if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = close.workflow_execution_failed_event_attributes.failure
-            return ChildOutcome(closed=True, ended="failed", reason=failure.message, usage=usage)
+            reason = await failure_message(convert, failure)
+            return ChildOutcome(closed=True, ended="failed", reason=reason, usage=usage)
         ended = EventType.Name(close.event_type).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_")
         return ChildOutcome(closed=True, ended="cancelled", reason=ended.lower(), usage=usage)

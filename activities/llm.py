@@ -31,6 +31,7 @@ from activities.conversation_store import ConversationStore
 from activities.heartbeat import Watchdog, watched
 from activities.mcp.activities import McpActivities, check_call, with_unavailable_servers
 from activities.offline_model import OfflineModel
+from activities.redaction import Redactor
 from activities.spans import span
 from activities.structured_output import final_answer_call, native_answer
 from activities.text_tool_calls import recover_tool_calls
@@ -207,10 +208,12 @@ class LlmActivities:
         backends: Mapping[str, ChatBackend] | None = None,
         conversations: ConversationCache | None = None,
         mcp: McpActivities | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self._registry = registry
         self._store = store
         self._mcp = mcp
+        self._redactor = redactor or Redactor()
         self._conversations = conversations or ConversationCache()
         self.context_reads: Counter[Literal["rebuilt", "queried"]] = Counter()
         """How each call got its conversation: rebuilt from what this worker saw, or by query."""
@@ -409,17 +412,30 @@ class LlmActivities:
         *,
         response_format: dict[str, Any] | None = None,
     ) -> AssembledMessage:
-        """One streamed completion; the watchdog allows the first chunk more time."""
+        """One streamed completion; the watchdog allows the first chunk more time. Known
+        secrets are redacted from its text, its tokens and the endpoint's error texts (an
+        endpoint may echo the request's Authorization header)."""
         message = AssembledMessage()
         watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
         options = {"response_format": response_format} if response_format is not None else {}
-        async for delta in backend.stream(messages, tools, model, **options):
-            message.add(delta)
-            if watchdog.progress == 0:
-                watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
-            watchdog.advance()
-            if delta.text and tokens is not None:
-                tokens.publish(delta.text)
+        shown = self._redactor.stream()
+        try:
+            async for delta in backend.stream(messages, tools, model, **options):
+                message.add(delta)
+                if watchdog.progress == 0:
+                    watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
+                watchdog.advance()
+                if delta.text and tokens is not None and (text := shown.feed(delta.text)):
+                    tokens.publish(text)
+        except ApplicationError as err:
+            redacted = self._redactor.error(err)
+            if redacted is err:
+                raise
+            raise redacted from redacted.__cause__
+        if tokens is not None and (rest := shown.end()):
+            tokens.publish(rest)
+        if self._redactor and message.text:
+            message.text = [self._redactor.redact("".join(message.text))]
         return message
 
     def _check(

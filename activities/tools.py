@@ -14,7 +14,7 @@ import inspect
 import json
 import posixpath
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,6 +29,7 @@ from activities.conversation_cache import ConversationCache
 if TYPE_CHECKING:
     from activities.mcp.activities import McpActivities
 from activities.heartbeat import keep_heartbeating
+from activities.redaction import Redactor
 from activities.spans import span
 from activities.storage import Ledger, LedgerAttempt, StorageError
 from workflows.models import AgentSpec, ApprovalRule, ToolCall, ToolRequest, ToolResult
@@ -56,6 +57,9 @@ class ToolContext:
     ledger: LedgerAttempt
     """Where a side-effecting tool claims its idempotency key and records what it did (the
     ledger every worker of the deployment shares, as this attempt of the call sees it)."""
+    environment: Mapping[str, str] | None = None
+    """The environment of programs the tool starts (activities/program_environment.py);
+    None: the minimal one, with no variable passed on."""
 
 
 ArgumentsT = TypeVar("ArgumentsT", bound=BaseModel)
@@ -269,12 +273,17 @@ class ToolActivities:
         ledger: Ledger,
         conversations: ConversationCache | None = None,
         mcp: McpActivities | None = None,
+        *,
+        redactor: Redactor | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self._registry = registry
         self._workspace = workspace
         self._ledger = ledger
         self._conversations = conversations
         self._mcp = mcp
+        self._redactor = redactor or Redactor()
+        self._environment = environment
         # Tasks and their approval policy expect scratch/ ("echo hi > scratch/x.txt").
         (workspace / SCRATCH_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -284,6 +293,8 @@ class ToolActivities:
         with span("tool call", tool=request.tool, idempotency_key=request.idempotency_key) as s:
             result = await self._run(request)
             s.set_attribute("tool.is_error", result.is_error)
+        # Every tool's output and error text (built-in, function and MCP tools alike).
+        result = result.model_copy(update={"output": self._redactor.redact(result.output)})
         if self._conversations is not None:  # the next LLM call on this worker reuses it
             self._conversations.remember_tool_output(request.idempotency_key, result.output)
         return result
@@ -324,14 +335,15 @@ class ToolActivities:
     async def _call(self, tool: Tool[Any], arguments: BaseModel, key: str) -> str:
         attempt = self._ledger.attempt()
         if tool.local:  # pure: it claims no key, and its workflow task watches it
-            context = ToolContext(self._workspace, key, attempt)
+            context = ToolContext(self._workspace, key, attempt, self._environment)
             return await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
         async with keep_heartbeating(), attempt.held() as ledger:
-            context = ToolContext(self._workspace, key, ledger)
+            context = ToolContext(self._workspace, key, ledger, self._environment)
             return await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
 
     def _fit(self, output: str, key: str) -> str:
         """Send at most MAX_OBSERVATION_CHARS; keep the whole output in the workspace."""
+        output = self._redactor.redact(output)  # the whole output is kept redacted too
         if len(output) <= MAX_OBSERVATION_CHARS:
             return output
         name = hashlib.sha256(key.encode()).hexdigest()[:16] + ".txt"

@@ -42,6 +42,7 @@ from runtime.health import (
     overview,
     stuck,
     unanswered,
+    with_failures_readable,
     worker_hint,
 )
 from runtime.messaging import Delivery, deliver
@@ -548,7 +549,9 @@ class TaskHandle(Generic[OutputT]):
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
         history = await self._handle.fetch_history()
-        found = stuck(description, list(history.events))
+        converter = self._runtime.client.data_converter
+        events = await with_failures_readable(converter, list(history.events))
+        found = stuck(description, events)
         if found is not None:
             failing = f"task {self.id} is stuck (its workflow task failed {found.attempts} times)"
             if (problem := undecryptable(self.id, found.problem, failing)) is not None:

@@ -19,16 +19,22 @@ from typing import Literal, Self
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
+from temporalio.api.failure.v1 import Failure
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
     DefaultPayloadConverter,
+    FailureConverter,
     JSONPlainPayloadConverter,
     PayloadCodec,
+    PayloadConverter,
     SerializationContext,
     WithSerializationContext,
 )
+from temporalio.exceptions import FailureError
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
@@ -80,6 +86,11 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         self._side: Side = side
         self._task_id = task_id
         self._plaintext_told: set[str] = set()
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether this side encrypts what it writes (it holds an active key)."""
+        return self._active is not None
 
     @classmethod
     def without_keys(cls, side: Side = "client") -> EncryptionCodec:
@@ -232,11 +243,59 @@ class ContextualDataConverter(DataConverter):
 PYDANTIC_DATA_CONVERTER = ContextualDataConverter(payload_converter_class=PydanticPayloads)
 
 
+class EncryptedFailureTexts(DefaultFailureConverterWithEncodedAttributes):
+    """Temporal's failure converter that moves messages and stack traces into a payload
+    (which the codec encrypts), except the sentence of a payload this side cannot decrypt:
+    it names key ids only, and must reach a client that asked a query, whose failure
+    carries nothing but its message."""
+
+    _plain = DefaultFailureConverter()
+
+    def to_failure(
+        self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
+    ) -> None:
+        if _refuses_a_payload(exception):
+            self._plain.to_failure(exception, payload_converter, failure)
+        else:
+            super().to_failure(exception, payload_converter, failure)
+
+
+def _refuses_a_payload(err: BaseException | None) -> bool:
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, UndecryptablePayloadError):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
 def data_converter(codec: PayloadCodec | None, side: Side = "client") -> DataConverter:
     """The pydantic converter with the codec (None: encryption off, and an encrypted payload
-    refused with a sentence), as a worker or a client uses it."""
+    refused with a sentence), as a worker or a client uses it. With encryption on, failure
+    messages and stack traces are encrypted too (an endpoint's error may quote the prompt):
+    Temporal's failure converter moves them into a payload, which the codec encrypts."""
     if codec is None:
         codec = EncryptionCodec.without_keys(side)
     elif isinstance(codec, EncryptionCodec):
         codec = codec.on_side(side)
-    return dataclasses.replace(PYDANTIC_DATA_CONVERTER, payload_codec=codec)
+    failures: type[FailureConverter] = DefaultFailureConverter
+    if not isinstance(codec, EncryptionCodec) or codec.encrypts:
+        failures = EncryptedFailureTexts
+    return dataclasses.replace(
+        PYDANTIC_DATA_CONVERTER, payload_codec=codec, failure_converter_class=failures
+    )
+
+
+async def failure_message(converter: DataConverter, failure: Failure) -> str:
+    """A failure's message as its side wrote it, decrypted when encryption put it in the
+    failure's encoded attributes (Temporal's own field then says "Encoded failure"); a
+    message this side cannot decrypt is the sentence saying why."""
+    if not failure.HasField("encoded_attributes"):
+        return failure.message
+    copy = Failure()
+    copy.CopyFrom(failure)
+    try:
+        err = await converter.decode_failure(copy)
+    except UndecryptablePayloadError as refused:
+        return str(refused)
+    return err.message if isinstance(err, FailureError) else str(err)

@@ -21,9 +21,11 @@ from temporalio.api.workflowservice.v1 import (
     GetWorkflowExecutionHistoryReverseRequest,
 )
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.converter import DataConverter
 from temporalio.service import RPCError
 
 from runtime.busy import reading
+from runtime.codec import failure_message
 from runtime.commands import command
 from runtime.pollers import polling_workers
 from runtime.task_errors import NoWorkerError, UnreadableTaskError, undecryptable
@@ -95,6 +97,24 @@ class Stuck:
     """None when no workflow task completed before the failure: nothing to reset to."""
 
 
+async def with_failures_readable(
+    converter: DataConverter, history: list[HistoryEvent]
+) -> list[HistoryEvent]:
+    """`history` with the messages of failed workflow tasks decrypted (with encryption on,
+    the worker encrypts them), as `stuck` reads them."""
+    readable = []
+    for event in history:
+        failure = event.workflow_task_failed_event_attributes.failure
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED and failure.HasField(
+            "encoded_attributes"
+        ):
+            message = await failure_message(converter, failure)
+            event = HistoryEvent.FromString(event.SerializeToString())
+            event.workflow_task_failed_event_attributes.failure.message = message
+        readable.append(event)
+    return readable
+
+
 def stuck(description: WorkflowExecutionDescription, history: list[HistoryEvent]) -> Stuck | None:
     """Whether the task is stuck, judged from Temporal's description and its history."""
     if description.status != WorkflowExecutionStatus.RUNNING:
@@ -162,6 +182,6 @@ async def cannot_run(client: Client, task_id: str, err: RPCError) -> UnreadableT
     )
     for event in response.history.events:
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-            said = event.workflow_task_failed_event_attributes.failure.message
-            return undecryptable(task_id, said)
+            failure = event.workflow_task_failed_event_attributes.failure
+            return undecryptable(task_id, await failure_message(client.data_converter, failure))
     return None

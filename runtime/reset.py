@@ -22,6 +22,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from runtime.busy import sending
+from runtime.codec import failure_message
 from workflows.agent import AgentWorkflow
 from workflows.models import RepairNote, Resumption
 from workflows.run import AgentOutcome
@@ -51,7 +52,7 @@ async def failure_of(client: Client, events: list[HistoryEvent]) -> tuple[str | 
             if details:
                 [decoded] = await client.data_converter.decode(details[:1], [str])
                 kind = str(decoded)
-            return failure.message, kind
+            return await failure_message(client.data_converter, failure), kind
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
             return event.workflow_execution_terminated_event_attributes.reason, "terminated"
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT:

@@ -195,6 +195,12 @@ class Settings(BaseSettings):
         "tool agent__<name>. Python definitions (Agent) at the top level of a WAYSTATION_TOOLS "
         "module count too.",
     )
+    shell_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Variables of the worker's environment passed on to shell commands, by "
+        "name, comma-separated. A command gets only PATH, HOME, USER, SHELL, TERM, LOGNAME, "
+        "the locale and WAYSTATION_WORKSPACE besides: none of the worker's secrets.",
+    )
     mcp_servers: dict[str, McpServerConfig] = Field(
         default_factory=dict,
         description='JSON: {"<name>": {"command": "...", "args": [...]} or {"url": "...", '
@@ -241,18 +247,11 @@ class Settings(BaseSettings):
         "https://waystation.example.com): notices link to {console_url}/#/tasks/{id}.",
     )
 
-    @field_validator("tools", mode="before")
+    @field_validator("tools", "api_allowed_hosts", "shell_env", mode="before")
     @classmethod
-    def _tool_modules(cls, value: object) -> object:
-        if isinstance(value, str):  # the variable: modules separated by commas
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):  # the variable: entries separated by commas
             return [entry.strip() for entry in value.split(",") if entry.strip()]
-        return value
-
-    @field_validator("api_allowed_hosts", mode="before")
-    @classmethod
-    def _host_names(cls, value: object) -> object:
-        if isinstance(value, str):  # the variable: names separated by commas
-            return [entry.strip().lower() for entry in value.split(",") if entry.strip()]
         return value
 
     @field_validator("mcp_servers")

@@ -19,7 +19,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from runtime.health import stuck
+from runtime.health import stuck, with_failures_readable
 from workflows import search
 from workflows.notice import (
     Notice,
@@ -91,7 +91,8 @@ async def _stuck_notice(
     or no endpoint wants to know."""
     handle = client.get_workflow_handle(task_id, run_id=run_id)
     history = await handle.fetch_history()
-    found = stuck(await handle.describe(), list(history.events))
+    events = await with_failures_readable(client.data_converter, list(history.events))
+    found = stuck(await handle.describe(), events)
     if found is None:
         return None
     note = StuckNote(

@@ -27,6 +27,7 @@ from temporalio.runtime import (
 )
 
 from activities.attempt_step import step_of
+from activities.redaction import RedactingLogFilter, Redactor
 from runtime.codec import DISAGREE, UNKNOWN_KEY, WRONG_KEY, UndecryptablePayloadError
 
 _ACTIVITY_FAILED = "Completing activity as failed"
@@ -208,3 +209,12 @@ def listen(listener: AttemptListener | None) -> None:
     """Hand failed attempts to `listener` (a live view), or stop doing so with None."""
     if _handler is not None:
         _handler.listener = listener
+
+
+def redact_records(redactor: Redactor) -> None:
+    """Known secrets out of every record the root logger's handlers write (a worker's;
+    the latest worker built in a process sets the values)."""
+    for handler in logging.getLogger().handlers:
+        for earlier in [f for f in handler.filters if isinstance(f, RedactingLogFilter)]:
+            handler.removeFilter(earlier)
+        handler.addFilter(RedactingLogFilter(redactor))

@@ -28,6 +28,9 @@ class Reply:
     tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, raw arguments)
     status: int = 200
     error_message: str = ""
+    # An error that quotes the request, as some endpoints do: its Authorization header and
+    # its last message, after `error_message`.
+    echo_request: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     hang_seconds: float = 0.0  # before the response's headers
     stall_before_chunk: int | None = None  # headers sent: wait before this chunk (0: first)
@@ -211,9 +214,16 @@ class FakeOpenAI:
                     time.sleep(reply.hang_seconds)
                     return
                 if reply.status != 200:
+                    message = reply.error_message
+                    if reply.echo_request:
+                        said = (body.get("messages") or [{}])[-1].get("content")
+                        message += (
+                            f" (you sent Authorization: {self.headers.get('Authorization')}; "
+                            f"your last message: {said})"
+                        )
                     self._json(
                         reply.status,
-                        {"error": {"message": reply.error_message, "type": "fake"}},
+                        {"error": {"message": message, "type": "fake"}},
                         reply.headers,
                     )
                     return

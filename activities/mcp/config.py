@@ -139,6 +139,11 @@ def expand(value: str, environ: Mapping[str, str], where: str) -> str:
     return _VARIABLE.sub(lookup, value)
 
 
+def variables_named(value: str) -> list[str]:
+    """The names `value` refers to as `${NAME}`."""
+    return _VARIABLE.findall(value)
+
+
 def expand_mapping(
     values: Mapping[str, str], environ: Mapping[str, str], where: str
 ) -> dict[str, str]:
