@@ -11,13 +11,14 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import psycopg
+
+from testing.proc import free_port
 
 # Debian's server account; created (without a home or a shell) when the package is absent.
 SERVER_ACCOUNT = "postgres"
@@ -41,12 +42,6 @@ def server_binaries() -> Path:
         "the PostgreSQL server binaries are missing: `make test` installs them with apt"
         " (scripts/system-packages), or run `sudo apt-get install postgresql`"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _server_account() -> str | None:
@@ -79,7 +74,7 @@ class PostgresServer:
         self.root = Path(tempfile.mkdtemp(prefix="waystation-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        self.port = _free_port()
+        self.port = free_port()
         if self.account is not None:
             entry = pwd.getpwnam(self.account)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)

@@ -4,7 +4,15 @@ holds a model stream or runs a tool, not one picked at random."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+
+
+def free_port() -> int:
+    """A loopback port free at the moment of asking (a server binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _socket_inodes(port: int) -> set[str]:

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
+from runtime.codec import data_converter, new_key
 from runtime.settings import Settings
 from runtime.temporal import ensure_search_attributes
 from testing.fake_openai import FakeOpenAI
@@ -154,3 +156,17 @@ def spawn_worker(
     yield spawn
     for worker in started:
         worker.kill()
+
+
+@pytest.fixture
+async def encrypted_client(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> AsyncIterator[tuple[Client, Settings]]:
+    secure = Settings.model_validate(
+        {**settings.model_dump(), "encryption_keys": {"k1": new_key()}, "encryption_key_id": "k1"}
+    )
+    client = await Client.connect(
+        dev_env.client.service_client.config.target_host,
+        data_converter=data_converter(secure.payload_codec()),
+    )
+    yield client, secure

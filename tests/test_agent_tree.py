@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import re
-import socket
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +25,7 @@ from runtime.http_api import create_app
 from runtime.settings import Settings
 from runtime.tree_stream import OpenStream, TreeCursor, TreeItem, parse_cursor
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.proc import free_port
 from testing.workers import running_worker
 from tests.helpers import agent_task
 from tests.test_cli import starter
@@ -33,12 +33,6 @@ from tests.test_subagents import agent, registry_with
 from workflows.models import AgentSpec
 
 Item = dict[str, Any]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -49,7 +43,7 @@ async def serving(
     registry = registry_with(*specs)
     runtime = AgentRuntime(dev_env.client, settings, tools=registry)
     app = create_app(settings, runtime, sse_ping_seconds=0.5)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     while not server.started:

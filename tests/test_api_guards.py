@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,23 +19,18 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, text, tools
+from testing.proc import free_port
 from testing.workers import running_worker
 
 TOKEN = "guard-approver"
 REBOUND = "rebind.evil.example"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def serving(settings: Settings, runtime: AgentRuntime) -> AsyncIterator[int]:
     """The API with `settings` on a free loopback port; yields the port."""
     app = create_app(settings, runtime)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving_task = asyncio.create_task(server.serve())
     while not server.started:

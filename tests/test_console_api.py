@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from importlib import resources
@@ -23,17 +22,12 @@ from runtime.api import inbox
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.proc import free_port
 from testing.workers import running_worker
 from tests.helpers import agent_task, pending_requests
 
 APPROVER = "console-approver"
 READER = "console-reader"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Api:
@@ -43,7 +37,7 @@ class Api:
         self.runtime = runtime
         self.server: uvicorn.Server | None = None
         self.serving: asyncio.Task[None] | None = None
-        self.port = _free_port()
+        self.port = free_port()
 
     async def start(self) -> httpx.AsyncClient:
         app = create_app(self.runtime.settings, self.runtime)
@@ -182,7 +176,7 @@ async def test_tasks_are_listed_with_their_text_and_found_by_it(
 ) -> None:
     name = fake_openai.script(lambda body: text("done"))
     runtime = console_runtime
-    marker = f"zebra-{_free_port()}"
+    marker = f"zebra-{free_port()}"
     wanted = await runtime.run(agent_task(name, f"Find the {marker} in the list"))
     other = await runtime.run(agent_task(name, "Something else entirely"))
     await wanted.result()
@@ -212,7 +206,7 @@ async def test_a_followed_up_task_is_listed_by_its_own_text_and_first_start_in_a
 ) -> None:
     name = fake_openai.script(lambda body: text("done"))
     runtime = console_runtime
-    marker = f"okapi-{_free_port()}"
+    marker = f"okapi-{free_port()}"
     handle = await runtime.run(agent_task(name, f"Count the {marker}s"))
     await handle.result()
 
@@ -262,7 +256,7 @@ async def test_a_task_continued_as_new_is_listed_by_its_own_text_and_first_start
 ) -> None:
     calls = [tools(("calculator", {"expression": f"{n} + 1"})) for n in range(3)]
     name = fake_openai.script([*calls, text("done")])
-    marker = f"tapir-{_free_port()}"
+    marker = f"tapir-{free_port()}"
     handle = await console_runtime.run(
         agent_task(name, f"Add up the {marker}s", continue_as_new_after_steps=1)
     )

@@ -15,15 +15,9 @@ from pathlib import Path
 import pytest
 
 from runtime.commands import command
-from testing.proc import pid_with_local_port, pids_with_argument
+from testing.proc import free_port, pid_with_local_port, pids_with_argument
 from testing.settings import USER_ENV_PREFIXES
 from testing.workers import REPO
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(port: int) -> bool:
@@ -39,14 +33,14 @@ class Embedded:
 
     def __init__(self, base: Path) -> None:
         self.data_dir = base / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(USER_ENV_PREFIXES)}
         self.env.update(
             WAYSTATION_DATA_DIR=str(self.data_dir),
             WAYSTATION_WORKSPACE=str(base / "workspace"),
             WAYSTATION_TASK_QUEUE=f"embedded-{self.port}",
             WAYSTATION_DEV_SERVER_PORT=str(self.port),
-            WAYSTATION_DEV_SERVER_UI_PORT=str(_free_port()),
+            WAYSTATION_DEV_SERVER_UI_PORT=str(free_port()),
         )
 
     @property

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -24,17 +23,12 @@ from runtime.api.tasks import task_id_for
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.proc import free_port
 from testing.workers import running_worker
 from tests.helpers import same_unless_restamped, wait_for_state
 
 READER = "reader-token"
 APPROVER = "approver-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -50,7 +44,7 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
     )
     runtime = AgentRuntime(dev_env.client, settings)
     app = create_app(settings, runtime, sse_ping_seconds=0.5)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     while not server.started:

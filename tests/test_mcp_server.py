@@ -5,7 +5,6 @@ HTTP at the API's /mcp (bearer tokens: a reader starts and reads, an approver de
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +23,7 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, text, tools
+from testing.proc import free_port
 from testing.workers import REPO, running_worker, worker_environment
 
 READER = "reader-token"
@@ -106,12 +106,6 @@ async def test_an_mcp_client_drives_a_task_over_stdio(
         assert missing.is_error and "no task with id 'no-such-task'" in str(missing.content)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator[str]:
     """The HTTP API on a free port with a reader and an approver token, and a worker."""
@@ -124,7 +118,7 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
         }
     )
     app = create_app(settings, AgentRuntime(dev_env.client, settings))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     while not server.started:

@@ -7,7 +7,6 @@ import base64
 import json
 import re
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -78,20 +77,6 @@ async def test_a_converter_in_a_task_context_names_the_task_and_reads_what_the_o
     with pytest.raises(ValueError) as context_free:
         await keyless.decode(sealed)
     assert "task-7" not in str(context_free.value)  # the context stays on its copy
-
-
-@pytest.fixture
-async def encrypted_client(
-    dev_env: WorkflowEnvironment, settings: Settings
-) -> AsyncIterator[tuple[Client, Settings]]:
-    secure = Settings.model_validate(
-        {**settings.model_dump(), "encryption_keys": {"k1": new_key()}, "encryption_key_id": "k1"}
-    )
-    client = await Client.connect(
-        dev_env.client.service_client.config.target_host,
-        data_converter=data_converter(secure.payload_codec()),
-    )
-    yield client, secure
 
 
 async def test_encrypted_history_holds_no_plaintext_and_everything_still_works(

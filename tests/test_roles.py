@@ -6,7 +6,6 @@ deployment's caps hold for everyone; sub-agents' ids and parent links are the wo
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +25,7 @@ from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from runtime.task_rights import TaskRefusedError
 from testing.fake_openai import FakeOpenAI, text, tools
+from testing.proc import free_port
 from testing.workers import running_worker
 from tests.helpers import agent_task
 from tests.test_cli import starter
@@ -45,12 +45,6 @@ PARENT = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The API (and its /mcp) on a free port, a reader and an approver token, a worker."""
@@ -60,7 +54,7 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
     }
     settings = settings.model_copy(update={"api_tokens": tokens})
     app = create_app(settings, AgentRuntime(dev_env.client, settings), sse_ping_seconds=0.5)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     while not server.started:

@@ -10,7 +10,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -412,24 +412,10 @@ def with_payloads_decoded(history_json: str) -> str:
 PROMPT_SECRET = "the-launch-code-is-HUNTER2"
 
 
-@pytest.fixture
-async def encrypted(
-    dev_env: WorkflowEnvironment, settings: Settings
-) -> AsyncIterator[tuple[Client, Settings]]:
-    secure = Settings.model_validate(
-        {**settings.model_dump(), "encryption_keys": {"k1": new_key()}, "encryption_key_id": "k1"}
-    )
-    client = await Client.connect(
-        dev_env.client.service_client.config.target_host,
-        data_converter=data_converter(secure.payload_codec()),
-    )
-    yield client, secure
-
-
 async def test_an_error_quoting_the_prompt_is_encrypted_in_history_and_still_read(
-    encrypted: tuple[Client, Settings], fake_openai: FakeOpenAI
+    encrypted_client: tuple[Client, Settings], fake_openai: FakeOpenAI
 ) -> None:
-    client, secure = encrypted
+    client, secure = encrypted_client
     model = fake_openai.script(lambda body: ECHOING)
     runtime = AgentRuntime(client, secure)
     async with running_worker(client, secure):

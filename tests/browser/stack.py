@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ from temporalio.client import Client
 from runtime.agent_runtime import AgentRuntime
 from runtime.codec import data_converter
 from runtime.settings import Settings
+from testing.proc import free_port
 from testing.workers import REPO, WorkerProcess, worker_environment
 
 CHROMIUM = "/usr/bin/chromium"
@@ -46,12 +46,6 @@ TOKENS = {
     BOB: {"role": "approver", "name": "bob"},
     RITA: {"role": "reader", "name": "rita"},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ApiProcess:

@@ -20,6 +20,7 @@ from playwright.async_api import Page, Route, expect
 
 from runtime.agent_runtime import TaskHandle
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from testing.proc import free_port
 from tests.browser.conftest import OpenConsole, sign_in
 from tests.browser.pages import (
     answer,
@@ -31,7 +32,7 @@ from tests.browser.pages import (
     said,
     start,
 )
-from tests.browser.stack import ALICE, ApiProcess, ConsoleStack, free_port
+from tests.browser.stack import ALICE, ApiProcess, ConsoleStack
 from tests.helpers import pending_requests
 
 

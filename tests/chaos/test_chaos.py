@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -37,7 +36,7 @@ from runtime.temporal import (
     temporal_binary,
 )
 from testing.fake_openai import FakeOpenAI
-from testing.proc import pid_with_local_port
+from testing.proc import free_port, pid_with_local_port
 from testing.workers import WorkerProcess, running_worker
 from tests.chaos.workload import (
     Crew,
@@ -188,12 +187,6 @@ async def test_the_flaky_agent_ends_like_a_clean_run(
 START_ATTEMPTS = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class OwnDevServer:
     """A dev server on an SQLite file, which this test may stop and start again.
 
@@ -209,7 +202,7 @@ class OwnDevServer:
     def __init__(self, database: Path) -> None:
         self.database = database
         self.log = database.with_suffix(".log")
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *, new_port_if_taken: bool = False) -> None:
@@ -217,7 +210,7 @@ class OwnDevServer:
             if self._started():
                 return
             if new_port_if_taken:
-                self.port = _free_port()
+                self.port = free_port()
         raise RuntimeError(f"dev server did not start:\n{self.log.read_text(errors='replace')}")
 
     def _started(self) -> bool:
@@ -349,7 +342,7 @@ async def test_a_worker_started_before_its_server_waits_for_it_and_then_serves(
 async def test_a_worker_whose_server_never_answers_gives_up_in_one_line(
     settings: Settings,
 ) -> None:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     worker = WorkerProcess(address, settings, {"WAYSTATION_WORKER_CONNECT_WAIT_SECONDS": "0.5"})
     try:
         code = await asyncio.to_thread(worker.process.wait, 60)
