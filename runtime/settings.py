@@ -145,7 +145,7 @@ class Settings(BaseSettings):
         "binds to localhost only and lets every local caller in.",
     )
     max_steps_cap: int = Field(
-        default=1_000,
+        default=10_000,
         ge=1,
         le=100_000,
         description="The most max_steps any task, sub-agent, resume, fork or message may "

@@ -164,7 +164,7 @@ async def test_limits_above_the_deployments_caps_are_refused_for_every_role(
     who = {"Authorization": f"Bearer {token}"}
     model = fake_openai.script([text("ok")])
     for setting, value, cap in (
-        ("max_steps", 100_000, 1_000),
+        ("max_steps", 100_000, 10_000),
         ("max_agent_depth", 20, 5),
         ("max_agent_calls", 100, 16),
     ):
@@ -175,32 +175,32 @@ async def test_limits_above_the_deployments_caps_are_refused_for_every_role(
             f"{setting} {value} is above this deployment's cap of {cap} (WAYSTATION_"
         )
     assert fake_openai.calls(model) == 0
-    at_cap = await api.post("/tasks", json=new_task(model, max_steps=1_000), headers=who)
+    at_cap = await api.post("/tasks", json=new_task(model, max_steps=10_000), headers=who)
     assert at_cap.status_code == 201, at_cap.text
     task_id = at_cap.json()["id"]
     await state_when(api, task_id, "done")
 
     fork = await api.post(
-        f"/tasks/{task_id}/fork", json={"at_seq": 0, "max_steps": 5_000}, headers=who
+        f"/tasks/{task_id}/fork", json={"at_seq": 0, "max_steps": 50_000}, headers=who
     )
-    assert fork.status_code == 400 and "max_steps 5000 is above" in fork.json()["detail"]
+    assert fork.status_code == 400 and "max_steps 50000 is above" in fork.json()["detail"]
     # Resuming and messages are an approver's: the cap holds for it too.
-    resumed = await api.post(f"/tasks/{task_id}/resume", json={"max_steps": 5_000}, headers=who)
+    resumed = await api.post(f"/tasks/{task_id}/resume", json={"max_steps": 50_000}, headers=who)
     sent = await api.post(
-        f"/tasks/{task_id}/messages", json={"content": "more", "max_steps": 5_000}, headers=who
+        f"/tasks/{task_id}/messages", json={"content": "more", "max_steps": 50_000}, headers=who
     )
     if token == APPROVER:
-        assert resumed.status_code == 400 and "max_steps 5000 is above" in resumed.text
-        assert sent.status_code == 400 and "max_steps 5000 is above" in sent.text
+        assert resumed.status_code == 400 and "max_steps 50000 is above" in resumed.text
+        assert sent.status_code == 400 and "max_steps 50000 is above" in sent.text
     else:
         assert resumed.status_code == sent.status_code == 403
 
     async with mcp_as(api, token) as client:
         over = await client.call_tool(
-            "run_task", {"task": "go", "model": model, "max_steps": 5_000}
+            "run_task", {"task": "go", "model": model, "max_steps": 50_000}
         )
         assert over.is_error
-        assert "max_steps 5000 is above this deployment's cap of 1000" in str(over.content)
+        assert "max_steps 50000 is above this deployment's cap of 10000" in str(over.content)
 
 
 async def test_sub_agent_ids_and_parent_links_are_refused_on_every_client_path(

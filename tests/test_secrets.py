@@ -460,7 +460,7 @@ async def test_an_error_quoting_the_prompt_is_encrypted_in_history_and_still_rea
         runtime,
     )
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://api"
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as api:
         answer = await api.post("/codec/decode", json=body, headers={"Authorization": "Bearer t"})
     assert answer.status_code == 200, answer.text

@@ -20,7 +20,7 @@ async def test_the_form_offers_a_reader_only_stricter_rules_and_an_approver_ever
     await expect(reader.locator("#new-rule-write_file option")).to_have_text(
         ["default (outside scratch)", "always", "outside scratch"]
     )
-    await expect(reader.locator("#new-max-steps")).to_have_attribute("max", "1000")
+    await expect(reader.locator("#new-max-steps")).to_have_attribute("max", "10000")
 
     approver = await open_console(ALICE)
     await approver.goto(f"{stack.url}/#/new")
