@@ -46,6 +46,7 @@ from runtime.agent_runtime import (
     TaskNotFoundError,
     UnknownToolsError,
 )
+from runtime.hidden_environment import hide_starting_environment
 from runtime.pollers import cli_worker_identity, no_worker_note
 from runtime.render import LiveView, render_state, visible, visible_json
 from runtime.settings import Settings
@@ -1031,6 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsProblem as err:
         _say(f"error: {err}")
         return 2
+    hide_starting_environment()  # a command may host a worker: its secrets stay off /proc
     if args.command == "api":
         from runtime.http_api import main as serve
 

@@ -46,6 +46,7 @@ from activities.turns import TurnActivities
 from runtime import worker_log
 from runtime.agent_runtime import AgentRuntime
 from runtime.auto_repair import repair_now_and_then
+from runtime.hidden_environment import hide_starting_environment
 from runtime.known_secrets import redactor_for
 from runtime.settings import Settings
 from runtime.settings_errors import SettingsProblem, load_settings
@@ -301,6 +302,7 @@ async def main() -> int:
     except SettingsProblem as err:
         print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
         return 1
+    hide_starting_environment()  # a shell command cannot read the worker's secrets in /proc
     try:
         settings.webhook_endpoints()  # before connecting: nothing is started to stop
     except WebhookConfigError as err:

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,15 @@ def search_attribute_flags() -> list[str]:
     for key in search.REGISTERED:
         flags += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.indexed_value_type]}"]
     return flags
+
+
+# What the dev server needs of the environment that starts it: it is a process of the same
+# user that outlives the command, so the model key and the tokens stay out of its environ.
+SERVER_ENVIRONMENT = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    return {name: environ[name] for name in SERVER_ENVIRONMENT if name in environ}
 
 
 def connect_config(settings: Settings) -> dict[str, object]:
@@ -170,6 +179,7 @@ class DevServer:
         with open(self.log_file, "ab") as log:
             process = subprocess.Popen(
                 self.command(),
+                env=server_environment(os.environ),  # outlives us: none of our secrets
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

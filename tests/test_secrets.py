@@ -233,14 +233,26 @@ def with_password(url: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+# The worker is an ancestor of the shell that runs the command: its starting environment,
+# base64 so that no redaction of the output hides what the command read.
+READ_WORKERS_ENVIRON = (
+    'p=$PPID; while [ "$p" -gt 1 ]; do '
+    "if grep -q worker.py /proc/$p/cmdline; then base64 -w0 /proc/$p/environ; break; fi; "
+    "p=$(cut -d' ' -f4 /proc/$p/stat); done\n"
+)
+
+
+@pytest.mark.parametrize("script", ["env\n", READ_WORKERS_ENVIRON], ids=["env", "proc-environ"])
 async def test_an_approved_env_shows_none_of_the_workers_secrets(
     dev_env: WorkflowEnvironment,
     settings: Settings,
     fake_openai: FakeOpenAI,
     postgres: PostgresServer,
+    script: str,
 ) -> None:
     """The issue's case: the model writes `env` into scratch/check.sh (no approval needed)
-    and gets `sh scratch/check.sh` approved, on a worker holding every kind of secret."""
+    and gets `sh scratch/check.sh` approved, on a worker holding every kind of secret; or
+    the script reads the worker's own starting environment from /proc instead."""
     worker_secrets = {
         "model API key": "sk-live-" + secrets.token_hex(12),
         "database password": "pw-" + secrets.token_hex(8),
@@ -280,7 +292,7 @@ async def test_an_approved_env_shows_none_of_the_workers_secrets(
     def reply(body: dict[str, Any]) -> Reply:
         told = [m for m in body["messages"] if m["role"] == "tool"]
         if not told:
-            return tools(("write_file", {"path": "scratch/check.sh", "content": "env\n"}))
+            return tools(("write_file", {"path": "scratch/check.sh", "content": script}))
         if len(told) == 1:
             return tools(("run_shell", {"command": "sh scratch/check.sh"}))
         return text("checked")
@@ -299,9 +311,17 @@ async def test_an_approved_env_shows_none_of_the_workers_secrets(
     finally:
         worker.kill()
     shell_output = of_type(events, "observation")[-1].output
-    assert "WAYSTATION_WORKSPACE=" in shell_output and "TOOL_REGION=eu-north-7" in shell_output
-    assert "PATH=" in shell_output
-    shown = everything_shown(events, fake_openai, model, settings, *histories)
+    if script == READ_WORKERS_ENVIRON:
+        assert shell_output.startswith("exit code 0\n"), shell_output
+        read = base64.b64decode(shell_output.removeprefix("exit code 0\n").strip())
+        shell_output = read.decode("utf-8", "replace")
+        assert read and shell_output.strip("\0") == ""  # blank, not merely unreadable
+    else:
+        assert "WAYSTATION_WORKSPACE=" in shell_output
+        assert "TOOL_REGION=eu-north-7" in shell_output and "PATH=" in shell_output
+    shown = "\n".join(
+        [shell_output, everything_shown(events, fake_openai, model, settings, *histories)]
+    )
     leaked = [kind for kind, value in worker_secrets.items() if value in shown]
     assert leaked == []
 
