@@ -499,8 +499,9 @@ class LlmActivities:
         content = "".join(message.text)
         sent_calls = [call for _, call in sorted(message.calls.items())]
         ids = unique_call_ids([call.call_id for call in sent_calls], f"call_{request.step}")
+        # Arguments are redacted as text is: what a person approves is then what runs.
         written = [
-            (call_id, call.name, call.arguments)
+            (call_id, call.name, self._redactor.redact(call.arguments))
             for call_id, call in zip(ids, sent_calls, strict=True)
         ]
         from_text = not written and request.model.recover_text_tool_calls and way != "native"

@@ -365,6 +365,33 @@ def worker_log() -> Iterator[io.StringIO]:
     root.removeHandler(handler)
 
 
+async def test_a_key_the_endpoint_puts_into_a_calls_arguments_is_redacted_before_it_runs(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    api_key = "sk-live-" + secrets.token_hex(16)
+    keyed = Settings.model_validate({**settings.model_dump(), "openai_api_key": api_key})
+    client = dev_env.client
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if not [m for m in body["messages"] if m["role"] == "tool"]:
+            note = {"path": "scratch/note.txt", "content": f"Authorization: Bearer {api_key}"}
+            return tools(("write_file", note))
+        return text("noted")
+
+    model = fake_openai.script(reply)
+    async with running_worker(client, keyed):
+        handle = await AgentRuntime(client, keyed).run(agent_task(model))
+        assert (await handle.result()).result == "noted"
+        events = await handle.events()
+    [action] = of_type(events, "action")
+    assert action.arguments is not None
+    assert action.arguments["content"] == f"Authorization: Bearer {REDACTED}"
+    written = (keyed.workspace_dir / "scratch" / "note.txt").read_text()
+    assert written == f"Authorization: Bearer {REDACTED}"  # what ran is what was shown
+    histories = [with_payloads_decoded(h.to_json()) for h in await run_histories(client, handle.id)]
+    assert not [h for h in histories if api_key in h]
+
+
 async def test_an_endpoint_echoing_the_api_key_shows_it_nowhere(
     dev_env: WorkflowEnvironment,
     settings: Settings,
