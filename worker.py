@@ -230,10 +230,10 @@ def build_worker(
     owns_storage = storage is None
     storage = storage or Storage.from_settings(settings)
     # Connections start on first use, so a worker with servers it never needs spawns none.
-    mcp = McpActivities(McpClientManager(settings.mcp_server_configs()))
     # Every secret the settings hold, kept out of tool outputs, error texts and the log.
     redactor = redactor_for(settings, os.environ)
     worker_log.redact_records(redactor)
+    mcp = McpActivities(McpClientManager(settings.mcp_server_configs()), redactor)
     sealed = SealedBlobs(storage.blobs, settings.codec_for("worker"))
     archive = ArchiveActivities(EventArchive(sealed))
     llm = LlmActivities(

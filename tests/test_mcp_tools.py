@@ -16,12 +16,14 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from temporalio.testing import ActivityEnvironment
 
-from activities.mcp.activities import check_call
+from activities.mcp.activities import McpActivities, check_call
 from activities.mcp.calls import argument_problem
 from activities.mcp.config import McpConfigError, McpServerConfig, parse_servers
 from activities.mcp.connection import forgot_session
 from activities.mcp.manager import McpClientManager
+from activities.redaction import REDACTED, Redactor
 from runtime.settings import Settings
 from testing.mcp import (
     NOT_MCP_LINE,
@@ -33,6 +35,7 @@ from testing.mcp import (
 )
 from workflows.tool_catalog import (
     FUNCTION_NAME,
+    ListToolsRequest,
     McpServerTools,
     McpToolHints,
     McpToolSpec,
@@ -321,6 +324,21 @@ async def test_a_server_that_cannot_start_reports_its_stderr(
     assert missing.error is not None and "/nonexistent/mcp-server" in missing.error
     call = await manager.call_tool("broken__lookup", {"key": "k"}, "t/1/a")
     assert call.is_error and "refusing to start" in call.output
+
+
+async def test_a_secret_a_server_prints_when_it_cannot_start_is_redacted_from_the_catalog(
+    log: CallLog, managers: list[McpClientManager]
+) -> None:
+    token = "ghp_" + "7" * 20  # a value its configured environment expanded
+    manager = manage(
+        managers,
+        broken=demo_stdio(log, env={"DEMO_FAIL_ON_START": "1", "DEMO_STDERR_SAYS": token}),
+    )
+    listing = McpActivities(manager, Redactor([token])).list_tools
+    catalog = await ActivityEnvironment().run(listing, ListToolsRequest())
+    [broken] = catalog.servers
+    assert broken.error is not None and "refusing to start" in broken.error
+    assert token not in broken.error and REDACTED in broken.error
 
 
 async def test_hung_servers_time_out_and_are_restarted(

@@ -9,6 +9,7 @@ from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating
 from activities.mcp.calls import argument_problem
+from activities.redaction import Redactor
 from activities.spans import span
 from activities.tools import approval_needed, json_object_arguments
 from workflows.models import ApprovalRule, ChatMessage, ToolCall, ToolRequest, ToolResult
@@ -21,8 +22,9 @@ if TYPE_CHECKING:  # the manager imports `mcp`: only a worker needs it
 class McpActivities:
     """MCP tools over one worker's `McpClientManager` (built and closed in worker.py)."""
 
-    def __init__(self, manager: McpClientManager) -> None:
+    def __init__(self, manager: McpClientManager, redactor: Redactor | None = None) -> None:
         self.manager = manager
+        self._redactor = redactor or Redactor()
 
     @activity.defn(name="list_tools")
     async def list_tools(self, request: ListToolsRequest) -> ToolCatalog:
@@ -32,7 +34,12 @@ class McpActivities:
         of failing the activity: the task goes on with the other servers' tools.
         """
         async with keep_heartbeating():
-            return await self.manager.list_tools(request.servers)
+            catalog = await self.manager.list_tools(request.servers)
+        # A server's error may quote its stderr, which may print a secret of its environment.
+        for listing in catalog.servers:
+            if listing.error is not None:
+                listing.error = self._redactor.redact(listing.error)
+        return catalog
 
     @staticmethod
     def handles(tool: str) -> bool:

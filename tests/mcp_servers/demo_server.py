@@ -10,11 +10,12 @@ tools append a JSON line (`tool`, `event`, `key` = the idempotency key from `_me
 `label`, `pid`) to the file named by DEMO_CALL_LOG, so a test can see what ran, how often
 and what was cancelled.
 
-DEMO_FAIL_ON_START=1 exits at once with a message on stderr; DEMO_HANG_ON_START=1 never
-answers the handshake; DEMO_HANG_ON_LIST=1 never answers tools/list; DEMO_BANNER=1 writes
-a line that is not MCP to stdout before it serves. DEMO_TASK_TOOL=1 offers `background_job`,
-a tool that runs only as an MCP task (`execution.taskSupport: required`). A request header
-`Authorization` is recorded as `authorization` on the calls it carries (HTTP only).
+DEMO_FAIL_ON_START=1 exits at once with a message on stderr (ending with DEMO_STDERR_SAYS);
+DEMO_HANG_ON_START=1 never answers the handshake; DEMO_HANG_ON_LIST=1 never answers
+tools/list; DEMO_BANNER=1 writes a line that is not MCP to stdout before it serves.
+DEMO_TASK_TOOL=1 offers `background_job`, a tool that runs only as an MCP task
+(`execution.taskSupport: required`). A request header `Authorization` is recorded as
+`authorization` on the calls it carries (HTTP only).
 
 Over HTTP, DEMO_UNKNOWN_SESSION=400 answers a request for a session the server does not know
 (it restarted) as the reference server does, 400 "Bad Request: No valid session ID
@@ -292,7 +293,8 @@ def main() -> None:
     parser.add_argument("--http", type=int, help="serve streamable HTTP on this port")
     args = parser.parse_args()
     if os.environ.get("DEMO_FAIL_ON_START"):
-        print("demo server: refusing to start (DEMO_FAIL_ON_START)", file=sys.stderr, flush=True)
+        said = os.environ.get("DEMO_STDERR_SAYS", "")  # what a server might print of its env
+        print(f"demo server: refusing to start (DEMO_FAIL_ON_START){said}", file=sys.stderr)
         sys.exit(2)
     if os.environ.get("DEMO_HANG_ON_START"):
         print("demo server: hanging before the handshake", file=sys.stderr, flush=True)
