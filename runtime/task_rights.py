@@ -134,20 +134,12 @@ def admit(
 
 def _check_caps(task: AgentTask, settings: Settings, tools: ToolRegistry) -> None:
     check_max_steps(task.max_steps, settings)
-    if task.max_agent_depth > settings.max_agent_depth_cap:
-        raise _over_cap(
-            "max_agent_depth",
-            task.max_agent_depth,
-            settings.max_agent_depth_cap,
-            "WAYSTATION_MAX_AGENT_DEPTH_CAP",
-        )
-    if task.max_agent_calls > settings.max_agent_calls_cap:
-        raise _over_cap(
-            "max_agent_calls",
-            task.max_agent_calls,
-            settings.max_agent_calls_cap,
-            "WAYSTATION_MAX_AGENT_CALLS_CAP",
-        )
+    for setting, value, cap in (
+        ("max_agent_depth", task.max_agent_depth, settings.max_agent_depth_cap),
+        ("max_agent_calls", task.max_agent_calls, settings.max_agent_calls_cap),
+    ):
+        if value > cap:
+            raise _over_cap(setting, value, cap, f"WAYSTATION_{setting.upper()}_CAP")
     for spec in callable_agents(task, tools):
         if spec.max_steps > settings.max_steps_cap:
             raise _over_cap(

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import uvicorn
+from fastapi import FastAPI
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 
 from runtime.agent_runtime import NoWorkerError, TaskHandle
+from testing.proc import free_port
 from workflows.events import AgentEvent, AgentState
 from workflows.models import AgentTask, ModelSettings
 
@@ -96,3 +100,18 @@ async def same_unless_restamped(
         return
     assert await workflow_tasks_retried(client, task_id), "live and durable differ, no retry"
     assert [_unstamped(i) for i in live] == [_unstamped(i) for i in durable]
+
+
+@contextlib.asynccontextmanager
+async def serving_api(app: FastAPI) -> AsyncIterator[int]:
+    """`app` served by uvicorn on a free loopback port until the block ends; yields the port."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await serving

@@ -12,15 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import uvicorn
 from temporalio.testing import WorkflowEnvironment
 
 from runtime.agent_runtime import AgentRuntime
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, text, tools
-from testing.proc import free_port
 from testing.workers import running_worker
+from tests.helpers import serving_api
 
 TOKEN = "guard-approver"
 REBOUND = "rebind.evil.example"
@@ -29,17 +28,8 @@ REBOUND = "rebind.evil.example"
 @contextlib.asynccontextmanager
 async def serving(settings: Settings, runtime: AgentRuntime) -> AsyncIterator[int]:
     """The API with `settings` on a free loopback port; yields the port."""
-    app = create_app(settings, runtime)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    serving_task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    try:
+    async with serving_api(create_app(settings, runtime)) as port:
         yield port
-    finally:
-        server.should_exit = True
-        await serving_task
 
 
 def with_token(settings: Settings, **update: Any) -> Settings:

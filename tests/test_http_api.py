@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -23,9 +22,8 @@ from runtime.api.tasks import task_id_for
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.proc import free_port
 from testing.workers import running_worker
-from tests.helpers import same_unless_restamped, wait_for_state
+from tests.helpers import same_unless_restamped, serving_api, wait_for_state
 
 READER = "reader-token"
 APPROVER = "approver-token"
@@ -44,21 +42,15 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
     )
     runtime = AgentRuntime(dev_env.client, settings)
     app = create_app(settings, runtime, sse_ping_seconds=0.5)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    async with running_worker(dev_env.client, settings):
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {APPROVER}"},
-            timeout=60,  # past the API's longest wait: a decision's, 30 s, then a 503
-        ) as client:
-            client._transport_runtime = runtime  # type: ignore[attr-defined]
-            yield client
-    server.should_exit = True
-    await serving
+    async with serving_api(app) as port:
+        async with running_worker(dev_env.client, settings):
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}",
+                headers={"Authorization": f"Bearer {APPROVER}"},
+                timeout=60,  # past the API's longest wait: a decision's, 30 s, then a 503
+            ) as client:
+                client._transport_runtime = runtime  # type: ignore[attr-defined]
+                yield client
 
 
 async def sse_items(

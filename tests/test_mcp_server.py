@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -23,8 +22,8 @@ from runtime.agent_runtime import AgentRuntime
 from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from testing.fake_openai import FakeOpenAI, text, tools
-from testing.proc import free_port
 from testing.workers import REPO, running_worker, worker_environment
+from tests.helpers import serving_api
 
 READER = "reader-token"
 APPROVER = "approver-token"
@@ -118,15 +117,9 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
         }
     )
     app = create_app(settings, AgentRuntime(dev_env.client, settings))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    async with running_worker(dev_env.client, settings):
-        yield f"http://127.0.0.1:{port}/mcp"
-    server.should_exit = True
-    await serving
+    async with serving_api(app) as port:
+        async with running_worker(dev_env.client, settings):
+            yield f"http://127.0.0.1:{port}/mcp"
 
 
 @asynccontextmanager

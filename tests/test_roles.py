@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from temporalio.testing import WorkflowEnvironment
@@ -25,9 +24,8 @@ from runtime.http_api import create_app
 from runtime.settings import ApiToken, Settings
 from runtime.task_rights import TaskRefusedError
 from testing.fake_openai import FakeOpenAI, text, tools
-from testing.proc import free_port
 from testing.workers import running_worker
-from tests.helpers import agent_task
+from tests.helpers import agent_task, serving_api
 from tests.test_cli import starter
 from workflows.models import AgentSpec, ParentLink
 
@@ -54,16 +52,10 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
     }
     settings = settings.model_copy(update={"api_tokens": tokens})
     app = create_app(settings, AgentRuntime(dev_env.client, settings), sse_ping_seconds=0.5)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    async with running_worker(dev_env.client, settings):
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            yield client
-    server.should_exit = True
-    await serving
+    async with serving_api(app) as port:
+        async with running_worker(dev_env.client, settings):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                yield client
 
 
 @asynccontextmanager
