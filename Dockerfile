@@ -2,11 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY workflows workflows
-COPY activities activities
-COPY runtime runtime
 COPY waystation waystation
-COPY worker.py starter.py ./
 RUN pip install --no-cache-dir .
 # Containers talk to a real Temporal service. /data is the worker's own (its SQLite storage
 # and workspace unless WAYSTATION_DATABASE_URL and WAYSTATION_WORKSPACE point elsewhere).
@@ -14,4 +10,4 @@ ENV WAYSTATION_EMBEDDED_SERVER=false \
     WAYSTATION_DATA_DIR=/data \
     PYTHONUNBUFFERED=1
 VOLUME /data
-CMD ["python", "worker.py"]
+CMD ["ws", "worker"]

@@ -30,7 +30,7 @@ system-packages:
 	@scripts/system-packages
 
 # Tests run in TEST_WORKERS pytest processes (pytest-xdist), each with its own servers, handed
-# out one test at a time in order (testing/scheduling.py).
+# out one test at a time in order (waystation/testing/scheduling.py).
 TEST_WORKERS ?= 4
 
 test: lint system-packages

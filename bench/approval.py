@@ -14,9 +14,9 @@ import time
 from temporalio.api.enums.v1 import EventType
 
 from bench.common import Bench, Row, median, percentile, run_alone, say
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from testing.fake_openai import text, tools
-from workflows.models import AgentTask, Decision, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.testing.fake_openai import text, tools
+from waystation.workflows.models import AgentTask, Decision, ModelSettings
 
 REPEATS = 15
 

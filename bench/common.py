@@ -16,12 +16,12 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bench.instant_model import INSTANT_MODEL, InstantModel, instant_task_text
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI
-from testing.servers import start_dev_env
-from testing.settings import isolated_settings
-from worker import build_worker
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI
+from waystation.testing.servers import start_dev_env
+from waystation.testing.settings import isolated_settings
+from waystation.worker import build_worker
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -29,12 +29,12 @@ from typing import Any
 
 from bench.common import Bench, Measure, Row, run_alone, say
 from bench.worker_memory import rss_mb
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
-from workflows.run import AgentRun
-from workflows.stream import TOKENS_TOPIC, TokenDelta
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.workflows.run import AgentRun
+from waystation.workflows.stream import TOKENS_TOPIC, TokenDelta
 
 TURNS = 1000
 MESSAGE_BYTES = 2048

@@ -13,7 +13,7 @@ import asyncio
 
 from bench import peers
 from bench.common import Bench, Row, instant_task, run_alone, say
-from runtime.agent_runtime import AgentRuntime
+from waystation.client.agent_runtime import AgentRuntime
 
 MESSAGE_BYTES = 2048
 STEP_COUNTS = (10, 100, 1000)

@@ -16,11 +16,11 @@ from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.builtin_tools import evaluate
-    from activities.chat import ChatBackend
     from bench.instant_model import INSTANT_MODEL, InstantModel, instant_task_text, so_far
-    from testing.typed_openai import CALCULATOR_TOOL
-    from workflows.models import ChatMessage, ModelSettings
+    from waystation.activities.builtin_tools import evaluate
+    from waystation.activities.chat import ChatBackend
+    from waystation.testing.typed_openai import CALCULATOR_TOOL
+    from waystation.workflows.models import ChatMessage, ModelSettings
 
 
 @activity.defn(name="bench_noop")

@@ -29,11 +29,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.common import Bench, Row, median, percentile, run_alone, say
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import Reply, text, tools
-from testing.workers import WorkerProcess
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
-from workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
 
 TIMEOUTS = (2.0, 5.0)
 TASKS = 10

@@ -11,8 +11,8 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from activities.chat import ChatDelta
-from workflows.models import ChatMessage, ModelSettings, Usage
+from waystation.activities.chat import ChatDelta
+from waystation.workflows.models import ChatMessage, ModelSettings, Usage
 
 INSTANT_MODEL = "instant"
 _TASK = re.compile(r"(\d+) steps of (\d+) bytes")

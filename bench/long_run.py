@@ -38,14 +38,14 @@ from temporalio.worker import Replayer
 
 from bench.common import Bench, Row, run_alone, say
 from bench.worker_memory import rss_mb
-from runtime.agent_runtime import AgentRuntime
-from runtime.http_api import create_app
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess
-from worker import WORKFLOW_RUNNER
-from workflows.agent import AgentWorkflow
-from workflows.models import AgentTask, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.servers.http_api import create_app
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.worker import WORKFLOW_RUNNER
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.models import AgentTask, ModelSettings
 
 STEPS = 1000
 MESSAGE_BYTES = 2048

@@ -71,10 +71,10 @@ from bench.peer_workload import (
 )
 from bench.process_figures import cpu_seconds, rss_mb, server_pid
 from bench.task_worker import PEER_MODULES
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import Reply, text, tools
-from testing.workers import REPO, WorkerProcess
-from workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import Reply, text, tools
+from waystation.testing.workers import REPO, WorkerProcess
+from waystation.workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
 
 INSTANT_BYTES = 16
 SAMPLED_HISTORIES = 10  # tasks per round whose whole history is read and counted

@@ -38,11 +38,11 @@ from temporalio.client import Client
 
 from bench.common import Bench, Measure, Row, run_alone, say
 from bench.worker_memory import rss_mb
-from runtime.agent_runtime import WORKFLOW_TASK_TIMEOUT
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import REPO, WorkerProcess
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
-from workflows.run import WORKFLOW_TYPE, AgentRun
+from waystation.client.agent_runtime import WORKFLOW_TASK_TIMEOUT
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import REPO, WorkerProcess
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.workflows.run import WORKFLOW_TYPE, AgentRun
 
 BASELINE_REF = "5e55f18"
 TASKS = 1000

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from bench.approval import tool_started_at
 from bench.common import Bench, Row, median, run_alone, say
 from bench.worker_memory import rss_mb
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from runtime.settings import Settings
-from testing.fake_openai import text, tools
-from testing.workers import WorkerProcess
-from workflows.models import AgentTask, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.settings import Settings
+from waystation.testing.fake_openai import text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentTask, ModelSettings
 
 PARKED = 500
 CACHES = (50, 200, 1000)

@@ -26,8 +26,8 @@ from openai import AsyncOpenAI
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.builtin_tools import evaluate
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.activities.builtin_tools import evaluate
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 
 MESSAGE_BYTES = 2048
 CALCULATOR_DOC = "Evaluate an arithmetic expression such as '2 * (3 + 4)'."

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from activities.builtin_tools import evaluate
+from waystation.activities.builtin_tools import evaluate
 
 
 def available() -> bool:

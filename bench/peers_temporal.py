@@ -45,8 +45,8 @@ from bench.peer_workload import (
     point_at,
     prompt,
 )
-from runtime.agent_runtime import AgentRuntime
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
 
 OURS = "waystation"
 OURS_MODEL = "bench-waystation"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from testing.proc import parent_of, pid_with_local_port
+from waystation.testing.proc import parent_of, pid_with_local_port
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -19,13 +19,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import Bench, Row, median, percentile, run_alone, say
-from runtime.agent_runtime import AgentRuntime, TaskEndedError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess
-from workflows.models import AgentTask, ApprovalSettings, ModelSettings
-from workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
-from workflows.stream import LlmAttemptStarted, TokenDelta
+from waystation.client.agent_runtime import AgentRuntime, TaskEndedError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.workflows.options import DEFAULT_HEARTBEAT_TIMEOUT
+from waystation.workflows.stream import LlmAttemptStarted, TokenDelta
 
 REPEATS = 3
 

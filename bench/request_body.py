@@ -12,11 +12,11 @@ import time
 
 import openai
 
-from activities.openai_chat import OpenAIChat
 from bench.common import Bench, Row, median, run_alone, say
-from testing.fake_openai import text
-from testing.typed_openai import CALCULATOR_TOOL, typed_stream
-from workflows.models import ChatMessage, ModelSettings, ToolCallRequest
+from waystation.activities.openai_chat import OpenAIChat
+from waystation.testing.fake_openai import text
+from waystation.testing.typed_openai import CALCULATOR_TOOL, typed_stream
+from waystation.workflows.models import ChatMessage, ModelSettings, ToolCallRequest
 
 SIZES = (10, 60, 120, 240)
 CALLS = 15

@@ -20,14 +20,14 @@ from typing import Any
 import openai
 from temporalio.worker import Worker
 
-from activities.builtin_tools import evaluate
 from bench import peers
 from bench.common import Bench, Row, instant_task, median, run_alone, say
 from bench.floor import BareLocalLoop, BareLoop, noop
 from bench.instant_model import InstantModel, instant_task_text
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
+from waystation.activities.builtin_tools import evaluate
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.workflows.models import AgentTask, ApprovalSettings, ChatMessage, ModelSettings
 
 STEPS = 50
 REPEATS = 3

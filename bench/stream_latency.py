@@ -15,10 +15,10 @@ import time
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import Bench, Row, percentile, run_alone, say
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import Reply, tools
-from workflows.models import AgentTask, ModelSettings
-from workflows.stream import TokenDelta
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import Reply, tools
+from waystation.workflows.models import AgentTask, ModelSettings
+from waystation.workflows.stream import TokenDelta
 
 TOKENS = 2000
 CHUNK_DELAY = 0.002

@@ -24,10 +24,10 @@ from typing import Any
 
 from bench.common import Bench, Measure, Row, run_alone, say
 from bench.durable_bytes import chain_history_bytes
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess
-from workflows.models import AgentSpec, AgentTask, ApprovalSettings, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentSpec, AgentTask, ApprovalSettings, ModelSettings
 
 CHILDREN = 10
 CHILD_STEPS = 5

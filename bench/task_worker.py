@@ -9,7 +9,8 @@ and the data directory, OPENAI_BASE_URL for the fake endpoint) and:
   got its conversation; with BENCH_METRICS=1, the SDK's workflow cache counters), each time
   it gets SIGUSR1 and as it stops, with a number that grows with each write;
 - BENCH_SCRATCH: where a peer keeps its files.
-It says "worker polling" on stderr once it polls (what testing.workers.WorkerProcess waits for).
+It says "worker polling" on stderr once it polls (what
+waystation.testing.workers.WorkerProcess waits for).
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from temporalio.client import Client
 from temporalio.runtime import BUFFERED_METRIC_KIND_COUNTER, MetricBuffer, Runtime, TelemetryConfig
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.openai_chat import OpenAIChat
 from bench import peer_workload
 from bench.floor import FloorAgent, FloorModel, FloorWaiting, floor_tool
 from bench.instant_model import INSTANT_MODEL, InstantModel
-from runtime.codec import data_converter
-from runtime.settings import Settings
-from worker import build_worker
+from waystation.activities.openai_chat import OpenAIChat
+from waystation.activities.payload_codec import data_converter, payload_codec
+from waystation.settings import Settings
+from waystation.worker import build_worker
 
 PEER_MODULES = {
     "pydantic-ai": "bench.peer_pydantic_ai",
@@ -93,7 +94,7 @@ async def serve(system: str, report: Report, runtime: Runtime) -> None:
     address = os.environ["TEMPORAL_ADDRESS"]
     worker: Worker
     if system == "waystation":
-        converter = data_converter(settings.payload_codec())
+        converter = data_converter(payload_codec(settings))
         client = await Client.connect(address, data_converter=converter, runtime=runtime)
         ours = build_worker(client, settings, backends={INSTANT_MODEL: InstantModel()})
         await ours.prepare()

@@ -14,7 +14,7 @@ from temporalio.worker import Worker
 
 from bench.common import Bench, Row, instant_task, run_alone, say
 from bench.floor import BareLoop, noop
-from runtime.agent_runtime import AgentRuntime
+from waystation.client.agent_runtime import AgentRuntime
 
 TASKS = 50
 STEPS = 20

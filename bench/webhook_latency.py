@@ -19,11 +19,11 @@ from typing import Any
 from pydantic import SecretStr
 
 from bench.common import Bench, Row, median, percentile, run_alone, say
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import Reply, text, tools
-from testing.webhook_receiver import WebhookReceiver
-from workflows.events import QuestionAsked
-from workflows.models import AgentTask, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import Reply, text, tools
+from waystation.testing.webhook_receiver import WebhookReceiver
+from waystation.workflows.events import QuestionAsked
+from waystation.workflows.models import AgentTask, ModelSettings
 
 REPEATS = 20
 

@@ -12,10 +12,10 @@ import asyncio
 from pathlib import Path
 
 from bench.common import Bench, Row, run_alone, say
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import tools
-from testing.workers import WorkerProcess
-from workflows.models import AgentTask, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentTask, ModelSettings
 
 WAITING = 500
 SMALL_CACHE = 200

@@ -1,6 +1,6 @@
 """Fixtures only: the real Temporal dev server and time-skipping server, the fake
 OpenAI-protocol server, per-test settings and workers. What they are built from lives in
-`testing/`, shared with the benchmarks."""
+`waystation/testing/`, shared with the benchmarks."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.codec import data_converter, new_key
-from runtime.settings import Settings
-from runtime.temporal import ensure_search_attributes
-from testing.fake_openai import FakeOpenAI
-from testing.postgres import PostgresServer
-from testing.scheduling import SHARED_SETUP_MODULES, OneTestAtATime
-from testing.servers import start_dev_env, start_time_skipping_env
-from testing.settings import isolated_settings, scrub_user_environment
-from testing.workers import WorkerProcess, running_worker
+from waystation.activities.payload_codec import data_converter, new_key, payload_codec
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.temporal import ensure_search_attributes
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI
+from waystation.testing.postgres import PostgresServer
+from waystation.testing.scheduling import SHARED_SETUP_MODULES, OneTestAtATime
+from waystation.testing.servers import start_dev_env, start_time_skipping_env
+from waystation.testing.settings import isolated_settings, scrub_user_environment
+from waystation.testing.workers import WorkerProcess, running_worker
 
 scrub_user_environment()
 
@@ -56,7 +56,7 @@ def _minutes(item: pytest.Item) -> float:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `long` start first, the longest first, so none starts late and leaves
-    the other processes idle while it finishes (handed out as testing/scheduling.py says)."""
+    the other processes idle while it finishes (handed out as waystation/testing/scheduling.py says)."""
     items.sort(key=_minutes, reverse=True)
     unlisted = {
         item.nodeid.split("::", 1)[0] for item in items if _shares_module_setup(item)
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if unlisted:
         raise pytest.UsageError(
             f"{sorted(unlisted)} share module-scoped set-up: add them to "
-            "SHARED_SETUP_MODULES (testing/scheduling.py), or their set-up is built again "
+            "SHARED_SETUP_MODULES (waystation/testing/scheduling.py), or their set-up is built again "
             "in every pytest process"
         )
 
@@ -167,6 +167,6 @@ async def encrypted_client(
     )
     client = await Client.connect(
         dev_env.client.service_client.config.target_host,
-        data_converter=data_converter(secure.payload_codec()),
+        data_converter=data_converter(payload_codec(secure)),
     )
     yield client, secure

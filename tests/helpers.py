@@ -13,10 +13,10 @@ from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 
-from runtime.agent_runtime import NoWorkerError, TaskHandle
-from testing.proc import free_port
-from workflows.events import AgentEvent, AgentState
-from workflows.models import AgentTask, ModelSettings
+from waystation.client.agent_runtime import NoWorkerError, TaskHandle
+from waystation.testing.proc import free_port
+from waystation.workflows.events import AgentEvent, AgentState
+from waystation.workflows.models import AgentTask, ModelSettings
 
 
 def agent_task(model: str, task: str = "do the thing", **kw: Any) -> AgentTask:

@@ -25,17 +25,17 @@ from pydantic import SecretStr
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecution, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
-from activities.mcp.config import McpServerConfig
-from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
-from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
-from testing.mcp import CallLog, demo_stdio
-from testing.servers import start_dev_env
-from testing.settings import isolated_settings
-from testing.webhook_receiver import WebhookReceiver
-from worker import build_worker
-from workflows.agent import AgentWorkflow
-from workflows.events import AgentState
-from workflows.models import (
+from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
+from waystation.settings.mcp_servers import McpServerConfig
+from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from waystation.testing.mcp import CallLog, demo_stdio
+from waystation.testing.servers import start_dev_env
+from waystation.testing.settings import isolated_settings
+from waystation.testing.webhook_receiver import WebhookReceiver
+from waystation.worker import build_worker
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.events import AgentState
+from waystation.workflows.models import (
     AgentSpec,
     AgentTask,
     ApprovalSettings,
@@ -43,7 +43,7 @@ from workflows.models import (
     Message,
     ModelSettings,
 )
-from workflows.run import AgentOutcome, AgentRun
+from waystation.workflows.run import AgentOutcome, AgentRun
 
 HISTORIES = Path(__file__).parent / "histories"
 

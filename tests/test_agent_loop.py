@@ -10,12 +10,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, TaskFailedError, TaskHandle
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, error, hang, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task
-from workflows.models import AgentTask
+from waystation.client.agent_runtime import AgentRuntime, TaskFailedError, TaskHandle
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, error, hang, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows.models import AgentTask
 
 
 async def history_payload_text(handle: TaskHandle, runtime: AgentRuntime) -> str:

@@ -20,17 +20,17 @@ import pytest
 import uvicorn
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.http_api import create_app
-from runtime.settings import Settings
-from runtime.tree_stream import OpenStream, TreeCursor, TreeItem, parse_cursor
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.proc import free_port
-from testing.workers import running_worker
 from tests.helpers import agent_task
 from tests.test_cli import starter
 from tests.test_subagents import agent, registry_with
-from workflows.models import AgentSpec
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.tree_stream import OpenStream, TreeCursor, TreeItem, parse_cursor
+from waystation.servers.http_api import create_app
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.proc import free_port
+from waystation.testing.workers import running_worker
+from waystation.workflows.models import AgentSpec
 
 Item = dict[str, Any]
 

@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from testing.fake_openai import FakeOpenAI, text, tools
-from testing.workers import running_worker
 from tests.helpers import serving_api
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.workers import running_worker
 
 TOKEN = "guard-approver"
 REBOUND = "rebind.evil.example"

@@ -14,16 +14,21 @@ import pytest
 from temporalio.client import QueryWorkflowInput, SignalWorkflowInput, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import QUERY_TIMEOUT, AgentRuntime, DecisionError, TaskFailedError
-from runtime.settings import Settings
-from runtime.temporal import temporal_binary
-from testing.client_hooks import ClientHooks
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
-from workflows import errors
-from workflows.approval import EARLY_DECISIONS_KEPT
-from workflows.models import ApprovalSettings, Decision, DecisionOutcome
+from waystation.client.agent_runtime import (
+    QUERY_TIMEOUT,
+    AgentRuntime,
+    DecisionError,
+    TaskFailedError,
+)
+from waystation.client.temporal import temporal_binary
+from waystation.settings import Settings
+from waystation.testing.client_hooks import ClientHooks
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows import errors
+from waystation.workflows.approval import EARLY_DECISIONS_KEPT
+from waystation.workflows.models import ApprovalSettings, Decision, DecisionOutcome
 
 
 def side_effects(settings: Settings, name: str = "effects.txt") -> list[str]:

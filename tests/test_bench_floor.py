@@ -11,11 +11,11 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.openai_chat import OpenAIChat
 from bench.floor import FloorAgent, FloorCall, FloorModel, FloorWaiting, floor_tool
 from bench.instant_model import INSTANT_MODEL
 from bench.many_tasks import event_kind, floor_http_reply
-from testing.fake_openai import FakeOpenAI
+from waystation.activities.openai_chat import OpenAIChat
+from waystation.testing.fake_openai import FakeOpenAI
 
 
 async def floor_kinds(client: Client, call: FloorCall, endpoint: OpenAIChat | None) -> Counter[str]:

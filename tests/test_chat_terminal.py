@@ -14,10 +14,10 @@ import time
 
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.commands import command
-from runtime.settings import Settings
-from testing.settings import USER_ENV_PREFIXES
-from testing.workers import REPO
+from waystation.settings import Settings
+from waystation.settings.commands import command
+from waystation.testing.settings import USER_ENV_PREFIXES
+from waystation.testing.workers import REPO
 
 WAIT_SECONDS = 90.0
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.commands import command
-from runtime.settings import Settings
-from runtime.streaming import StreamItem
-from runtime.temporal import temporal_binary
-from testing.fake_openai import FakeOpenAI, error, text, tools
-from testing.workers import REPO, WorkerProcess
+from waystation.client.streaming import StreamItem
+from waystation.client.temporal import temporal_binary
+from waystation.settings import Settings
+from waystation.settings.commands import command
+from waystation.testing.fake_openai import FakeOpenAI, error, text, tools
+from waystation.testing.workers import REPO, WorkerProcess
 
 
 async def starter(

@@ -20,17 +20,17 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, NoWorkerError, TaskHandle
-from runtime.busy import BusyRetry, reading, sending
-from runtime.settings import Settings
-from runtime.temporal import temporal_binary
-from testing.client_hooks import ClientHooks
-from testing.fake_openai import FakeOpenAI, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, pending_requests
 from tests.test_cli import starter
 from tests.test_resume_fork_edges import api_over
-from workflows import search
+from waystation.client.agent_runtime import AgentRuntime, NoWorkerError, TaskHandle
+from waystation.client.busy import BusyRetry, reading, sending
+from waystation.client.temporal import temporal_binary
+from waystation.settings import Settings
+from waystation.testing.client_hooks import ClientHooks
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows import search
 
 BUSY = "Workflow is busy"
 

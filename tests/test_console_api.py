@@ -17,14 +17,14 @@ import pytest
 import uvicorn
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.api import inbox
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.proc import free_port
-from testing.workers import running_worker
 from tests.helpers import agent_task, pending_requests
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.servers.api import inbox
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.proc import free_port
+from waystation.testing.workers import running_worker
 
 APPROVER = "console-approver"
 READER = "console-reader"
@@ -104,7 +104,7 @@ async def test_the_page_and_its_files_come_with_a_strict_policy(http: httpx.Asyn
     for path in ("/console/nope.js", "/console/..%2Fhttp_api.py", "/console/.hidden.js"):
         assert (await http.get(path)).status_code == 404, path
     assert "innerHTML" not in "".join(
-        f.read_text() for f in (resources.files("runtime") / "console").iterdir() if f.is_file()
+        f.read_text() for f in (resources.files("waystation.servers") / "console").iterdir() if f.is_file()
     )
 
 

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.chat import to_openai_messages
-from activities.conversation_cache import Conversation, ConversationCache
-from runtime.agent_runtime import AgentRuntime, TaskFailedError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, of_type
-from worker import build_worker
-from workflows.conversation import (
+from waystation.activities.chat import to_openai_messages
+from waystation.activities.conversation_cache import Conversation, ConversationCache
+from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from waystation.testing.workers import running_worker
+from waystation.worker import build_worker
+from waystation.workflows.conversation import (
     DEFAULT_CONTEXT_WINDOW,
     SUMMARY_PREFIX,
     ConversationDigest,
@@ -28,7 +28,7 @@ from workflows.conversation import (
     ref_of,
     total_tokens,
 )
-from workflows.models import ChatMessage, ModelSettings, ToolCallRequest
+from waystation.workflows.models import ChatMessage, ModelSettings, ToolCallRequest
 
 
 def conversation(turns: int, size: int = 400) -> list[ChatMessage]:

@@ -14,19 +14,19 @@ from pydantic import BaseModel, Field, ValidationError
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 
-from activities.builtin_tools import builtin_registry
-from activities.tools import Tool, ToolContext
-from runtime.agent_runtime import AgentRuntime, MessageRefusedError, TaskNotFoundError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
-from workflows import errors
-from workflows.agent import AgentWorkflow
-from workflows.events import Interrupted, Thought, UserMessage
-from workflows.models import ApprovalSettings, Message, MessageReceipt
-from workflows.run import AgentOutcome, AgentRun
-from workflows.stream import TokenDelta
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.activities.tools import Tool, ToolContext
+from waystation.client.agent_runtime import AgentRuntime, MessageRefusedError, TaskNotFoundError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows import errors
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.events import Interrupted, Thought, UserMessage
+from waystation.workflows.models import ApprovalSettings, Message, MessageReceipt
+from waystation.workflows.run import AgentOutcome, AgentRun
+from waystation.workflows.stream import TokenDelta
 
 
 def user_texts(body: dict[str, Any]) -> list[str]:

@@ -9,13 +9,13 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess
 from tests.chaos.workload import until_file
 from tests.helpers import agent_task, of_type
-from workflows.models import ApprovalSettings
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import ApprovalSettings
 
 Spawn = Callable[[], Awaitable[WorkerProcess]]
 

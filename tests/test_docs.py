@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 from pydantic import AliasChoices
 
-from activities.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
-from runtime.settings import Settings
-from testing.mcp import free_port
 from tests.doc_pages import PYTHON, Block, Page, mismatch, read_page
-from workflows.stream import STREAM_BYTES_KEPT, STREAM_ITEMS_KEPT
+from waystation.activities.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
+from waystation.settings import Settings
+from waystation.testing.mcp import free_port
+from waystation.workflows.stream import STREAM_BYTES_KEPT, STREAM_ITEMS_KEPT
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -378,7 +378,8 @@ def test_quoted_limits_are_the_codes() -> None:
 
 
 def test_the_readmes_signature_check_accepts_a_notice_a_worker_signs() -> None:
-    """README's receiver check against the signing a worker does (activities.notify.signing):
+    """README's receiver check against the signing a worker does
+    (waystation.activities.notify.signing):
     it accepts a notice as signed, and refuses it tampered, stale or with another secret."""
     [block] = [b for b in read_page(ROOT / "README.md").blocks if b.file == "signature.py"]
     namespace: dict[str, Any] = {}

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.commands import command
-from testing.proc import free_port, pid_with_local_port, pids_with_argument
-from testing.settings import USER_ENV_PREFIXES
-from testing.workers import REPO
+from waystation.settings.commands import command
+from waystation.testing.proc import free_port, pid_with_local_port, pids_with_argument
+from waystation.testing.settings import USER_ENV_PREFIXES
+from waystation.testing.workers import REPO
 
 
 def _listening(port: int) -> bool:

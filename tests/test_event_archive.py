@@ -10,18 +10,18 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.event_archive import archive_key
-from activities.storage.storage import SQLITE_FILE
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from runtime.task_errors import NoWorkerError
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task
 from tests.test_cli import starter
 from tests.test_long_runs import run_ids
 from tests.test_resume_fork_edges import KEY_1, client_for, keys_env, with_keys
-from workflows.events import AgentEvent
+from waystation.activities.event_archive import archive_key
+from waystation.activities.storage.storage import SQLITE_FILE
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.task_errors import NoWorkerError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows.events import AgentEvent
 
 STEPS_PER_RUN = 8
 RUNS = 3

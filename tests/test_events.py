@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workflows.conversation import message_digest
-from workflows.events import (
+from waystation.workflows.conversation import message_digest
+from waystation.workflows.events import (
     Action,
     AgentEvent,
     ApprovalRequested,
@@ -25,7 +25,7 @@ from workflows.events import (
     conversation_of,
     fold,
 )
-from workflows.models import AgentTask, ToolCall, Usage
+from waystation.workflows.models import AgentTask, ToolCall, Usage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -3,13 +3,13 @@ from the endpoint, a resumption of a failed task, calls that are not run."""
 
 from __future__ import annotations
 
-from workflows.calls import Run, lost_call, verdicts
-from workflows.conversation import RunMessages, ref_of, task_messages, tool_message
-from workflows.events import AgentState, ErrorEvent, apply, draft
-from workflows.models import AgentTask, ChatMessage, Resumption, ToolCall
-from workflows.plan import Fail, context_budget
-from workflows.recovery import after_context_overflow, resumed
-from workflows.tool_catalog import McpServerTools, ToolCatalog
+from waystation.workflows.calls import Run, lost_call, verdicts
+from waystation.workflows.conversation import RunMessages, ref_of, task_messages, tool_message
+from waystation.workflows.events import AgentState, ErrorEvent, apply, draft
+from waystation.workflows.models import AgentTask, ChatMessage, Resumption, ToolCall
+from waystation.workflows.plan import Fail, context_budget
+from waystation.workflows.recovery import after_context_overflow, resumed
+from waystation.workflows.tool_catalog import McpServerTools, ToolCatalog
 
 TASK = AgentTask(task="do it", max_steps=5)
 

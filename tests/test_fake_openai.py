@@ -8,7 +8,7 @@ import json
 import openai
 from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionMessageParam
 
-from testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
 
 
 async def test_a_request_without_stream_gets_the_reply_as_one_completion(

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.builtin_tools import (
+from tests.helpers import agent_task, of_type
+from waystation.activities.builtin_tools import (
     ListFilesArgs,
     ReadFileArgs,
     WriteFileArgs,
@@ -23,15 +24,15 @@ from activities.builtin_tools import (
     read_file,
     write_file,
 )
-from activities.storage import LedgerAttempt, Storage
-from activities.storage.postgres import PostgresBackend
-from activities.storage.sqlite import SqliteBackend
-from activities.tools import ToolActivities, ToolContext, ToolError
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, text, tools
-from tests.helpers import agent_task, of_type
-from workflows.models import ToolRequest
+from waystation.activities.storage import LedgerAttempt, Storage
+from waystation.activities.storage.postgres import PostgresBackend
+from waystation.activities.storage.sqlite import SqliteBackend
+from waystation.activities.tool_activities import ToolActivities
+from waystation.activities.tools import ToolContext, ToolError
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.workflows.models import ToolRequest
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

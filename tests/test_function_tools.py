@@ -15,11 +15,6 @@ import uvicorn
 from pydantic import BaseModel, Field
 from temporalio.testing import WorkflowEnvironment
 
-from activities.builtin_tools import builtin_registry
-from runtime.http_api import create_app
-from testing.fake_openai import FakeOpenAI, text, tools
-from testing.mcp import free_port
-from testing.workers import REPO, WorkerProcess, running_worker, worker_environment
 from tests.helpers import agent_task, of_type
 from tests.test_cli import starter
 from waystation import (
@@ -32,8 +27,13 @@ from waystation import (
     UnknownToolsError,
     tool,
 )
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.servers.http_api import create_app
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.mcp import free_port
+from waystation.testing.workers import REPO, WorkerProcess, running_worker, worker_environment
 
-USER_TOOLS = ["activities.builtin_tools", "tests.user_tools"]
+USER_TOOLS = ["waystation.activities.builtin_tools", "tests.user_tools"]
 
 
 class Point(BaseModel):
@@ -272,7 +272,7 @@ async def test_workers_the_cli_and_the_api_share_one_definition_of_the_tools(
 async def test_a_tools_module_that_cannot_load_is_one_sentence_everywhere(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    missing = {"WAYSTATION_TOOLS": "activities.builtin_tools,no_such_tools"}
+    missing = {"WAYSTATION_TOOLS": "waystation.activities.builtin_tools,no_such_tools"}
     sentence = (
         "WAYSTATION_TOOLS names 'no_such_tools', which cannot be imported: No module named "
         "'no_such_tools' (run from the folder that holds it, or put it on PYTHONPATH)"

@@ -16,14 +16,14 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.api.paging import encode_page_token
-from runtime.api.tasks import task_id_for
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
 from tests.helpers import same_unless_restamped, serving_api, wait_for_state
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.servers.api.paging import encode_page_token
+from waystation.servers.api.tasks import task_id_for
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import running_worker
 
 READER = "reader-token"
 APPROVER = "approver-token"

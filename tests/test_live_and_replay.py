@@ -13,12 +13,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from activities.builtin_tools import builtin_registry
-from activities.tools import Tool, ToolContext, ToolRegistry
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
 from tests.helpers import (
     agent_task,
     of_type,
@@ -26,10 +20,16 @@ from tests.helpers import (
     run_histories,
     same_unless_restamped,
 )
-from worker import WORKFLOW_RUNNER
-from workflows.agent import AgentWorkflow
-from workflows.events import AgentEvent
-from workflows.models import ApprovalSettings, Decision
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.activities.tools import Tool, ToolContext, ToolRegistry
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import running_worker
+from waystation.worker import WORKFLOW_RUNNER
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.events import AgentEvent
+from waystation.workflows.models import ApprovalSettings, Decision
 
 # Longer than 80% of the workflow task timeout (3 s): the worker running it live heartbeats
 # its workflow task, so the result comes in a later workflow task than on replay.

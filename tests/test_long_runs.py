@@ -12,14 +12,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from runtime.streaming import StreamItem
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess
 from tests.helpers import agent_task, pending_requests, run_histories
-from workflows.models import Decision
-from workflows.stream import LlmAttemptStarted, TokenDelta
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.streaming import StreamItem
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import Decision
+from waystation.workflows.stream import LlmAttemptStarted, TokenDelta
 
 STEPS = 2000
 TWO_KB = "x" * 2048

@@ -12,25 +12,25 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.call_ids import unique_call_ids
-from activities.llm import MAX_CALLS_PER_MESSAGE, TOO_MANY_CALLS
-from activities.structured_output import final_answer_call, native_answer
-from activities.text_tool_calls import recover_tool_calls
-from activities.tools import json_object_arguments
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import ApiToken, Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_console_api import APPROVER, Api
 from tests.test_plan import Log, call
-from workflows.approval import decision_problem, request_events
-from workflows.calls import Run, verdict
-from workflows.conversation import MAX_CONTEXT_LIMIT
-from workflows.events import ApprovalResolved, draft, request_digest
-from workflows.models import Decision, ToolResult
-from workflows.nesting import MAX_JSON_DEPTH
-from workflows.notice import notice_key
+from waystation.activities.call_ids import unique_call_ids
+from waystation.activities.llm import MAX_CALLS_PER_MESSAGE, TOO_MANY_CALLS
+from waystation.activities.structured_output import final_answer_call, native_answer
+from waystation.activities.text_tool_calls import recover_tool_calls
+from waystation.activities.tools import json_object_arguments
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows.approval import decision_problem, request_events
+from waystation.workflows.calls import Run, verdict
+from waystation.workflows.conversation import MAX_CONTEXT_LIMIT
+from waystation.workflows.events import ApprovalResolved, draft, request_digest
+from waystation.workflows.models import Decision, ToolResult
+from waystation.workflows.nesting import MAX_JSON_DEPTH
+from waystation.workflows.notice import notice_key
 
 
 @pytest.fixture

@@ -21,14 +21,14 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.workflow import ActivityCancellationType
 
-from activities.mcp.activities import McpActivities
-from activities.mcp.manager import McpClientManager
-from runtime.settings import Settings
-from testing.mcp import CallLog, demo_stdio
-from testing.workers import running_worker
-from worker import HEARTBEAT_THROTTLE
-from workflows.models import ToolRequest, ToolResult
-from workflows.tool_catalog import ListToolsRequest, ToolCatalog
+from waystation.activities.mcp.activities import McpActivities
+from waystation.activities.mcp.manager import McpClientManager
+from waystation.settings import Settings
+from waystation.testing.mcp import CallLog, demo_stdio
+from waystation.testing.workers import running_worker
+from waystation.worker import HEARTBEAT_THROTTLE
+from waystation.workflows.models import ToolRequest, ToolResult
+from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 

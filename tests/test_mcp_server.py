@@ -18,12 +18,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from testing.fake_openai import FakeOpenAI, text, tools
-from testing.workers import REPO, running_worker, worker_environment
 from tests.helpers import serving_api
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.workers import REPO, running_worker, worker_environment
 
 READER = "reader-token"
 APPROVER = "approver-token"

@@ -21,24 +21,25 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.builtin_tools import builtin_registry
-from activities.conversation_store import ConversationStore
-from activities.llm import LlmActivities
-from activities.mcp.config import McpServerConfig
-from activities.notify.delivery import NotificationActivities
-from activities.sealed_blobs import SealedBlobs
-from activities.storage import Storage
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.mcp import CallLog, demo_stdio, running_http_server
-from testing.proc import parent_of
-from testing.workers import WorkerProcess, running_worker
 from tests.chaos.workload import replay_all
 from tests.helpers import agent_task, of_type, wait_for_state
-from worker import WORKFLOW_RUNNER
-from workflows.agent import AgentWorkflow
-from workflows.tool_catalog import ListToolsRequest, ToolCatalog
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.activities.conversation_store import ConversationStore
+from waystation.activities.llm import LlmActivities
+from waystation.activities.notify.delivery import NotificationActivities, webhook_retry
+from waystation.activities.payload_codec import payload_codec
+from waystation.activities.sealed_blobs import SealedBlobs
+from waystation.activities.storage import Storage
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.settings.mcp_servers import McpServerConfig
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.mcp import CallLog, demo_stdio, running_http_server
+from waystation.testing.proc import parent_of
+from waystation.testing.workers import WorkerProcess, running_worker
+from waystation.worker import WORKFLOW_RUNNER
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 BIN = Path(sys.executable).parent
 
@@ -316,12 +317,12 @@ async def listing_breaks(client: Client, settings: Settings) -> AsyncIterator[No
 
     storage = Storage.from_settings(settings)
     await storage.open()
-    store = ConversationStore(SealedBlobs(storage.blobs, settings.payload_codec()))
+    store = ConversationStore(SealedBlobs(storage.blobs, payload_codec(settings)))
     llm = LlmActivities(
         builtin_registry(), store, api_key=settings.api_key, base_url=settings.openai_base_url
     )
     # Every run asks its worker, by a local activity, whom it tells of what.
-    notify = NotificationActivities(settings.webhook_endpoints(), settings.webhook_retry(), None)
+    notify = NotificationActivities(settings.webhook_endpoints(), webhook_retry(settings), None)
     worker = Worker(
         client,
         task_queue=settings.task_queue,

@@ -18,14 +18,14 @@ import httpx2
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.mcp.activities import McpActivities, check_call
-from activities.mcp.calls import argument_problem
-from activities.mcp.config import McpConfigError, McpServerConfig, parse_servers
-from activities.mcp.connection import forgot_session
-from activities.mcp.manager import McpClientManager
-from activities.redaction import REDACTED, Redactor
-from runtime.settings import Settings
-from testing.mcp import (
+from waystation.activities.mcp.activities import McpActivities, check_call
+from waystation.activities.mcp.calls import argument_problem
+from waystation.activities.mcp.connection import forgot_session
+from waystation.activities.mcp.manager import McpClientManager
+from waystation.activities.redaction import REDACTED, Redactor
+from waystation.settings import Settings
+from waystation.settings.mcp_servers import McpConfigError, McpServerConfig, parse_servers
+from waystation.testing.mcp import (
     NOT_MCP_LINE,
     CallLog,
     demo_http_server,
@@ -33,7 +33,7 @@ from testing.mcp import (
     not_mcp_stdio,
     running_http_server,
 )
-from workflows.tool_catalog import (
+from waystation.workflows.tool_catalog import (
     FUNCTION_NAME,
     ListToolsRequest,
     McpServerTools,
@@ -581,8 +581,8 @@ HOLD_A_CALL = """
 import asyncio, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from activities.mcp.manager import McpClientManager
-from testing.mcp import CallLog, demo_stdio
+from waystation.activities.mcp.manager import McpClientManager
+from waystation.testing.mcp import CallLog, demo_stdio
 manager = McpClientManager({"demo": demo_stdio(CallLog(Path(sys.argv[2])))})
 asyncio.run(manager.call_tool("demo__slow", {"gate": sys.argv[3], "label": "held"}, sys.argv[4]))
 """
@@ -621,7 +621,7 @@ async def test_when_the_calling_worker_dies_its_server_cancels_and_exits(
 def test_ws_tools_lists_mcp_tools_with_their_defaults(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], log: CallLog
 ) -> None:
-    import starter
+    from waystation.cli import starter
 
     servers = {
         "time": {"command": str(BIN / "mcp-server-time"), "args": ["--local-timezone", "UTC"]},

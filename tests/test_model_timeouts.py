@@ -15,15 +15,15 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.chat import ChatDelta
-from activities.openai_chat import OpenAIChat
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, hang, stall, text, tools
-from testing.typed_openai import CALCULATOR_TOOL
-from testing.workers import running_worker
-from workflows import errors
-from workflows.models import AgentTask, ChatMessage, ModelSettings
+from waystation.activities.chat import ChatDelta
+from waystation.activities.openai_chat import OpenAIChat
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, hang, stall, text, tools
+from waystation.testing.typed_openai import CALCULATOR_TOOL
+from waystation.testing.workers import running_worker
+from waystation.workflows import errors
+from waystation.workflows.models import AgentTask, ChatMessage, ModelSettings
 
 PROMPT = [ChatMessage(role="user", content="hello")]
 

@@ -14,14 +14,14 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.failure.v1 import Failure
 from temporalio.testing import WorkflowEnvironment
 
-from activities.chat import ChatDelta
-from activities.openai_chat import OpenAIChat
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, stall, text
-from testing.workers import running_worker
 from tests.helpers import of_type
-from workflows.models import AgentTask, ModelSettings
+from waystation.activities.chat import ChatDelta
+from waystation.activities.openai_chat import OpenAIChat
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, stall, text
+from waystation.testing.workers import running_worker
+from waystation.workflows.models import AgentTask, ModelSettings
 
 HUNG_MODEL = "hangs-after-its-answer"
 

@@ -35,23 +35,23 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from runtime import agent_runtime, auto_repair
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from runtime.commands import command
-from runtime.health import Stuck
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from testing.client_hooks import ClientHooks
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.settings import isolated_settings
-from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type, pending_requests
 from tests.never_stuck.drifted_worker import DRIFT_MEMO
 from tests.never_stuck.dying_worker import STICKY_SECONDS
 from tests.test_cli import starter
-from workflows.agent import AgentWorkflow
-from workflows.events import AgentState
-from workflows.models import Decision
+from waystation.client import agent_runtime, auto_repair
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.client.health import Stuck
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.settings.commands import command
+from waystation.testing.client_hooks import ClientHooks
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.settings import isolated_settings
+from waystation.testing.workers import WorkerProcess, running_worker
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.events import AgentState
+from waystation.workflows.models import Decision
 
 WAIT_SECONDS = 60.0  # bound of every wait on a state
 

@@ -21,14 +21,6 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.notify.config import WebhookConfigError
-from activities.notify.payloads import slack_body
-from runtime.agent_runtime import AgentRuntime
-from runtime.settings import Settings
-from runtime.stuck_notices import notify_stuck_tasks
-from testing.fake_openai import FakeOpenAI, error, text, tools
-from testing.webhook_receiver import Received, WebhookReceiver, signature_valid
-from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
 from tests.test_never_stuck import (
@@ -39,8 +31,17 @@ from tests.test_never_stuck import (
     stuck_on_todays_build,
 )
 from tests.test_resume_fork_edges import KEY_1, client_for, with_keys
-from workflows.events import ApprovalRequested
-from workflows.notice import (
+from waystation.activities.notify.delivery import webhook_retry
+from waystation.activities.notify.payloads import slack_body
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.stuck_notices import notify_stuck_tasks
+from waystation.settings import Settings
+from waystation.settings.webhooks import WebhookConfigError
+from waystation.testing.fake_openai import FakeOpenAI, error, text, tools
+from waystation.testing.webhook_receiver import Received, WebhookReceiver, signature_valid
+from waystation.testing.workers import WorkerProcess, running_worker
+from waystation.workflows.events import ApprovalRequested
+from waystation.workflows.notice import (
     NOTIFICATION_WORKFLOW_TYPE,
     DeliveryReport,
     NotificationTargets,
@@ -430,7 +431,7 @@ async def test_a_stuck_task_is_told_once_whatever_the_workers_watching_it(
         {"name": "repair", "method": "POST", "path": f"/tasks/{handle.id}/repair", "body": {}}
     ]
     # Another look at the same failure point (as each worker takes every 0.2 s) tells no one.
-    targets = NotificationTargets(endpoints={"ops": ["stuck"]}, retry=settings.webhook_retry())
+    targets = NotificationTargets(endpoints={"ops": ["stuck"]}, retry=webhook_retry(settings))
     assert await notify_stuck_tasks(dev_env.client, settings.task_queue, targets) == []
     assert len(receiver.requests("ops")) == 1
     await runtime.repair(handle.id, by="alice")
@@ -680,7 +681,7 @@ def test_a_slack_approval_notice_holds_the_whole_call_or_says_what_it_left_out(
         "slack-long",
         "tidy up",
         NotificationTargets(
-            endpoints={"team": ["approval_requested"]}, retry=Settings().webhook_retry()
+            endpoints={"team": ["approval_requested"]}, retry=webhook_retry(Settings())
         ),
     )
     assert notice is not None

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from activities.offline_model import LABEL, OfflineModel
-from workflows.models import ChatMessage, ToolCallRequest
+from waystation.activities.offline_model import LABEL, OfflineModel
+from waystation.workflows.models import ChatMessage, ToolCallRequest
 
 BUILT_INS = {"calculator", "list_files", "read_file", "write_file", "run_shell", "ask_person"}
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import openai
 
-from activities.chat import tool_choice_option
-from activities.openai_chat import OpenAIChat
-from testing.fake_openai import FakeOpenAI, text
-from testing.typed_openai import CALCULATOR_TOOL, typed_stream
-from workflows.models import ChatMessage, ModelSettings, ToolCallRequest
+from waystation.activities.chat import tool_choice_option
+from waystation.activities.openai_chat import OpenAIChat
+from waystation.testing.fake_openai import FakeOpenAI, text
+from waystation.testing.typed_openai import CALCULATOR_TOOL, typed_stream
+from waystation.workflows.models import ChatMessage, ModelSettings, ToolCallRequest
 
 CALL = ToolCallRequest(id="call_1", name="calculator", arguments='{"expression": "6 * 7"}')
 CONVERSATION = [

@@ -1,7 +1,10 @@
 """The package as a user installs it: the wheel built from this repository, installed into a
-fresh virtual environment and run from an empty folder, with nothing of the source tree in
-reach. `ws` starts the embedded dev server, a worker, and runs an offline task to the end;
-every module of the source tree imports from the wheel; the console's files are in it.
+fresh virtual environment and run from a project of the user's own, laid out the way
+Temporal's samples teach (its own workflows/, activities/, runtime/, waystation/testing/, worker.py and
+starter.py), with nothing of the source tree in reach. The wheel holds the one top-level
+package `waystation`; the project's worker.py serves a tool from the project's activities/
+with a waystation worker, and `ws` runs an offline task to the end; every module of the
+package imports from the wheel; the console's files are in it.
 
 The fresh environment takes its dependencies from this one's site-packages (a .pth entry:
 the packages, not this environment's own hooks, so its editable install of the repository
@@ -19,29 +22,63 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from testing.mcp import free_port
-from testing.workers import REPO
+from waystation.testing.mcp import free_port
+from waystation.testing.workers import REPO
 
-PACKAGES = ("waystation", "workflows", "activities", "runtime", "testing")
-TOP_LEVEL_MODULES = ("worker", "starter")
 COPIED_IGNORING = shutil.ignore_patterns(
     ".git", ".venv", ".waystation", "__pycache__", "*.egg-info", "build", ".*_cache", ".hypothesis"
 )
 STARTS_WITHIN_SECONDS = 120
 
 
+# The user's project: the names waystation once took for itself, each the user's own.
+USER_PROJECT = {
+    "workflows/__init__.py": 'OWNER = "project"\n',
+    "runtime/__init__.py": 'OWNER = "project"\n',
+    "waystation/testing/__init__.py": 'OWNER = "project"\n',
+    "starter.py": 'OWNER = "project"\n',
+    "activities/__init__.py": 'OWNER = "project"\n',
+    # A tool of the project's, in the module path the samples' layout gives it.
+    "activities/shop.py": (
+        "from waystation import tool\n\n\n"
+        "@tool\n"
+        "def price_of(item: str) -> str:\n"
+        '    """The price of an item in the shop."""\n'
+        '    return f"{item}: 3 EUR"\n'
+    ),
+    # The project's worker: its own packages first, then a waystation worker serving them.
+    "worker.py": (
+        "import activities, runtime, starter, testing, workflows\n"
+        "from waystation.worker import run\n\n"
+        "mine = {m.OWNER for m in (activities, runtime, starter, testing, workflows)}\n"
+        'assert mine == {"project"}, mine\n'
+        'if __name__ == "__main__":\n'
+        "    run()\n"
+    ),
+}
+
+
 def source_modules() -> set[str]:
-    """Every Python module of the packages the wheel must hold, by dotted name."""
-    names = set(TOP_LEVEL_MODULES)
-    for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    """Every Python module of the package the wheel must hold, by dotted name."""
+    names = set()
+    for path in (REPO / "waystation").rglob("*.py"):
+        if path.name == "__main__.py":
+            continue  # runs its program when imported
+        parts = path.relative_to(REPO).with_suffix("").parts
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
+
+
+def user_project(root: Path) -> Path:
+    for name, text in USER_PROJECT.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
 
 
 def tooling_environment() -> dict[str, str]:
@@ -53,7 +90,7 @@ def tooling_environment() -> dict[str, str]:
 def build_wheel(into: Path) -> Path:
     """The wheel of a copy of the repository (the build leaves nothing in the real one)."""
     source = into / "source"
-    shutil.copytree(REPO, source, ignore=COPIED_IGNORING)
+    shutil.copytree(REPO, source, ignore=COPIED_IGNORING, symlinks=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "--quiet", "-w", str(into / "dist"), str(source)],
@@ -126,11 +163,17 @@ async def typed(line: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, st
     return process.returncode, out.decode(), err.decode()
 
 
-async def started_worker(cwd: Path, env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
-    """`ws worker`, once it says it polls (it starts the embedded server first)."""
+async def started_worker(
+    cwd: Path, env: dict[str, str], log: Path, *command: str
+) -> asyncio.subprocess.Process:
+    """A worker (`ws worker` unless told), once it says it polls."""
     with open(log, "wb") as out:
         worker = await asyncio.create_subprocess_exec(
-            "ws", "worker", cwd=cwd, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT
+            *(command or ("ws", "worker")),
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
         )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STARTS_WITHIN_SECONDS
@@ -144,11 +187,19 @@ async def started_worker(cwd: Path, env: dict[str, str], log: Path) -> asyncio.s
 
 
 @pytest.mark.long(minutes=1)
-async def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) -> None:
-    bin_dir = fresh_environment(tmp_path / "venv", build_wheel(tmp_path))
-    empty = tmp_path / "empty"
+async def test_the_wheel_installs_into_a_project_with_its_own_workflows_and_worker(
+    tmp_path: Path,
+) -> None:
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        top = {name.split("/")[0] for name in archive.namelist()}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"waystation"}
+    bin_dir = fresh_environment(tmp_path / "venv", wheel)
+    empty = tmp_path / "project"
     empty.mkdir()
+    user_project(empty)
     env = user_environment(bin_dir, free_port(), free_port())
+    env["WAYSTATION_TOOLS"] = "waystation.activities.builtin_tools,activities.shop"
 
     code, out, err = await typed("ws --help", empty, env)
     assert code == 0, err
@@ -159,7 +210,7 @@ async def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) 
         "import importlib, json, sys\n"
         f"names = {sorted(source_modules())!r}\n"
         "files = {n: importlib.import_module(n).__file__ for n in names}\n"
-        "from runtime.api.console import console_files\n"
+        "from waystation.servers.api.console import console_files\n"
         "console = sorted(f.name for f in console_files().iterdir())\n"
         "print(json.dumps({'files': files, 'console': console}))"
     )
@@ -169,13 +220,26 @@ async def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) 
     installed = tmp_path / "venv" / "lib"
     outside = {n: f for n, f in found["files"].items() if not Path(f).is_relative_to(installed)}
     assert not outside, f"imported from outside the wheel: {outside}"
-    assert {"activities.mcp.manager", "activities.storage.ledger", "runtime.api.console"} <= set(
-        found["files"]
+    assert {
+        "waystation.activities.mcp.manager",
+        "waystation.activities.storage.ledger",
+        "waystation.servers.api.console",
+    } <= set(found["files"])
+    shipped = sorted(
+        p.name for p in (REPO / "waystation" / "servers" / "console").iterdir() if p.is_file()
     )
-    shipped = sorted(p.name for p in (REPO / "runtime" / "console").iterdir() if p.is_file())
     assert found["console"] == shipped
 
-    worker = await started_worker(empty, env, tmp_path / "worker.log")
+    # The project's tool, from the project's activities/, beside the built-in ones.
+    code, out, err = await typed("ws tools", empty, env)
+    assert code == 0, err
+    assert "price_of" in out and "run_shell" in out
+
+    # The server first (`ws server start`), then the project's own worker.py.
+    code, out, err = await typed("ws server start", empty, env)
+    assert code == 0, err
+    log = tmp_path / "worker.log"
+    worker = await started_worker(empty, env, log, "python", "worker.py")
     try:
         code, out, err = await typed(
             "ws run --no-worker 'What is 2 + 3? Write it to scratch/sum.txt'", empty, env
@@ -200,7 +264,7 @@ async def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path: Path) 
         worker.send_signal(signal.SIGTERM)
         await asyncio.wait_for(worker.wait(), 60)
         stopped = await typed("ws server stop", empty, env)
-    assert "worker stopped" in (tmp_path / "worker.log").read_text()
+    assert "worker stopped" in log.read_text()
     assert stopped[0] == 0 and "stopped the embedded Temporal dev server" in stopped[2]
 
 
@@ -211,7 +275,9 @@ def test_hints_name_the_ws_command_as_it_can_be_typed_here(activated: bool) -> N
     bin_dir = Path(sys.executable).parent
     rest = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != bin_dir]
     path = os.pathsep.join([str(bin_dir), *rest] if activated else rest)
-    probe = "from runtime.commands import command; print(command('approve', 't-1', 'a b'))"
+    probe = (
+        "from waystation.settings.commands import command; print(command('approve', 't-1', 'a b'))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=REPO,

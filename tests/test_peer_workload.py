@@ -22,7 +22,7 @@ from bench.peer_workload import (
     history_bytes,
     prompt,
 )
-from testing.fake_openai import FakeOpenAI
+from waystation.testing.fake_openai import FakeOpenAI
 
 
 async def _play(client: openai.AsyncOpenAI, model: str, job: Job) -> list[Any]:

@@ -6,8 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from workflows import errors
-from workflows.approval import (
+from waystation.workflows import errors
+from waystation.workflows.approval import (
     DROP,
     EARLY_DECISIONS_KEPT,
     KEEP,
@@ -17,9 +17,9 @@ from workflows.approval import (
     request_events,
     timeout_events,
 )
-from workflows.calls import Run, verdict
-from workflows.conversation import MAX_MESSAGES, compaction_range, total_tokens
-from workflows.events import (
+from waystation.workflows.calls import Run, verdict
+from waystation.workflows.conversation import MAX_MESSAGES, compaction_range, total_tokens
+from waystation.workflows.events import (
     Action,
     AgentEvent,
     AgentState,
@@ -34,8 +34,8 @@ from workflows.events import (
     draft,
     fold,
 )
-from workflows.messages import QueuedMessage
-from workflows.models import (
+from waystation.workflows.messages import QueuedMessage
+from waystation.workflows.models import (
     AgentTask,
     ApprovalSettings,
     Decision,
@@ -44,7 +44,7 @@ from workflows.models import (
     ToolResult,
     Usage,
 )
-from workflows.plan import (
+from waystation.workflows.plan import (
     AddMessage,
     Announce,
     AwaitDecisions,
@@ -57,7 +57,7 @@ from workflows.plan import (
     RunProgress,
     next_move,
 )
-from workflows.run import AgentRun, RunCarry
+from waystation.workflows.run import AgentRun, RunCarry
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TASK = AgentTask(task="do it", max_steps=50)

@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 
-from activities.storage.deployment import worker_identity
-from runtime.pollers import CLI_WORKER_PREFIX, cli_worker_identity, serving
+from waystation.activities.storage.deployment import worker_identity
+from waystation.client.pollers import CLI_WORKER_PREFIX, cli_worker_identity, serving
 
 
 def test_a_commands_worker_counts_while_its_process_runs_with_or_without_its_storage() -> None:

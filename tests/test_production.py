@@ -23,18 +23,18 @@ from temporalio.converter import ActivitySerializationContext
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner
 
-from runtime.agent_runtime import WORKFLOW_TASK_TIMEOUT, AgentRuntime
-from runtime.codec import EncryptionCodec, data_converter, new_key
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from runtime.temporal import temporal_binary
-from runtime.tracing import tracing_interceptors
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.proc import pid_with_local_port
-from testing.workers import REPO, WorkerProcess, running_worker
 from tests.helpers import agent_task, pending_requests
-from worker import STICKY_SCHEDULE_TO_START, build_worker
-from workflows import search
+from waystation.activities.payload_codec import EncryptionCodec, data_converter, new_key
+from waystation.client.agent_runtime import WORKFLOW_TASK_TIMEOUT, AgentRuntime
+from waystation.client.temporal import temporal_binary
+from waystation.client.tracing import tracing_interceptors
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.proc import pid_with_local_port
+from waystation.testing.workers import REPO, WorkerProcess, running_worker
+from waystation.worker import STICKY_SCHEDULE_TO_START, build_worker
+from waystation.workflows import search
 
 SECRET = "the-launch-code-is-HUNTER2-and-the-plan-is-ZEBRA"
 
@@ -323,18 +323,16 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
     )
     assert services["api"]["ports"] == ["8000:8000"]
     assert "WAYSTATION_API_TOKENS" in services["api"]["environment"]
-    # The commands exist in the project.
-    assert (
-        services["worker"]["command"] == ["python", "worker.py"] and (REPO / "worker.py").exists()
-    )
-    starter = (REPO / "starter.py").read_text()
-    for name in ("setup", "api"):
+    # The commands are the image's `ws` (the package's console script), each a real command.
+    assert services["worker"]["command"] == ["ws", "worker"]
+    starter = (REPO / "waystation" / "cli" / "starter.py").read_text()
+    for name in ("setup", "api", "worker"):
         command = services[name]["command"]
-        assert command[:2] == ["python", "starter.py"] and f'"{command[2]}"' in starter
+        assert command[0] == "ws" and f'"{command[1]}"' in starter
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "FROM python:3.11" in dockerfile and "pip install" in dockerfile
-    for path in ("workflows", "activities", "runtime", "worker.py", "starter.py"):
-        assert path in dockerfile and (REPO / path).exists()
+    # The image holds the package alone: what `pip install` puts into site-packages.
+    assert "COPY waystation waystation" in dockerfile and 'CMD ["ws", "worker"]' in dockerfile
 
 
 async def test_worker_tuning_comes_from_settings(

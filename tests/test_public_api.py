@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import waystation
-from activities.function_tools import tool
-from runtime.agent_runtime import AgentRuntime
-from testing.workers import REPO
-from worker import build_worker
+from waystation.activities.function_tools import tool
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.workers import REPO
+from waystation.worker import build_worker
 
 PUBLIC = [
     "Agent",

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 
-from runtime.agent_runtime import AgentRuntime, DecisionError
-from testing.fake_openai import FakeOpenAI, text, tools
 from tests.helpers import agent_task, of_type, wait_for_state
-from workflows import errors, search
-from workflows.agent import AgentWorkflow
-from workflows.models import Answer, QuestionSettings
-from workflows.run import AgentOutcome
+from waystation.client.agent_runtime import AgentRuntime, DecisionError
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.workflows import errors, search
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.models import Answer, QuestionSettings
+from waystation.workflows.run import AgentOutcome
 
 
 def tool_results(body: dict[str, Any]) -> list[str]:

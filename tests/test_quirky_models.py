@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from runtime.agent_runtime import AgentRuntime, TaskFailedError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, of_type
-from workflows.models import ApprovalSettings, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.workflows.models import ApprovalSettings, ModelSettings
 
 
 async def test_a_tool_call_written_as_text_is_run_not_taken_for_the_answer(

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from testing.workers import REPO
+from waystation.testing.workers import REPO
 
 
 def _script() -> ModuleType:

@@ -14,16 +14,16 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from activities.builtin_tools import builtin_registry
-from activities.storage.errors import StorageUnavailableError
-from activities.tools import Tool, ToolContext
-from runtime.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
-from workflows.models import ApprovalSettings
-from workflows.options import RETRY_SAFE_TOOL
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.activities.storage.errors import StorageUnavailableError
+from waystation.activities.tools import Tool, ToolContext
+from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskFailedError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows.models import ApprovalSettings
+from waystation.workflows.options import RETRY_SAFE_TOOL
 
 
 def no_approval(**kw: Any) -> dict[str, Any]:

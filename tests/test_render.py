@@ -17,11 +17,11 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.attempt_step import failures_name_step
-from runtime.render import LiveView, render_state, visible_json
-from runtime.streaming import StreamItem
-from runtime.worker_log import AttemptFailure, attempt_failure
-from workflows.events import (
+from waystation.activities.attempt_step import failures_name_step
+from waystation.cli.render import LiveView, render_state, visible_json
+from waystation.client.streaming import StreamItem
+from waystation.worker.log import AttemptFailure, attempt_failure
+from waystation.workflows.events import (
     AgentState,
     ApprovalRequested,
     ApprovalResolved,
@@ -30,9 +30,9 @@ from workflows.events import (
     TaskStarted,
     Thought,
 )
-from workflows.models import AgentTask, ModelSettings
-from workflows.options import RETRY_SAFE_TOOL
-from workflows.stream import LlmAttemptStarted, TokenDelta
+from waystation.workflows.models import AgentTask, ModelSettings
+from waystation.workflows.options import RETRY_SAFE_TOOL
+from waystation.workflows.stream import LlmAttemptStarted, TokenDelta
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -9,9 +9,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from runtime.codec import data_converter
-from workflows.agent import AgentWorkflow
-from workflows.run import AgentRun
+from waystation.activities.payload_codec import data_converter
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.run import AgentRun
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -32,7 +32,8 @@ async def test_history_replays_without_nondeterminism(path: Path) -> None:
 async def test_our_converter_reads_and_writes_the_bytes_temporals_pydantic_one_does(
     path: Path,
 ) -> None:
-    """Workers and clients use runtime.codec's converter (cheaper to build, once per
+    """Workers and clients use waystation.activities.payload_codec's converter (cheaper to
+    build, once per
     activation); what it writes and reads must not differ from Temporal's pydantic one."""
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     started = history.events[0].workflow_execution_started_event_attributes.input.payloads

@@ -16,15 +16,21 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.codec import ENCODING, EncryptionCodec, data_converter, new_key
-from runtime.health import STUCK_AFTER_ATTEMPTS
-from runtime.http_api import create_app
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type
 from tests.test_cli import starter
+from waystation.activities.payload_codec import (
+    ENCODING,
+    EncryptionCodec,
+    data_converter,
+    new_key,
+    payload_codec,
+)
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.health import STUCK_AFTER_ATTEMPTS
+from waystation.servers.http_api import create_app
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.workers import WorkerProcess, running_worker
 
 KEY_1, KEY_2 = new_key(), new_key()
 
@@ -47,7 +53,7 @@ def with_keys(settings: Settings, keys: dict[str, str], active: str | None) -> S
 async def client_for(dev_env: WorkflowEnvironment, settings: Settings) -> Client:
     return await Client.connect(
         dev_env.client.service_client.config.target_host,
-        data_converter=data_converter(settings.payload_codec()),
+        data_converter=data_converter(payload_codec(settings)),
     )
 
 

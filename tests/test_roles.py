@@ -17,17 +17,17 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.agent_tools import agent_tool
-from activities.builtin_tools import builtin_registry
-from runtime.agent_runtime import AgentRuntime
-from runtime.http_api import create_app
-from runtime.settings import ApiToken, Settings
-from runtime.task_rights import TaskRefusedError
-from testing.fake_openai import FakeOpenAI, text, tools
-from testing.workers import running_worker
 from tests.helpers import agent_task, serving_api
 from tests.test_cli import starter
-from workflows.models import AgentSpec, ParentLink
+from waystation.activities.agent_tools import agent_tool
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.task_rights import TaskRefusedError
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.workers import running_worker
+from waystation.workflows.models import AgentSpec, ParentLink
 
 READER = "reader-token"
 APPROVER = "approver-token"

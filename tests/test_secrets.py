@@ -26,24 +26,24 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.builtin_tools import SHELL_RUNS_DIR
-from activities.redaction import MIN_SECRET_CHARS, REDACTED, RedactingLogFilter, Redactor
-from activities.storage import Storage
-from activities.storage.sqlite import SqliteBackend
-from runtime.agent_runtime import AgentRuntime, TaskFailedError
-from runtime.codec import data_converter, new_key
-from runtime.http_api import create_app
-from runtime.known_secrets import known_secrets
-from runtime.reset import failure_of
-from runtime.settings import ApiToken, Settings
-from runtime.temporal import temporal_binary
-from runtime.tracing import tracing_interceptors
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.postgres import PostgresServer
-from testing.webhook_receiver import WebhookReceiver
-from testing.workers import WorkerProcess, running_worker
 from tests.helpers import agent_task, of_type, pending_requests, run_histories
-from workflows.models import ApprovalSettings
+from waystation.activities.builtin_tools import SHELL_RUNS_DIR
+from waystation.activities.payload_codec import data_converter, new_key, payload_codec
+from waystation.activities.redaction import MIN_SECRET_CHARS, REDACTED, RedactingLogFilter, Redactor
+from waystation.activities.storage import Storage
+from waystation.activities.storage.sqlite import SqliteBackend
+from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
+from waystation.client.known_secrets import known_secrets
+from waystation.client.reset import failure_of
+from waystation.client.temporal import temporal_binary
+from waystation.client.tracing import tracing_interceptors
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.postgres import PostgresServer
+from waystation.testing.webhook_receiver import WebhookReceiver
+from waystation.testing.workers import WorkerProcess, running_worker
+from waystation.workflows.models import ApprovalSettings
 
 # --- the redactor ----------------------------------------------------------------------------
 
@@ -180,7 +180,7 @@ async def test_each_kind_of_secret_a_command_prints_is_redacted_from_the_task(
     )
     client = await Client.connect(
         dev_env.client.service_client.config.target_host,
-        data_converter=data_converter(deployment.payload_codec()),
+        data_converter=data_converter(payload_codec(deployment)),
     )
     never = ApprovalSettings(policy={"run_shell": "never"})
     async with (
@@ -287,7 +287,7 @@ async def test_an_approved_env_shows_none_of_the_workers_secrets(
         {**settings.model_dump(), "encryption_keys": {"k1": s["encryption key"]}}
     )
     address = dev_env.client.service_client.config.target_host
-    client = await Client.connect(address, data_converter=data_converter(secure.payload_codec()))
+    client = await Client.connect(address, data_converter=data_converter(payload_codec(secure)))
 
     def reply(body: dict[str, Any]) -> Reply:
         told = [m for m in body["messages"] if m["role"] == "tool"]

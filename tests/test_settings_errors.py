@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from testing.settings import USER_ENV_PREFIXES
-from testing.workers import REPO
+from waystation.testing.settings import USER_ENV_PREFIXES
+from waystation.testing.workers import REPO
 
 TOKEN = "tok-7Hq2-never-print-me"
 API_KEY = "sk-live-never-print-me"
@@ -89,9 +89,10 @@ async def test_settings_that_are_not_json_say_which_variable_without_quoting_it(
 
 
 async def test_the_api_started_by_uvicorn_itself_quotes_no_secret_either() -> None:
-    """`uvicorn runtime.http_api:app` (docs/http-api.md) prints uvicorn's own traceback of
+    """`uvicorn waystation.servers.http_api:app` (docs/http-api.md) prints uvicorn's own
+    traceback of
     the failed import: its last line is the sentence, and no secret is anywhere in it."""
-    code, said = await run(["-m", "uvicorn", "runtime.http_api:app"], MISCONFIGURED)
+    code, said = await run(["-m", "uvicorn", "waystation.servers.http_api:app"], MISCONFIGURED)
     assert code not in (0, None), said
     for secret in SECRETS:
         assert secret not in said, f"{secret!r} printed:\n{said}"

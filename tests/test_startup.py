@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from testing.workers import REPO
+from waystation.testing.workers import REPO
 
 HEAVY = ("openai", "mcp", "mcp_types")
 
@@ -23,16 +23,16 @@ def loaded_after(code: str) -> list[str]:
 
 
 def test_the_cli_starts_without_openai_or_mcp() -> None:
-    assert loaded_after("import starter; starter.parser()") == []
+    assert loaded_after("from waystation.cli import starter; starter.parser()") == []
 
 
 def test_a_worker_without_endpoint_or_mcp_servers_starts_without_them() -> None:
     code = (
-        "import worker\n"
-        "from activities.builtin_tools import builtin_registry\n"
-        "from activities.llm import LlmActivities\n"
-        "from activities.mcp.activities import McpActivities\n"
-        "from activities.mcp.manager import McpClientManager\n"
+        "from waystation import worker\n"
+        "from waystation.activities.builtin_tools import builtin_registry\n"
+        "from waystation.activities.llm import LlmActivities\n"
+        "from waystation.activities.mcp.activities import McpActivities\n"
+        "from waystation.activities.mcp.manager import McpClientManager\n"
         "mcp = McpActivities(McpClientManager({}))\n"
         "LlmActivities(builtin_registry(), None, api_key=None, base_url=None, mcp=mcp)"
     )
@@ -41,8 +41,8 @@ def test_a_worker_without_endpoint_or_mcp_servers_starts_without_them() -> None:
 
 def test_a_configured_endpoint_loads_openai() -> None:
     code = (
-        "from activities.builtin_tools import builtin_registry\n"
-        "from activities.llm import LlmActivities\n"
+        "from waystation.activities.builtin_tools import builtin_registry\n"
+        "from waystation.activities.llm import LlmActivities\n"
         "LlmActivities(builtin_registry(), None, api_key='sk-x', base_url=None)"
     )
     assert loaded_after(code) == ["openai"]

@@ -21,7 +21,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.storage import (
+from waystation.activities.storage import (
     ClaimLostError,
     DeploymentMismatchError,
     Ledger,
@@ -29,15 +29,15 @@ from activities.storage import (
     Storage,
     digest_of,
 )
-from activities.storage import migrations as schema
-from activities.storage.backend import Backend
-from activities.storage.deployment import MARKER, check_workspace, hosts_polling
-from activities.storage.postgres import PostgresBackend
-from activities.storage.sqlite import SqliteBackend
-from runtime.settings import Settings
-from testing.postgres import PostgresServer
-from testing.workers import REPO, WorkerProcess, running_worker, worker_environment
-from workflows.agent import AgentWorkflow
+from waystation.activities.storage import migrations as schema
+from waystation.activities.storage.backend import Backend
+from waystation.activities.storage.deployment import MARKER, check_workspace, hosts_polling
+from waystation.activities.storage.postgres import PostgresBackend
+from waystation.activities.storage.sqlite import SqliteBackend
+from waystation.settings import Settings
+from waystation.testing.postgres import PostgresServer
+from waystation.testing.workers import REPO, WorkerProcess, running_worker, worker_environment
+from waystation.workflows.agent import AgentWorkflow
 
 DAY = 86400.0
 

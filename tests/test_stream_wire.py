@@ -1,4 +1,4 @@
-"""runtime/stream_wire.py reads streams through the contrib module's private poll Query;
+"""waystation/client/stream_wire.py reads streams through the contrib module's private poll Query;
 this pins it to the SDK's public `subscribe()`, so an SDK upgrade that changes the wire
 fails here rather than in a user's stream."""
 
@@ -11,10 +11,10 @@ from temporalio.client import Client
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.testing import WorkflowEnvironment
 
-from runtime import stream_wire
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import FakeOpenAI, text, tools
 from tests.helpers import agent_task, pending_requests
+from waystation.client import stream_wire
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
 
 Item = tuple[int, str, Any]
 # Streamed for longer than the first token batch interval, so tokens are published live.

@@ -13,14 +13,14 @@ from temporalio.client import QueryWorkflowInput
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from runtime import stream_wire
-from runtime.agent_runtime import AgentRuntime, TaskNotFoundError
-from runtime.settings import Settings
-from runtime.streaming import POLL_TIMEOUT, StreamGap, StreamItem, in_sequence
-from testing.client_hooks import ClientHooks
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.helpers import agent_task, pending_requests, run_histories, same_unless_restamped
-from workflows.stream import LlmAttemptStarted, TokenDelta
+from waystation.client import stream_wire
+from waystation.client.agent_runtime import AgentRuntime, TaskNotFoundError
+from waystation.client.streaming import POLL_TIMEOUT, StreamGap, StreamItem, in_sequence
+from waystation.settings import Settings
+from waystation.testing.client_hooks import ClientHooks
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.workflows.stream import LlmAttemptStarted, TokenDelta
 
 
 def five_step_script(fake: FakeOpenAI) -> str:

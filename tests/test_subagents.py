@@ -17,20 +17,20 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from activities.agent_tools import agent_tool
-from activities.builtin_tools import builtin_registry
-from activities.child_outcomes import started_by
-from activities.tools import ToolRegistry
-from runtime.agent_runtime import AgentRuntime, TaskCancelledError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.mcp import CallLog, demo_stdio
-from testing.workers import running_worker
 from tests.helpers import agent_task, of_type, wait_for_state
-from workflows import search
-from workflows.agent import AgentWorkflow
-from workflows.models import AgentSpec, ApprovalSettings, ModelSettings
-from workflows.run import AgentRun
+from waystation.activities.agent_tools import agent_tool
+from waystation.activities.builtin_tools import builtin_registry
+from waystation.activities.tools import ToolRegistry
+from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.mcp import CallLog, demo_stdio
+from waystation.testing.workers import running_worker
+from waystation.worker.child_outcomes import started_by
+from waystation.workflows import search
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.models import AgentSpec, ApprovalSettings, ModelSettings
+from waystation.workflows.run import AgentRun
 
 
 def tool_results(body: dict[str, Any]) -> list[str]:

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from runtime.agent_runtime import AgentRuntime, TaskCancelledError, UnknownToolsError
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, hang, text, tools
 from tests.helpers import agent_task, of_type, pending_requests
-from workflows.models import AgentTask
+from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, UnknownToolsError
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, hang, text, tools
+from waystation.workflows.models import AgentTask
 
 
 async def test_a_blank_task_is_a_validation_error(

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from activities.text_tool_calls import RecoveredToolCall, recover_tool_calls
+from waystation.activities.text_tool_calls import RecoveredToolCall, recover_tool_calls
 
 TOOLS = {"calculator", "write_file", "read_file", "list_files", "run_shell"}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from activities.builtin_tools import (
+from waystation.activities.builtin_tools import (
     CalculatorArgs,
     ListFilesArgs,
     ReadFileArgs,
@@ -28,10 +28,11 @@ from activities.builtin_tools import (
     run_shell,
     write_file,
 )
-from activities.storage import Ledger, Storage
-from activities.storage.sqlite import SqliteBackend
-from activities.tools import ToolActivities, ToolContext, ToolError
-from workflows.models import ToolRequest
+from waystation.activities.storage import Ledger, Storage
+from waystation.activities.storage.sqlite import SqliteBackend
+from waystation.activities.tool_activities import ToolActivities
+from waystation.activities.tools import ToolContext, ToolError
+from waystation.workflows.models import ToolRequest
 
 
 @pytest.fixture

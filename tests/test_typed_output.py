@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from runtime.agent_runtime import AgentRuntime, TaskFailedError
-from testing.fake_openai import FakeOpenAI, text, tools
 from tests.helpers import agent_task, of_type
-from workflows.models import AgentTask, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.workflows.models import AgentTask, ModelSettings
 
 
 class Invoice(BaseModel):

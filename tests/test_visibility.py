@@ -10,11 +10,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.common import SearchAttributeUpdate
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime
-from testing.fake_openai import FakeOpenAI, text, tools
 from tests.helpers import agent_task
-from workflows import search
-from workflows.events import AgentState, PendingApproval
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.workflows import search
+from waystation.workflows.events import AgentState, PendingApproval
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -16,12 +16,12 @@ from playwright.async_api import Browser, Dialog, Error, Page, async_playwright
 from playwright.async_api import expect as page_expect
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, TaskEndedError
-from runtime.codec import new_key
-from testing.fake_openai import FakeOpenAI
-from testing.servers import start_dev_env
-from testing.settings import isolated_settings
 from tests.browser.stack import CHROMIUM, CHROMIUM_FLAGS, TOKENS, ConsoleStack, running_stack
+from waystation.activities.payload_codec import new_key
+from waystation.client.agent_runtime import AgentRuntime, TaskEndedError
+from waystation.testing.fake_openai import FakeOpenAI
+from waystation.testing.servers import start_dev_env
+from waystation.testing.settings import isolated_settings
 
 # Pages are awaited on states, never on the clock; with both cores busy a state can take a
 # while to come, so the wait for it is generous.

@@ -10,9 +10,9 @@ from typing import Any
 
 from playwright.async_api import Locator, Page
 
-from runtime.agent_runtime import TaskHandle
 from tests.browser.stack import ConsoleStack
 from tests.helpers import agent_task
+from waystation.client.agent_runtime import TaskHandle
 
 # `CONSOLE_SCREENSHOTS=docs pytest tests/browser` refreshes the screenshots in docs/.
 SCREENSHOTS = os.environ.get("CONSOLE_SCREENSHOTS")

@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
-from runtime.agent_runtime import AgentRuntime
-from runtime.codec import data_converter
-from runtime.settings import Settings
-from testing.proc import free_port
-from testing.workers import REPO, WorkerProcess, worker_environment
+from waystation.activities.payload_codec import data_converter, payload_codec
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.testing.proc import free_port
+from waystation.testing.workers import REPO, WorkerProcess, worker_environment
 
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags chromium keeps calling home, which floods a
@@ -130,7 +130,7 @@ async def running_stack(address: str, settings: Settings) -> AsyncIterator[Conso
     api = ApiProcess(env, free_port(), settings.data_dir / "api.log")
     try:
         await asyncio.gather(worker.ready(), api.start())
-        codec = settings.payload_codec()
+        codec = payload_codec(settings)
         client = await Client.connect(address, data_converter=data_converter(codec))
         yield ConsoleStack(settings, AgentRuntime(client, settings), address, api, worker)
     finally:

@@ -17,11 +17,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole
 from tests.browser.pages import answer, card, decided, said, shoot, start, task_id_of
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
 from tests.helpers import of_type, pending_requests, wait_for_state
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 
 
 async def test_start_from_the_form_watch_tokens_and_a_retry_approve_in_the_inbox(

@@ -18,8 +18,6 @@ import pytest
 from playwright.async_api import expect
 from temporalio.testing import WorkflowEnvironment
 
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.settings import isolated_settings
 from tests.browser.conftest import OpenConsole
 from tests.browser.pages import (
     answer,
@@ -34,7 +32,9 @@ from tests.browser.pages import (
 )
 from tests.browser.stack import ALICE, TOKENS, ConsoleStack, running_stack
 from tests.helpers import pending_requests, wait_for_state
-from workflows.models import AgentTask, ModelSettings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.settings import isolated_settings
+from waystation.workflows.models import AgentTask, ModelSettings
 
 IMG = '<img src=x onerror="window.__xss=1;alert(1)">'
 SCRIPT = "<script>window.__xss=2;alert(2)</script>"

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from playwright.async_api import Page, expect
 
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole
 from tests.browser.pages import answer, said, start
 from tests.browser.stack import ALICE, RITA, ConsoleStack
 from tests.helpers import of_type, pending_requests, wait_for_state
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 
 
 def user_texts(body: dict[str, Any]) -> list[str]:

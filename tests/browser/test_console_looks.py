@@ -18,9 +18,6 @@ import httpx
 import pytest
 from playwright.async_api import Page, Route, expect
 
-from runtime.agent_runtime import TaskHandle
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.proc import free_port
 from tests.browser.conftest import OpenConsole, sign_in
 from tests.browser.pages import (
     answer,
@@ -34,6 +31,9 @@ from tests.browser.pages import (
 )
 from tests.browser.stack import ALICE, ApiProcess, ConsoleStack
 from tests.helpers import pending_requests
+from waystation.client.agent_runtime import TaskHandle
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.proc import free_port
 
 
 async def finished(handle: TaskHandle) -> None:

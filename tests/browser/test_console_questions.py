@@ -13,13 +13,13 @@ import httpx
 import pytest
 from playwright.async_api import expect
 
-from runtime.agent_runtime import TaskHandle
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
 from tests.browser.conftest import OpenConsole
 from tests.browser.pages import answer, card, decided, question_card, said, start
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
 from tests.helpers import pending_requests, wait_for_state
-from workflows.models import QuestionSettings
+from waystation.client.agent_runtime import TaskHandle
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.workflows.models import QuestionSettings
 
 IMG = '<img src=x onerror="window.__xss=1;alert(1)">'
 SCRIPT = "<script>window.__xss=2;alert(2)</script>"

@@ -25,19 +25,6 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from runtime.pollers import polling_workers
-from runtime.settings import Settings
-from runtime.temporal import (
-    DEV_SERVER_TUNING,
-    connect_when_serving,
-    ensure_search_attributes,
-    search_attribute_flags,
-    temporal_binary,
-)
-from testing.fake_openai import FakeOpenAI
-from testing.proc import free_port, pid_with_local_port
-from testing.workers import WorkerProcess, running_worker
 from tests.chaos.workload import (
     Crew,
     Gates,
@@ -49,9 +36,22 @@ from tests.chaos.workload import (
     until_file,
 )
 from tests.helpers import wait_for_state
-from workflows.agent import AgentWorkflow
-from workflows.models import Decision
-from workflows.run import AgentOutcome
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.client.pollers import polling_workers
+from waystation.client.temporal import (
+    DEV_SERVER_TUNING,
+    connect_when_serving,
+    ensure_search_attributes,
+    search_attribute_flags,
+    temporal_binary,
+)
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI
+from waystation.testing.proc import free_port, pid_with_local_port
+from waystation.testing.workers import WorkerProcess, running_worker
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.models import Decision
+from waystation.workflows.run import AgentOutcome
 
 TASKS = 10
 HELD_STREAM = 0  # its first model answer is held open until a worker dies under it

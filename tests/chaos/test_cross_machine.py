@@ -23,14 +23,14 @@ import psycopg
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.postgres import PostgresServer
-from testing.workers import WorkerProcess
 from tests.chaos.workload import replay_all
 from tests.helpers import agent_task
-from workflows.models import ApprovalSettings
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.postgres import PostgresServer
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import ApprovalSettings
 
 TASKS = 10
 DOUBLE_KILLS = 5  # tasks 0..4: the holder and then the retry's holder die; 5..9: the holder

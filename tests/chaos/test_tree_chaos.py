@@ -28,10 +28,6 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from runtime.agent_runtime import AgentRuntime, TaskHandle
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, text, tools
-from testing.proc import pid_with_local_port
 from tests.chaos.workload import (
     SLOW_STREAM,
     WORDS,
@@ -43,7 +39,11 @@ from tests.chaos.workload import (
     until_file,
 )
 from tests.helpers import agent_task
-from workflows.models import AgentSpec, AgentTask, ApprovalSettings, ModelSettings
+from waystation.client.agent_runtime import AgentRuntime, TaskHandle
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.proc import pid_with_local_port
+from waystation.workflows.models import AgentSpec, AgentTask, ApprovalSettings, ModelSettings
 
 PARENTS = (0, 1, 2)
 CHILDREN = (0, 1, 2)

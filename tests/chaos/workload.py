@@ -14,13 +14,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from runtime.agent_runtime import TaskHandle
-from runtime.settings import Settings
-from testing.fake_openai import FakeOpenAI, Reply, error, text, tools
-from testing.workers import WorkerProcess
 from tests.helpers import agent_task
-from workflows.agent import AgentWorkflow
-from workflows.models import AgentTask, ApprovalSettings
+from waystation.client.agent_runtime import TaskHandle
+from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.models import AgentTask, ApprovalSettings
 
 WORDS = " ".join(f"w{n}" for n in range(12))
 

@@ -14,10 +14,10 @@ import sys
 
 from temporalio import workflow
 
-import worker
-from workflows.agent import AgentWorkflow
-from workflows.events import AgentEvent
-from workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun
+from waystation import worker
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.events import AgentEvent
+from waystation.workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun
 
 DRIFT_MEMO = "drifted_build"
 

@@ -27,9 +27,9 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
-import worker
-from runtime.settings import Settings
-from runtime.temporal import connect
+from waystation import worker
+from waystation.client.temporal import connect
+from waystation.settings import Settings
 
 # Below the clients' 10 s query timeout, so the parked query still reaches the cold worker.
 STICKY_SECONDS = 5.0

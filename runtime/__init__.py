@@ -1,1 +1,0 @@
-"""The client side: AgentRuntime, streaming, settings, the embedded Temporal server."""

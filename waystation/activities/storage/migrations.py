@@ -1,0 +1,83 @@
+"""The schema, as ordered migrations per dialect. A database records the versions it has
+(`schema_version`); a worker applies the missing ones at start, under a lock, so workers
+that start together migrate once. Append migrations; never edit one that has shipped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from waystation.activities.storage.errors import SchemaTooNewError
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+SQLITE_VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_version"
+    " (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
+)
+POSTGRES_VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
+    " description TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+)
+
+SQLITE: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "deployment, idempotency ledger with leases, blobs",
+        (
+            "CREATE TABLE deployment (singleton INTEGER PRIMARY KEY CHECK (singleton = 1),"
+            " id TEXT NOT NULL, workspace_id TEXT, created_at REAL NOT NULL)",
+            "CREATE TABLE ledger (key TEXT PRIMARY KEY, tool TEXT NOT NULL,"
+            " state TEXT NOT NULL CHECK (state IN ('started', 'done')),"
+            " detail TEXT NOT NULL DEFAULT '{}', result TEXT,"
+            " is_error INTEGER NOT NULL DEFAULT 0, owner TEXT NOT NULL, host TEXT NOT NULL,"
+            " lease_until REAL NOT NULL, updated_at REAL NOT NULL)",
+            "CREATE INDEX ledger_done_by_age ON ledger (updated_at) WHERE state = 'done'",
+            "CREATE INDEX ledger_by_owner ON ledger (owner) WHERE state = 'started'",
+            "CREATE TABLE blobs (digest TEXT PRIMARY KEY, content BLOB NOT NULL,"
+            " used_at REAL NOT NULL)",
+            "CREATE INDEX blobs_by_use ON blobs (used_at)",
+        ),
+    ),
+)
+
+POSTGRES: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "deployment, idempotency ledger with leases, blobs",
+        (
+            "CREATE TABLE deployment (singleton BOOLEAN PRIMARY KEY DEFAULT TRUE"
+            " CHECK (singleton), id TEXT NOT NULL, workspace_id TEXT,"
+            " created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            "CREATE TABLE ledger (key TEXT PRIMARY KEY, tool TEXT NOT NULL,"
+            " state TEXT NOT NULL CHECK (state IN ('started', 'done')),"
+            " detail JSONB NOT NULL DEFAULT '{}', result TEXT,"
+            " is_error BOOLEAN NOT NULL DEFAULT FALSE, owner TEXT NOT NULL, host TEXT NOT NULL,"
+            " lease_until TIMESTAMPTZ NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            "CREATE INDEX ledger_done_by_age ON ledger (updated_at) WHERE state = 'done'",
+            "CREATE INDEX ledger_by_owner ON ledger (owner) WHERE state = 'started'",
+            "CREATE TABLE blobs (digest TEXT PRIMARY KEY, content BYTEA NOT NULL,"
+            " used_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            "CREATE INDEX blobs_by_use ON blobs (used_at)",
+        ),
+    ),
+)
+
+
+def pending(applied: int, migrations: Sequence[Migration]) -> list[Migration]:
+    """The migrations a database at version `applied` still needs, in order."""
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migrations must be numbered 1, 2, 3, ...: {versions}")
+    if applied > len(migrations):
+        raise SchemaTooNewError(
+            f"the database's schema is at version {applied}, newer than this waystation knows "
+            f"({len(migrations)}): upgrade waystation on this machine"
+        )
+    return list(migrations[applied:])

@@ -1,0 +1,1 @@
+"""The `ws` command line: every command a person types, and how it renders what it reads."""

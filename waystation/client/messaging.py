@@ -1,0 +1,221 @@
+"""Delivering a person's message to a task, wherever the task is in its conversation.
+
+A task that works (or waits for a person) gets the message as the `message` Signal: kept
+durably the moment Temporal accepts it, whether or not a worker runs, and taken at the
+task's next model call. A task whose run answered and closed is continued: the message
+starts the next run of the same workflow id with signal-with-start, so the id, the event
+log and the stream's offsets go on. That run starts from what the closed run's
+`continuation` query gives (its state, the stream's latest items, the run it follows), when
+a worker answers it in time; else it starts naming only the run it follows, and its first
+activity reads the same once a worker runs (then it continues as new, which Temporal holds
+back up to a second: a run may not continue as new within a second of its start). A failed
+or cancelled task takes no message: resume or fork it.
+
+Signals, not the `send_message` Update: a Signal is safe whatever moment it lands in
+(docs/never-stuck.md), and two senders at once are both kept, in the order Temporal took
+them. The Update is for Temporal CLI users who want an answer. A Signal cannot be refused,
+so before it goes out the sender asks the task how much waits (`message_room`) and applies
+the workflow's own rule (workflows/messages.py): a message that does not fit is refused
+here (TOO_MANY_MESSAGES). Without a worker to ask it goes out, and the task logs a
+`message_refused` error for it if it still does not fit when the task reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from waystation.client.busy import sending
+from waystation.client.health import overview
+from waystation.client.pollers import polling_workers
+from waystation.client.task_errors import MessageRefusedError, TaskNotFoundError
+from waystation.client.task_list import first_start, task_origin
+from waystation.settings.commands import command
+from waystation.workflows import errors, messages, search
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.messages import size_of
+from waystation.workflows.models import AgentTask, Message
+from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
+
+# Delivery looks again when the task's run changes under it (it closed as the Signal
+# went out); more changes than this in a row mean something keeps closing it.
+MOST_LOOKS = 10
+# How long a follow-up waits for a worker to give the closed run's continuation (a replay of
+# that run) before it leaves the reading to the next run's first activity.
+CONTINUATION_WAIT = timedelta(seconds=5)
+# How long a sender waits for a worker to say how much waits in the task's queue.
+ROOM_WAIT = timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where a message went: the run chain that holds it (its result is the answer, unless
+    a later message took the conversation further in the same chain)."""
+
+    workflow: WorkflowHandle[AgentWorkflow, AgentOutcome]
+    started: bool
+    """A new run was started for it: the task had answered and its run had closed."""
+    stream_from: int | None = None
+    """With `started`: the stream offset the new turn's items start at."""
+
+
+async def deliver(
+    client: Client,
+    task_id: str,
+    message: Message,
+    *,
+    task_queue: str,
+    task_timeout: timedelta,
+    summary: str,
+) -> Delivery:
+    """Deliver `message` to the task (see the module's docstring), or raise
+    MessageRefusedError / TaskNotFoundError with a sentence."""
+    if refused := messages.room_refusal(task_id, messages.QueueVolume(), size_of(message)):
+        raise MessageRefusedError(task_id, refused[1], refused[0])  # too large for any queue
+    for _ in range(MOST_LOOKS):
+        try:
+            seen = await overview(client, task_id)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise TaskNotFoundError(task_id, f"no task with id {task_id!r}") from err
+            raise
+        if seen.status == WorkflowExecutionStatus.RUNNING:
+            refuse_unless_taking(task_id, str(seen.memo.get(search.MEMO_STATUS) or "running"))
+            handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+                AgentWorkflow.run, task_id, run_id=seen.run_id
+            )
+            await _check_room(client, handle, task_id, message, task_queue)
+            try:
+                await _signal(handle, message)
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    continue  # the run closed as the Signal went out: look again
+                raise
+            return Delivery(handle, started=False)
+        if seen.status == WorkflowExecutionStatus.COMPLETED:
+            outcome, task = await _answer(client, task_id, seen.run_id)
+            if message.message_id in outcome.message_ids:
+                # A repeat of a message the answer already took (a retried send).
+                closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = (
+                    client.get_workflow_handle_for(AgentWorkflow.run, task_id, run_id=seen.run_id)
+                )
+                return Delivery(closed, started=False)
+            # Its first activity claims the turn (activities/turns.py), so two senders never
+            # both follow one answer. The run carries the task's text and first start, which
+            # the task list shows (waystation/client/task_list.py), not the message's.
+            origin = await task_origin(client, task_id, seen.run_id)
+            started = await client.start_workflow(
+                AgentWorkflow.run,
+                await _next_run(client, task_id, seen.run_id, task, task_queue),
+                id=task_id,
+                task_queue=task_queue,
+                start_signal=MESSAGE_SIGNAL,
+                start_signal_args=[message],
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                static_summary=origin.text or summary,
+                search_attributes=first_start(origin.started_at),
+                task_timeout=task_timeout,
+            )
+            return Delivery(started, started=True, stream_from=outcome.next_offset)
+        status = seen.status.name.lower() if seen.status else "unknown"
+        refuse_unless_taking(task_id, "cancelled" if status == "canceled" else "failed")
+    raise MessageRefusedError(
+        task_id,
+        f"task {task_id} kept changing its run while the message was sent: send it again",
+        None,
+    )
+
+
+async def _check_room(
+    client: Client,
+    handle: WorkflowHandle[AgentWorkflow, AgentOutcome],
+    task_id: str,
+    message: Message,
+    task_queue: str,
+) -> None:
+    """Refuse a message the task's queue has no room for, by the workflow's own rule."""
+    if not await polling_workers(client, task_queue, "workflow", this_process=True):
+        return  # nobody to ask: the task's log says so if it cannot take the message
+    try:
+        waiting = await handle.query(AgentWorkflow.message_room, rpc_timeout=ROOM_WAIT)
+    except (WorkflowQueryFailedError, RPCError):
+        return
+    if message.message_id in waiting.message_ids:
+        return  # a repeat of a waiting message: it counts once
+    refused = messages.room_refusal(task_id, waiting, size_of(message))
+    if refused is not None:
+        kind, sentence = refused
+        raise MessageRefusedError(task_id, sentence, kind)
+
+
+async def _signal(handle: WorkflowHandle[AgentWorkflow, AgentOutcome], message: Message) -> None:
+    await sending(lambda: handle.signal(AgentWorkflow.message, message))
+
+
+def refuse_unless_taking(task_id: str, status: str) -> None:
+    """A failed or cancelled task takes no message: say which way goes on."""
+    if status == "failed":
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} failed: a message cannot continue it; resume it, with a message "
+            f"if you like ({command('resume', task_id, '--message')} '...')",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+    if status == "cancelled":
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} was cancelled: a message cannot continue it; fork it to go on "
+            f"({command('fork', task_id, '--at')} SEQ --message '...')",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+
+
+async def _next_run(
+    client: Client, task_id: str, run_id: str, task: AgentTask | None, task_queue: str
+) -> AgentRun:
+    """The input of the run that follows closed run `run_id`: from its continuation when a
+    worker gives it within CONTINUATION_WAIT, else naming only the run it follows."""
+    if task is None or not await polling_workers(client, task_queue, "workflow", this_process=True):
+        return AgentRun(follows=run_id)
+    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=run_id
+    )
+    try:
+        carry = await closed.query(AgentWorkflow.continuation, rpc_timeout=CONTINUATION_WAIT)
+    except (WorkflowQueryFailedError, RPCError):
+        return AgentRun(follows=run_id)  # no worker now: the run's claim reads it later
+    return AgentRun(task=task, carry=carry)
+
+
+async def _answer(
+    client: Client, task_id: str, run_id: str
+) -> tuple[AgentOutcome, AgentTask | None]:
+    """The answer of closed run `run_id` and its task, once it is known that a message may
+    follow it (a sub-agent's answered its caller: not this one)."""
+    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=run_id
+    )
+    task = None
+    async for start in closed.fetch_history_events(page_size=1):
+        payloads = start.workflow_execution_started_event_attributes.input.payloads
+        [run] = await client.data_converter.decode(payloads, [AgentRun])
+        task = run.task if isinstance(run, AgentRun) else None
+        break
+    if task is not None and task.parent is not None:
+        raise MessageRefusedError(
+            task_id,
+            f"task {task_id} is a sub-agent of {task.parent.task_id}: it answered its caller; "
+            f"send your message to {task.parent.task_id}",
+            errors.TASK_NOT_TAKING_MESSAGES,
+        )
+    return await closed.result(follow_runs=False), task

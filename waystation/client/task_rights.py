@@ -1,0 +1,160 @@
+"""What a caller may set on a task it starts: the one check every entry path runs.
+
+AgentRuntime.run and fork call `admit`, so the HTTP API, MCP's run_task, the console's
+form (through the API), the CLI and Python code are held to the same rules:
+
+- a task may only make approval stricter than the deployment's rules (each tool's default,
+  an MCP server's declared rule), and name only the MCP servers the deployment declares,
+  unless its caller may decide approvals (an approver; the CLI and Python code hold
+  Temporal's credentials, so they are approvers);
+- the deployment's caps on max_steps, sub-agent depth and sub-agent calls hold for every
+  caller, and for the sub-agents the task may call;
+- ids of a sub-agent's form (`parent/step/call`) and the `parent` link are the workflow's
+  alone: a client that took one could answer for another task's sub-agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from waystation.activities.tools import ToolRegistry
+from waystation.settings import Role, Settings
+from waystation.settings.mcp_servers import McpServerConfig
+from waystation.vocabulary import ApprovalRule
+from waystation.workflows.models import AgentSpec, AgentTask
+from waystation.workflows.tool_catalog import split_name
+
+# Looser to stricter: a reader may move a tool's rule only rightwards.
+STRICTNESS: dict[ApprovalRule, int] = {"never": 0, "outside_scratch": 1, "always": 2}
+
+
+class TaskRefusedError(ValueError):
+    """A task its caller may not start as given (nothing was started): `setting` names the
+    field, `status` is the HTTP answer (403: the caller's role may not; 400: no caller may)."""
+
+    def __init__(self, setting: str, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.status = status
+        self.kind = kind
+
+
+def may_widen(role: Role) -> bool:
+    """Whether a caller may give a task more than the deployment's rules (decide approvals)."""
+    return role == "approver"
+
+
+def check_task_id(task_id: str) -> None:
+    """Refuse an id a client chose that has a sub-agent's form (`parent/step/call`)."""
+    if "/" in task_id:
+        raise TaskRefusedError(
+            "task_id",
+            400,
+            "reserved_task_id",
+            f"task id {task_id!r} contains '/', the form of a sub-agent's id "
+            "(parent/step/call), which only a parent task may start: choose an id without '/'",
+        )
+
+
+def check_max_steps(max_steps: int | None, settings: Settings, setting: str = "max_steps") -> None:
+    """Refuse a max_steps above the deployment's cap (a task's, a resume's, a message's)."""
+    if max_steps is not None and max_steps > settings.max_steps_cap:
+        raise _over_cap(setting, max_steps, settings.max_steps_cap, "WAYSTATION_MAX_STEPS_CAP")
+
+
+def deployment_rule(
+    name: str, tools: ToolRegistry, servers: Mapping[str, McpServerConfig]
+) -> ApprovalRule:
+    """The approval rule a tool has when a task sets none, as this side can know it: an
+    MCP tool's default comes from annotations only a worker reads, so unless its server
+    declares a rule, it counts as `always` (the strictest) here."""
+    tool = tools.get(name)
+    if tool is not None:
+        return tool.approval
+    split = split_name(name)
+    if split is not None and split[0] in servers:
+        declared = servers[split[0]].approval_for(split[1])
+        if declared is not None:
+            return declared
+    return "always"
+
+
+def callable_agents(task: AgentTask, tools: ToolRegistry) -> list[AgentSpec]:
+    """The sub-agents a task may call, and those they may call in turn, down the tree."""
+    found: dict[str, AgentSpec] = {}
+    names = list(task.tools if task.tools is not None else tools.names())
+    while names:
+        tool = tools.get(names.pop())
+        if tool is None or tool.agent is None or tool.name in found:
+            continue
+        found[tool.name] = tool.agent
+        names.extend(tool.agent.tools if tool.agent.tools is not None else tools.names())
+    return list(found.values())
+
+
+def admit(
+    task: AgentTask,
+    role: Role,
+    settings: Settings,
+    tools: ToolRegistry,
+    servers: Mapping[str, McpServerConfig],
+) -> None:
+    """Refuse (TaskRefusedError, one sentence naming the setting) a task `role` may not
+    start as given; `task` is as it will run (the settings' defaults filled in)."""
+    if task.parent is not None:
+        raise TaskRefusedError(
+            "parent",
+            400,
+            "reserved_field",
+            "parent is set only by a task that starts a sub-agent, never by a client: leave it out",
+        )
+    _check_caps(task, settings, tools)
+    if may_widen(role):
+        return
+    for name, rule in task.approval.policy.items():
+        default = deployment_rule(name, tools, servers)
+        if STRICTNESS[rule] < STRICTNESS[default]:
+            raise TaskRefusedError(
+                f"approval.policy.{name}",
+                403,
+                "forbidden_setting",
+                f"approval.policy.{name}: a {role} may not set {rule!r}, looser than the "
+                f"deployment's rule {default!r}; only an approver may loosen approval",
+            )
+    unknown = [name for name in task.mcp_servers or [] if name not in servers]
+    if unknown:
+        named = ", ".join(repr(n) for n in unknown)
+        raise TaskRefusedError(
+            "mcp_servers",
+            403,
+            "forbidden_setting",
+            f"mcp_servers: a {role} may name only the MCP servers the deployment declares, "
+            f"not {named}",
+        )
+
+
+def _check_caps(task: AgentTask, settings: Settings, tools: ToolRegistry) -> None:
+    check_max_steps(task.max_steps, settings)
+    for setting, value, cap in (
+        ("max_agent_depth", task.max_agent_depth, settings.max_agent_depth_cap),
+        ("max_agent_calls", task.max_agent_calls, settings.max_agent_calls_cap),
+    ):
+        if value > cap:
+            raise _over_cap(setting, value, cap, f"WAYSTATION_{setting.upper()}_CAP")
+    for spec in callable_agents(task, tools):
+        if spec.max_steps > settings.max_steps_cap:
+            raise _over_cap(
+                f"the sub-agent {spec.name}'s max_steps",
+                spec.max_steps,
+                settings.max_steps_cap,
+                "WAYSTATION_MAX_STEPS_CAP",
+            )
+
+
+def _over_cap(setting: str, value: int, cap: int, variable: str) -> TaskRefusedError:
+    return TaskRefusedError(
+        setting,
+        400,
+        "over_cap",
+        f"{setting} {value} is above this deployment's cap of {cap} ({variable})",
+    )

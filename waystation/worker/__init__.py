@@ -1,0 +1,406 @@
+"""The worker: settings -> client (pydantic converter) -> Worker hosting the agent workflow,
+the LLM activity and the tool activity. The one place things are registered.
+
+    ws worker                   # polls the task queue until Ctrl-C / SIGTERM
+    python worker.py            # the same, from a source tree
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from waystation.activities.chat import ChatBackend
+from waystation.activities.conversation_cache import TASKS_KEPT, ConversationCache
+from waystation.activities.conversation_store import ConversationStore
+from waystation.activities.event_archive import ArchiveActivities, EventArchive
+from waystation.activities.llm import LlmActivities
+from waystation.activities.mcp.activities import McpActivities
+from waystation.activities.mcp.manager import McpClientManager
+from waystation.activities.notify.delivery import NotificationActivities, webhook_retry
+from waystation.activities.payload_codec import codec_for
+from waystation.activities.program_environment import program_environment
+from waystation.activities.redaction import RedactingInterceptor, Redactor
+from waystation.activities.sealed_blobs import SealedBlobs
+from waystation.activities.storage import DeploymentMismatchError, Storage, StorageError
+from waystation.activities.storage.deployment import (
+    QUEUE_CHECK_SECONDS,
+    check_task_queue,
+    check_workspace,
+    worker_identity,
+)
+from waystation.activities.tool_activities import ToolActivities
+from waystation.activities.tool_modules import load_tools
+from waystation.activities.tools import ToolDefinitionError, ToolRegistry
+from waystation.activities.turns import TurnActivities
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.auto_repair import repair_now_and_then
+from waystation.client.hidden_environment import hide_starting_environment
+from waystation.client.known_secrets import redactor_for
+from waystation.client.stuck_notices import notify_stuck_now_and_then
+from waystation.client.temporal import TemporalUnavailableError, connect
+from waystation.settings import Settings
+from waystation.settings.errors import SettingsProblem, load_settings
+from waystation.settings.webhooks import WebhookConfigError, check_console_url
+from waystation.worker import log as worker_log
+from waystation.worker.child_outcomes import ChildActivities
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.notifications import NotificationWorkflow
+
+# A dead worker's sticky queue otherwise holds the next workflow task for 10 s.
+STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+# The SDK holds back an activity's heartbeats for 0.8x its heartbeat timeout, so the server
+# would hear one only a fifth of the timeout before its deadline: a worker slowed by load
+# abandons live calls for late heartbeats. Activities beat every third of
+# the timeout (at least 1 s, so every 0.33 s or slower): with this cap every beat goes out.
+HEARTBEAT_THROTTLE = timedelta(milliseconds=250)
+# Workflows run outside Temporal's sandbox. Measured by bench/ on this machine: the
+# sandbox made an agent step 1.4x the bare-Temporal floor instead of 1.2x, and each cached
+# task cost ~0.5 MB (500 tasks starting at once took four minutes to park, not 40 s).
+# Determinism is kept by other means: workflows/ruff.toml bans clocks, randomness and I/O
+# in workflow code, and CI replays every recorded history under the strict sandbox.
+WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
+
+
+logger = logging.getLogger("waystation.worker")
+
+
+class AgentWorker(Worker):
+    """A Worker that, when it serves tool calls, opens its storage and checks its deployment
+    before it polls and prunes the storage now and then; it closes what it holds at shutdown.
+    On SQLite it stops by itself when workers that keep their ledger elsewhere join its task
+    queue (`refusal` says why)."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        llm: LlmActivities,
+        mcp: McpActivities,
+        notify: NotificationActivities,
+        storage: Storage,
+        settings: Settings,
+        serves_tools: bool,
+        owns_storage: bool,
+        **options: Any,
+    ) -> None:
+        super().__init__(client, **options)
+        self.llm = llm
+        self.mcp = mcp
+        self.notify = notify
+        self.storage = storage
+        self._temporal = client
+        self._settings = settings
+        self._queue: str = options["task_queue"]
+        self._serves_tools = serves_tools
+        self._owns_storage = owns_storage
+        self._prepared = False
+        self._pruning: asyncio.Task[None] | None = None
+        self._repairing: asyncio.Task[None] | None = None
+        self._guarding: asyncio.Task[None] | None = None
+        self.refusal: DeploymentMismatchError | None = None
+        self._refused = asyncio.Event()
+        self._watching_stuck: asyncio.Task[None] | None = None
+
+    async def prepare(self) -> None:
+        """Open the storage and refuse a workspace or a task queue that breaks exactly-once
+        (a StorageError whose message is one sentence saying what to change)."""
+        if self._prepared or not self._serves_tools:
+            return
+        await self.storage.open()
+        try:
+            # The task queue first: a refused worker leaves no marker in the workspace.
+            await check_task_queue(self.storage, self._temporal, self._queue)
+            await check_workspace(self.storage, self._settings.workspace_dir)
+        except BaseException:
+            if self._owns_storage:
+                await self.storage.close()
+            raise
+        self._prepared = True
+
+    async def __aenter__(self) -> AgentWorker:
+        await self.prepare()
+        if self._serves_tools and self._settings.prune_interval_hours > 0:
+            self._pruning = asyncio.create_task(self._prune_now_and_then())
+        if self._serves_tools and self.storage.kind == "sqlite":
+            self._guarding = asyncio.create_task(self._check_queue_now_and_then())
+        if self._settings.auto_repair:
+            served = self._settings.model_copy(update={"task_queue": self._queue})
+            runtime = AgentRuntime(self._temporal, served)
+            self._repairing = asyncio.create_task(repair_now_and_then(runtime))
+        targets = self.notify.targets()
+        if self._serves_tools and targets.wanting("stuck"):
+            interval = self._settings.webhook_stuck_check_seconds
+            watch = notify_stuck_now_and_then(self._temporal, self._queue, targets, interval)
+            self._watching_stuck = asyncio.create_task(watch)
+        await super().__aenter__()
+        return self
+
+    async def _prune_now_and_then(self) -> None:
+        age = timedelta(days=self._settings.retention_days)
+        conversations = timedelta(days=self._settings.conversation_retention_days)
+        while True:
+            try:
+                report = await self.storage.prune(age, blobs_older_than=conversations)
+                logger.info(
+                    "pruned %d ledger entries and %d blobs", report.ledger_entries, report.blobs
+                )
+            except StorageError as err:
+                logger.warning("could not prune the storage: %s", err)
+            await asyncio.sleep(self._settings.prune_interval_hours * 3600)
+
+    async def _check_queue_now_and_then(self) -> None:
+        while True:
+            await asyncio.sleep(QUEUE_CHECK_SECONDS)
+            try:
+                if not await check_task_queue(self.storage, self._temporal, self._queue):
+                    return  # Temporal does not tell this worker who polls: it never will
+            except DeploymentMismatchError as err:
+                self.refusal = err
+                self._refused.set()
+                await super().shutdown()  # no more tool calls here; shutdown() closes the rest
+                return
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set, or the worker stopped by itself (see `refusal`)."""
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self._refused.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        for chore in (self._pruning, self._repairing, self._guarding, self._watching_stuck):
+            if chore is not None:
+                chore.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await chore
+        await self.llm.close()
+        await self.notify.close()
+        await self.mcp.manager.close()  # stdio MCP servers stop with the worker
+        if self._owns_storage:
+            await self.storage.close()
+
+
+@dataclass(frozen=True)
+class ServedActivities:
+    """The activity implementations a worker serves, built from the settings once."""
+
+    llm: LlmActivities
+    mcp: McpActivities
+    notify: NotificationActivities
+    tools: ToolActivities
+    archive: ArchiveActivities
+    turns: TurnActivities
+    children: ChildActivities
+    redactor: Redactor
+
+    def functions(self) -> list[Callable[..., Any]]:
+        """What the worker registers: one implementation for each contract the workflows
+        schedule (workflows/activity_contracts.py; tests/test_layers.py checks it)."""
+        return [
+            self.llm.call_llm,
+            self.llm.summarize_context,
+            self.llm.save_conversation,
+            self.archive.archive_events,
+            self.tools.run_tool,
+            self.mcp.list_tools,
+            self.turns.claim_turn,
+            self.children.child_outcome,
+            self.notify.notification_targets,
+            self.notify.deliver,
+        ]
+
+
+def served_activities(
+    settings: Settings,
+    registry: ToolRegistry,
+    storage: Storage,
+    *,
+    serves_activities: bool = True,
+    backends: Mapping[str, ChatBackend] | None = None,
+) -> ServedActivities:
+    """The activities over the settings, the tools and the storage. A bad
+    WAYSTATION_WEBHOOKS raises WebhookConfigError, one sentence naming the endpoint."""
+    console = check_console_url(settings.console_url)
+    notify = NotificationActivities(
+        settings.webhook_endpoints(),
+        webhook_retry(settings),
+        console,
+        serves_activities=serves_activities,
+    )
+    # Shared: LLM calls reuse what tool calls produced. It keeps as many tasks as the workflow
+    # cache: each task it forgets costs a query at its next call, and so a replay.
+    conversations = ConversationCache(tasks=max(TASKS_KEPT, settings.worker_cached_tasks))
+    # Connections start on first use, so a worker with servers it never needs spawns none.
+    # Every secret the settings hold, kept out of tool outputs, error texts and the log.
+    redactor = redactor_for(settings, os.environ)
+    mcp = McpActivities(McpClientManager(settings.mcp_server_configs()), redactor)
+    sealed = SealedBlobs(storage.blobs, codec_for(settings, "worker"))
+    llm = LlmActivities(
+        registry,
+        ConversationStore(sealed),
+        api_key=settings.api_key,
+        base_url=settings.openai_base_url,
+        backends=backends,
+        conversations=conversations,
+        mcp=mcp,
+        redactor=redactor,
+    )
+    tools = ToolActivities(
+        registry,
+        settings.workspace_dir,
+        storage.ledger,
+        conversations,
+        mcp,
+        redactor=redactor,
+        environment=program_environment(settings.workspace_dir, settings.shell_env, os.environ),
+    )
+    return ServedActivities(
+        llm=llm,
+        mcp=mcp,
+        notify=notify,
+        tools=tools,
+        archive=ArchiveActivities(EventArchive(sealed)),
+        turns=TurnActivities(storage.ledger),
+        children=ChildActivities(),
+        redactor=redactor,
+    )
+
+
+def build_worker(
+    client: Client,
+    settings: Settings,
+    *,
+    registry: ToolRegistry | None = None,
+    task_queue: str | None = None,
+    graceful_shutdown: timedelta = timedelta(seconds=5),
+    activities: bool = True,
+    backends: Mapping[str, ChatBackend] | None = None,
+    storage: Storage | None = None,
+    identity: str | None = None,
+) -> AgentWorker:
+    """A worker for the agent workflow and its activities on the settings' task queue.
+
+    `registry` (default: the tools of the settings' `tools` modules, as clients load them)
+    holds the tools it offers. With `activities=False` it takes no LLM or tool call from
+    the server (a short-lived process would abandon them), only workflow tasks, which may
+    run pure tools locally; it then never opens the storage. `backends` serves models by
+    name from something other than the OpenAI endpoint. `storage` (default: the settings')
+    is opened when the worker starts; one passed in is left open at shutdown. `identity`
+    names it to Temporal (default: the client's); a worker that takes tool calls adds its
+    storage's kind to it. A bad WAYSTATION_WEBHOOKS raises WebhookConfigError, one sentence
+    naming the endpoint.
+    """
+    registry = registry or load_tools(settings.tools, settings.agents)
+    owns_storage = storage is None
+    storage = storage or Storage.from_settings(settings)
+    served = served_activities(
+        settings, registry, storage, serves_activities=activities, backends=backends
+    )
+    worker_log.redact_records(served.redactor)
+    # Other workers read the storage in the identity to refuse a queue with two ledgers.
+    named = worker_identity(identity or client.identity, storage.kind) if activities else identity
+    return AgentWorker(
+        client,
+        llm=served.llm,
+        mcp=served.mcp,
+        notify=served.notify,
+        storage=storage,
+        settings=settings,
+        serves_tools=activities,
+        owns_storage=owns_storage,
+        task_queue=task_queue or settings.task_queue,
+        workflows=[AgentWorkflow, NotificationWorkflow],
+        activities=served.functions(),
+        no_remote_activities=not activities,
+        workflow_runner=WORKFLOW_RUNNER,
+        interceptors=[RedactingInterceptor(served.redactor)],
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        max_cached_workflows=settings.worker_cached_tasks,
+        graceful_shutdown_timeout=graceful_shutdown,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        identity=named,
+    )
+
+
+async def main() -> int:
+    """Serve until SIGINT/SIGTERM; 1 (with one sentence on stderr) if the worker cannot start."""
+    worker_log.configure_worker()
+    try:
+        settings = load_settings()
+    except SettingsProblem as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
+    hide_starting_environment()  # a shell command cannot read the worker's secrets in /proc
+    try:
+        settings.webhook_endpoints()  # before connecting: nothing is started to stop
+    except WebhookConfigError as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        client = await connect(
+            settings, side="worker", wait_seconds=settings.worker_connect_wait_seconds
+        )
+    except TemporalUnavailableError as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        worker = build_worker(client, settings)
+        await worker.prepare()
+    except (StorageError, ToolDefinitionError, WebhookConfigError) as err:
+        print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    model = (
+        "offline model"
+        if not settings.endpoint_configured
+        else settings.openai_base_url or "OpenAI"
+    )
+    names = [e.name for e in worker.notify.endpoints]
+    webhooks = f"; webhooks: {', '.join(names)}" if names else ""
+    print(
+        f"worker polling task queue {settings.task_queue!r} on "
+        f"{client.service_client.config.target_host} "
+        f"(model endpoint: {model}; workspace: {settings.workspace_dir}; storage: "
+        f"{worker.storage.location}, deployment {worker.storage.deployment_id}"
+        f"{webhooks})",
+        file=sys.stderr,
+        flush=True,
+    )
+    async with worker:
+        await worker.serve_until(stop)
+    if worker.refusal is not None:
+        print(f"worker stopped: {worker.refusal}", file=sys.stderr, flush=True)
+        return 1
+    print("worker stopped", file=sys.stderr)
+    return 0
+
+
+def run() -> None:
+    """`python worker.py`: the exit code of main(), without the interpreter's own shutdown
+    under Temporal's core threads (which can abort a process that connected, -6)."""
+    code = asyncio.run(main())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run()

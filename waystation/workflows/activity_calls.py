@@ -1,0 +1,158 @@
+"""The agent workflow's activity calls, each with the options it takes.
+
+Cancel wins: an activity that fails once the task's cancellation was asked (or because of
+it) raises CancelledError, so a call failing meanwhile never turns a cancel into a failure.
+Other failures come back as ActivityError for the workflow to log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+from waystation.workflows import activity_contracts as contracts
+from waystation.workflows import options
+from waystation.workflows.calls import Run, lost_call
+from waystation.workflows.models import (
+    AgentTask,
+    ConversationSnapshot,
+    LlmRequest,
+    LlmResult,
+    SummaryRequest,
+    SummaryResult,
+    ToolResult,
+)
+from waystation.workflows.run import ArchiveRequest, ChildOutcome, ClaimedTurn, TurnClaim
+from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog, unlisted
+
+LISTING_FAILURE_PATCH = "mcp-listing-failure"
+
+
+def cancelled(err: BaseException) -> bool:
+    """A cancelled activity, or any activity failure once the task's cancel was asked."""
+    if isinstance(err, ActivityError) and isinstance(err.cause, CancelledError):
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def detail(err: ActivityError) -> str:
+    """The sentence an activity failed with."""
+    cause = err.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+
+
+@contextmanager
+def cancel_wins() -> Iterator[None]:
+    try:
+        yield
+    except ActivityError as err:
+        if cancelled(err):
+            raise asyncio.CancelledError() from None
+        raise
+
+
+def start_model_call(task: AgentTask, request: LlmRequest) -> workflow.ActivityHandle[LlmResult]:
+    """The model call as a handle the loop can cancel (a message that interrupts it)."""
+    return workflow.start_activity(contracts.call_llm, request, **options.model_call(task))
+
+
+def task_cancelling() -> bool:
+    """Whether this task's own cancellation was asked (its main coroutine is cancelling)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def child_outcome(task: AgentTask, child_id: str) -> ChildOutcome:
+    return await workflow.execute_activity(
+        contracts.child_outcome, child_id, **options.child_lookup(task)
+    )
+
+
+def cancelled_by_request(err: ActivityError) -> bool:
+    """The activity ended because the workflow cancelled it (not the task's own cancel)."""
+    task = asyncio.current_task()
+    own_cancel = task is not None and task.cancelling() > 0
+    return isinstance(err.cause, CancelledError) and not own_cancel
+
+
+async def cancelled_call(call: workflow.ActivityHandle[LlmResult]) -> None:
+    """Cancel a call as the task itself is cancelled, and wait until it has stopped."""
+    call.cancel()
+    try:
+        await call
+    except (ActivityError, asyncio.CancelledError):
+        pass
+
+
+async def claim_turn(task: AgentTask, claim: TurnClaim) -> ClaimedTurn:
+    return await workflow.execute_activity(contracts.claim_turn, claim, **options.turn_claim(task))
+
+
+async def summarize(task: AgentTask, request: SummaryRequest) -> SummaryResult:
+    with cancel_wins():
+        return await workflow.execute_activity(
+            contracts.summarize_context, request, **options.model_call(task)
+        )
+
+
+async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> ToolResult:
+    """A tool call: pure local tools as local activities, the rest as activities (an MCP
+    tool's for as long as its server's call timeout). A call that failed for good is an
+    observation saying it may or may not have taken effect."""
+    spec = catalog.get(run.request.tool) if catalog else None
+    runs_for = timedelta(seconds=spec.timeout_seconds) if spec else None
+    request = run.request
+    try:
+        with cancel_wins():
+            if run.local:
+                config = options.local_tool_call()
+                result = await workflow.execute_local_activity(
+                    contracts.run_tool, request, **config
+                )
+            else:
+                retried = options.tool_call(task, run.retry_safe, runs_for)
+                result = await workflow.execute_activity(contracts.run_tool, request, **retried)
+    except ActivityError as err:
+        return lost_call(request.tool, detail(err))
+    return result.model_copy(update={"output": result.output + run.note})
+
+
+async def list_tools(task: AgentTask, servers: list[str]) -> ToolCatalog:
+    """The servers' tools. A listing that failed past its retries (workers dying in it, a
+    worker without the activity) is a catalog of servers without tools, saying why: the task
+    goes on without them, as without a server that cannot start."""
+    request = ListToolsRequest(servers=servers)
+    config = options.tool_listing(task)
+    try:
+        return await workflow.execute_activity(contracts.list_tools, request, **config)
+    except ActivityError as err:
+        # Before the patch, such a failure failed the task itself (and replays so).
+        if cancelled(err) or not workflow.patched(LISTING_FAILURE_PATCH):
+            raise
+        return unlisted(servers, f"listing its tools failed past every retry: {detail(err)}")
+
+
+async def save_conversation(task: AgentTask, snapshot: ConversationSnapshot) -> None:
+    config = options.conversation_save(task)
+    await workflow.execute_activity(contracts.save_conversation, snapshot, **config)
+
+
+async def archive_events(request: ArchiveRequest) -> bool:
+    """Store the run's events for readers; whether that worked (a failure costs readers a
+    replay, never the task)."""
+    with cancel_wins():
+        try:
+            config = options.events_archive()
+            await workflow.execute_activity(contracts.archive_events, request, **config)
+        except ActivityError as err:
+            if cancelled(err):
+                raise
+            workflow.logger.warning("the run's events were not archived: %s", detail(err))
+            return False
+    return True

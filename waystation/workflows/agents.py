@@ -1,0 +1,186 @@
+"""Sub-agents: a call of `agent__<name>` runs that agent as a child task.
+
+Pure decisions over the folded state. The child is an AgentWorkflow like any task (its
+own log, stream, inbox entries and status), started as a child workflow whose id derives
+from the parent's id, the step and the call id: a retried, replayed or repaired parent
+never starts a second one (and adopts an existing one only if Temporal recorded this
+parent as the one that started it: such an id is predictable), and the child's tool calls
+get idempotency keys of their own. The child's answer (its validated output, when it has
+a schema) is the call's observation, and its tree's usage counts towards the parent's,
+whose token budget is shared among the calls of a step. A depth limit and a per-step
+limit stop runaway trees with a sentence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from waystation.workflows.models import (
+    AgentSpec,
+    AgentTask,
+    ParentLink,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from waystation.workflows.run import ChildOutcome
+
+# A parent that meets an existing child asks how it stands this often, doubling.
+REJOIN_FIRST_PAUSE = timedelta(seconds=5)
+REJOIN_LONGEST_PAUSE = timedelta(minutes=5)
+
+AGENT_ARGUMENTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task": {
+            "type": "string",
+            "description": "What the sub-agent should do, with everything it needs to know: "
+            "it sees nothing of your conversation.",
+        }
+    },
+    "required": ["task"],
+}
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """A sub-agent's task as its start left it: the handle to await, or None when the task
+    existed already (a repaired or reset step started it before); `foreign` when the task
+    under its id is not one this parent started."""
+
+    child_id: str
+    handle: Any | None
+    foreign: bool = False
+
+
+class AgentArgs(BaseModel):
+    """What the model gives a sub-agent: its task."""
+
+    task: str = Field(min_length=1, max_length=200_000)
+
+
+def child_id(task_id: str, step: int, call_id: str) -> str:
+    """The child task's id: the same for every replay, retry and repair of the parent."""
+    return f"{task_id}/{step}/{call_id}"
+
+
+def link(task: AgentTask, task_id: str, spec: AgentSpec, call_id: str) -> ParentLink:
+    parent = task.parent
+    return ParentLink(
+        task_id=task_id,
+        root_id=parent.root_id if parent is not None else task_id,
+        path=[*(parent.path if parent is not None else []), spec.name],
+        depth=(parent.depth if parent is not None else 0) + 1,
+        call_id=call_id,
+    )
+
+
+def budget_shares(task: AgentTask, used: int, calls: int) -> int | None:
+    """Each of a step's `calls` gets an equal share of what is left of the budget, so the
+    tree together stays within it; None when the task has no budget."""
+    if task.token_budget is None:
+        return None
+    return max(1, (task.token_budget - used) // max(1, calls))
+
+
+def child_task(
+    parent: AgentTask, spec: AgentSpec, instruction: str, share: int | None, at: ParentLink
+) -> AgentTask:
+    """The child's task: the agent's own prompt, tools, limits and schema; the caller's
+    model, MCP servers and approval rules unless the agent names its own."""
+    budgets = [b for b in (spec.token_budget, share) if b is not None]
+    return AgentTask(
+        task=instruction,
+        system_prompt=spec.system_prompt,
+        model=spec.model or parent.model,
+        tools=spec.tools,
+        max_steps=spec.max_steps,
+        token_budget=min(budgets) if budgets else None,
+        approval=parent.approval,
+        questions=parent.questions,
+        context_limit_tokens=parent.context_limit_tokens,
+        continue_as_new_after_steps=parent.continue_as_new_after_steps,
+        max_repeated_calls=parent.max_repeated_calls,
+        mcp_servers=spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
+        heartbeat_timeout_seconds=parent.heartbeat_timeout_seconds,
+        output_schema=spec.output_schema,
+        max_agent_depth=parent.max_agent_depth,
+        max_agent_calls=parent.max_agent_calls,
+        parent=at,
+    )
+
+
+def refusal(task: AgentTask, call: ToolCall, index: int) -> ToolResult | None:
+    """The observation of a sub-agent call a limit refuses (the `index`th of its step),
+    or None when it may run."""
+    depth = (task.parent.depth if task.parent is not None else 0) + 1
+    if depth > task.max_agent_depth:
+        return ToolResult(
+            output=f"{call.tool} was not started: sub-agents may nest {task.max_agent_depth} "
+            "deep and this one would be deeper; do the work yourself",
+            is_error=True,
+        )
+    if index >= task.max_agent_calls:
+        return ToolResult(
+            output=f"{call.tool} was not started: a step may call {task.max_agent_calls} "
+            "sub-agents at most; call the rest in a later step",
+            is_error=True,
+        )
+    return None
+
+
+def not_adopted(call: ToolCall, child_id: str) -> ToolResult:
+    """The observation of a sub-agent call whose id a task this parent did not start holds
+    (someone created it under the predictable id first): that task's answer is not the
+    call's, and it is not this task's child."""
+    return ToolResult(
+        output=f"{call.tool} was not started: a task with its id {child_id} exists that this "
+        "task did not start, so its answer is not this call's; do the work another way",
+        is_error=True,
+    )
+
+
+def answered(outcome_output: Any | None, result: str, usage: Any) -> ToolResult:
+    """The observation of a sub-agent that answered: its data, or its text."""
+    text = result if outcome_output is None else json.dumps(outcome_output, ensure_ascii=False)
+    return ToolResult(output=text, usage=usage, agent_status="done")
+
+
+def ended(
+    name: str, how: Literal["failed", "cancelled"], reason: str, usage: Any | None = None
+) -> ToolResult:
+    """The observation of a sub-agent that did not answer: the parent's model decides."""
+    return ToolResult(
+        output=f"the sub-agent {name} {how} without an answer: {reason}",
+        is_error=True,
+        usage=usage,
+        agent_status=how,
+    )
+
+
+def child_ended(name: str, cause: BaseException | None) -> ToolResult:
+    """The observation of a child workflow that failed or was cancelled (its tree's usage
+    comes with its failure, which carries its state)."""
+    if isinstance(cause, CancelledError):
+        return ended(name, "cancelled", "it was cancelled")
+    if isinstance(cause, ApplicationError):
+        usage = None
+        if len(cause.details) > 1:
+            with contextlib.suppress(ValidationError):
+                usage = Usage.model_validate(cause.details[1])
+        return ended(name, "failed", cause.message, usage)
+    return ended(name, "failed", str(cause) if cause else "its task ended")
+
+
+def rejoined(name: str, seen: ChildOutcome) -> ToolResult:
+    """The observation of a child found closed by asking Temporal."""
+    if seen.outcome is not None:
+        return answered(seen.outcome.output, seen.outcome.result, seen.outcome.usage)
+    return ended(name, seen.ended or "failed", seen.reason, seen.usage)

@@ -1,0 +1,607 @@
+"""Contracts that cross a boundary: workflow input, activity inputs and results, decisions.
+
+Everything here is stored in Temporal history, so these shapes are contracts: once a
+release promises replay compatibility (docs/architecture.md, "Replay compatibility"),
+fields are only added, optional, never renamed or removed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+# Imported here, where the workflow's imports are passed through its sandbox: imported at
+# the call instead, a sandboxed replay of a task with an output schema imported jsonschema
+# inside the sandbox, whose attrs calls platform.python_implementation() there (refused),
+# and the task's input could not be decoded.
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from waystation.vocabulary import AGENT_TOOL_PREFIX, OFFLINE_MODEL, ApprovalRule
+from waystation.workflows.nesting import MAX_JSON_DEPTH, too_deep
+
+# The built-in tool the model calls to ask the person it works for; the workflow, not a
+# worker, handles it: the task waits for the answer, which is the call's observation.
+ASK_PERSON_TOOL = "ask_person"
+# The tool a task with an output schema answers with (workflows/outputs.py).
+FINAL_ANSWER_TOOL = "final_answer"
+AGENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,47}$"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful assistant that completes the user's task step by step. "
+    "Use the tools you are given when they help; when you have the answer, reply with it "
+    "in plain text and call no tool. When you lack something only the person you work for "
+    f"can give (a fact, a choice, a confirmation), ask them with the {ASK_PERSON_TOOL} tool "
+    "if you have it, rather than guessing."
+)
+
+
+class Contract(BaseModel):
+    """Base for every stored model: unknown fields are refused, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def schema_problem(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A JSON Schema that is one (Draft 2020-12, or the draft it names), or a ValueError
+    saying what is wrong with it."""
+    if schema is None:
+        return None
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "the schema"
+        raise ValueError(f"not a valid JSON Schema at {where}: {err.message}") from None
+    return schema
+
+
+def not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must contain something other than whitespace")
+    return value
+
+
+def not_too_deep(value: Any) -> Any:
+    if too_deep(value):
+        raise ValueError(f"must not nest objects and lists more than {MAX_JSON_DEPTH} deep")
+    return value
+
+
+class ModelSettings(Contract):
+    """Which model to call and how. Recorded in history; never holds a secret."""
+
+    name: str = Field(
+        default=OFFLINE_MODEL,
+        min_length=1,
+        max_length=200,
+        description="Model name at the OpenAI-compatible endpoint, or 'offline' for the "
+        "built-in deterministic offline model.",
+    )
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    request_timeout_seconds: float = Field(
+        default=120,
+        ge=0.1,
+        le=3600,
+        description="Idle timeout: the longest wait for the next streamed chunk once the "
+        "first has come, before the attempt is retried.",
+    )
+    first_chunk_timeout_seconds: float = Field(
+        default=300,
+        ge=0.1,
+        le=3600,
+        description="The longest wait from sending the request to the first streamed chunk. "
+        "A CPU-served model reads the whole prompt first: ~65 s for 720 tokens of a 1.5B "
+        "model on a busy 2-core machine, hence the generous default.",
+    )
+    max_attempts: int = Field(
+        default=8, ge=1, le=100, description="LLM attempts per step, retries included."
+    )
+    context_window_tokens: int | None = Field(
+        default=None,
+        ge=1000,
+        le=10_000_000,
+        description="The model's context window; default from a table of well-known models, "
+        "else a safe 16,000.",
+    )
+    tool_choice: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="'auto', 'none', 'required', or the name of the one tool the model "
+        "must call; unset leaves it to the endpoint (auto where tools are offered).",
+    )
+    recover_text_tool_calls: bool = Field(
+        default=True,
+        description="Treat a tool call the model wrote as text (a JSON object, a ```json "
+        "block, <tool_call> tags) as that tool call when no structured call came.",
+    )
+    structured_output: Literal["auto", "tool", "native"] = Field(
+        default="auto",
+        description="How a task with an output_schema asks for it: `tool` (a final_answer "
+        "tool whose parameters are the schema: any tool-calling endpoint), `native` (the "
+        "endpoint's response_format json_schema), `auto`: native for OpenAI's current "
+        "models, else tool.",
+    )
+
+
+Decider = Literal["approve", "reject"]
+
+
+class ApprovalSettings(Contract):
+    """Which tool calls wait for a person, and for how long."""
+
+    policy: dict[str, ApprovalRule] = Field(
+        default_factory=dict,
+        max_length=200,
+        description="Per-tool override of the registry default: always, never, or "
+        "outside_scratch (a path argument outside the workspace's scratch/ folder).",
+    )
+    timeout_seconds: float = Field(
+        default=7 * 24 * 3600,
+        ge=1,
+        le=366 * 24 * 3600,
+        description="How long one request may wait for a decision (at most a year).",
+    )
+    on_timeout: Literal["reject", "fail"] = "reject"
+
+
+class AgentSpec(Contract):
+    """A sub-agent: a name and its own system prompt, tools, model, limits and optional
+    output schema. Offered to a task's model as the tool `agent__<name>` (arguments:
+    `task`); a call runs it as a child task (workflows/agents.py)."""
+
+    name: str = Field(pattern=AGENT_NAME_PATTERN)
+    description: str = Field(
+        min_length=1, max_length=2_000, description="What it is good for: the model reads it."
+    )
+    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, max_length=200_000)
+    tools: list[str] | None = Field(
+        default=None, max_length=200, description="Tools it may call; None: every one."
+    )
+    model: ModelSettings | None = Field(default=None, description="None: its caller's model.")
+    max_steps: int = Field(default=20, ge=1, le=100_000)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    output_schema: dict[str, Any] | None = None
+    mcp_servers: list[str] | None = Field(
+        default=None, max_length=50, description="None: its caller's MCP servers."
+    )
+
+    _schema_checked = field_validator("output_schema")(schema_problem)
+
+    @property
+    def tool_name(self) -> str:
+        return AGENT_TOOL_PREFIX + self.name
+
+
+class QuestionSettings(Contract):
+    """How long a question to a person (the `ask_person` tool) waits for an answer."""
+
+    timeout_seconds: float = Field(
+        default=7 * 24 * 3600,
+        ge=1,
+        le=366 * 24 * 3600,
+        description="How long one question may wait (at most a year); then the model is told "
+        "nobody answered.",
+    )
+
+
+class ParentLink(Contract):
+    """Where a sub-agent's task sits in its tree: the task that called it, the tree's
+    root, the chain of agent names from the root, and the call it answers."""
+
+    task_id: str
+    root_id: str
+    path: list[str] = Field(description="The agents from the root down to this one.")
+    depth: int = Field(ge=1)
+    call_id: str
+
+
+class AgentTask(Contract):
+    """Input of one agent task: everything the loop needs, recorded once in history."""
+
+    task: str = Field(min_length=1, max_length=200_000, description="What the agent should do.")
+    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, max_length=200_000)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    tools: list[str] | None = Field(
+        default=None,
+        max_length=200,
+        description="Tool names the model may call; None means every registered tool.",
+    )
+    max_steps: int = Field(default=20, ge=1, le=100_000, description="Most LLM calls for the task.")
+    token_budget: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Most tokens (in + out, all steps) the task may use.",
+    )
+    approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    questions: QuestionSettings = Field(default_factory=QuestionSettings)
+    context_limit_tokens: int | None = Field(
+        default=None,
+        ge=500,
+        le=10_000_000,
+        description="Estimated tokens the conversation sent to the model may take; past it, "
+        "older turns are replaced by a summary the model writes. Default: the model's "
+        "context window less room for the answer.",
+    )
+    continue_as_new_after_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Start a fresh run (continue-as-new) after this many steps in one run; "
+        "the run's history size and Temporal's own suggestion trigger it too.",
+    )
+    max_repeated_calls: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Consecutive steps that repeat an identical tool call before the task "
+        "ends failed with kind 'stuck' (resumable with a message).",
+    )
+    mcp_servers: list[str] | None = Field(
+        default=None,
+        max_length=50,
+        description="MCP servers (by name, as workers declare them) whose tools the task may "
+        "use. The runtime, CLI and API fill in every server their settings declare when this "
+        "is not given; a task started without it uses none.",
+    )
+    heartbeat_timeout_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        le=600,
+        description="Heartbeat timeout of model and tool calls: how soon a dead worker's call "
+        "is retried elsewhere. Default 5 s (see docs/performance.md).",
+    )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON Schema the answer must fit: the task then ends with data (the "
+        "`done` event's `output`), validated, the model told the errors and asked again.",
+    )
+    output_retries: int = Field(
+        default=3,
+        ge=0,
+        le=50,
+        description="Answers that do not fit output_schema the model may give before the "
+        "task fails with kind `invalid_output` (resumable with a message).",
+    )
+    max_agent_depth: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="How deep a tree of sub-agents may grow below the root task.",
+    )
+    max_agent_calls: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="Sub-agents one step may call; the model is told about the calls past it.",
+    )
+    parent: ParentLink | None = Field(
+        default=None, description="Set on a sub-agent's task: the task that called it."
+    )
+
+    _task_not_blank = field_validator("task")(not_blank)
+    _schema_checked = field_validator("output_schema")(schema_problem)
+
+
+class ToolCallRequest(Contract):
+    """A tool call as the model asked for it, as sent back to the model in the conversation."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ChatMessage(Contract):
+    """One message of the conversation in OpenAI chat format."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCallRequest] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+class Usage(Contract):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class ToolCall(Contract):
+    """A tool call the model made, checked by the LLM activity against the tool registry.
+
+    `problem` is set when the call cannot run as given (unknown tool, arguments that are
+    not JSON or fail validation); the workflow then feeds the problem back to the model
+    instead of running anything.
+    """
+
+    call_id: str
+    tool: str
+    raw_arguments: str
+    arguments: dict[str, Any] | None = None
+    problem: str | None = None
+    needs_approval: bool = False
+    approval_reason: str | None = None
+    retry_safe: bool = Field(
+        default=True,
+        description="A retry cannot do the call's effect twice (idempotent, or guarded by "
+        "the idempotency key); otherwise a lost attempt is reported, never repeated.",
+    )
+    local: bool = Field(
+        default=False,
+        description="A fast, pure tool: runs as a local activity inside the workflow task, "
+        "saving a round trip through the server.",
+    )
+    agent: AgentSpec | None = Field(
+        default=None, description="A call of a sub-agent: its definition, as the worker had it."
+    )
+
+    @property
+    def runnable(self) -> bool:
+        return self.problem is None and self.arguments is not None
+
+
+class LlmRequest(Contract):
+    """Input of `call_llm`: a reference to the conversation, never the conversation itself.
+
+    The activity rebuilds the conversation from what its worker saw (its previous call for
+    the task and the tool results since) when that matches `conversation_digest`, and
+    otherwise reads it through the workflow's `llm_context` query and the conversation
+    store. Either way each message enters history once, as the result that made it.
+    """
+
+    step: int
+    message_count: int
+    model: ModelSettings
+    conversation_digest: str
+    catalog_digest: str | None = Field(
+        default=None, description="The MCP tools listed for this run, by digest."
+    )
+    first_attempt: int = Field(
+        default=1,
+        ge=1,
+        description="The attempt number this call's first attempt streams as: past every "
+        "attempt of a call of the same step that a message interrupted, so their void text "
+        "is told apart.",
+    )
+
+
+class SummaryRequest(Contract):
+    """Input of `summarize_context`: summarize messages [start, end) of the conversation."""
+
+    step: int
+    message_count: int
+    start: int
+    end: int
+    model: ModelSettings
+    conversation_digest: str
+
+
+class SummaryResult(Contract):
+    summary: str
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ConversationSnapshot(Contract):
+    """Input of `save_conversation`: put the conversation's messages in the store, reading
+    them from this run, or from a source run (a fork's origin)."""
+
+    step: int
+    message_count: int
+    conversation_digest: str
+    source_workflow_id: str | None = None
+    source_run_id: str | None = None
+
+
+class LlmResult(Contract):
+    """The assistant's message for one step, assembled from the stream."""
+
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    model: str = ""
+    attempt: int = 1
+    calls_from_text: bool = Field(
+        default=False, description="The tool calls were recovered from the model's text."
+    )
+    stale_servers: list[str] = Field(
+        default_factory=list,
+        description="MCP servers whose tools changed since they were listed: list again.",
+    )
+    output: Any | None = Field(
+        default=None, description="With native structured output: the answer, validated."
+    )
+    output_problem: str | None = Field(
+        default=None,
+        description="A final answer that does not fit the task's output schema: why.",
+    )
+
+
+class ToolRequest(Contract):
+    """Input of `run_tool`."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str = Field(description="workflow_id/step/call_id, stable across retries.")
+
+
+class ToolResult(Contract):
+    output: str
+    is_error: bool = False
+    stale_servers: list[str] = Field(
+        default_factory=list,
+        description="The MCP server called announced that its tools changed: list it again.",
+    )
+    usage: Usage | None = Field(
+        default=None, description="A sub-agent's: the tokens its whole tree used."
+    )
+    agent_status: Literal["done", "failed", "cancelled"] | None = Field(
+        default=None, description="A sub-agent's: how its task ended."
+    )
+
+
+def idempotency_key(task_id: str, step: int, call_id: str) -> str:
+    """The key of one tool call, the same on every retry: `workflow_id/step/call_id`."""
+    return f"{task_id}/{step}/{call_id}"
+
+
+class Decision(Contract):
+    """A person's answer to one approval request (Update `decide`, Signals `approve`/`reject`)."""
+
+    request_id: str = Field(min_length=1, max_length=200)
+    decision: Decider = "approve"
+    arguments: dict[str, Any] | None = Field(
+        default=None, description="Edited arguments to run instead of the model's."
+    )
+    message: str | None = Field(
+        default=None, max_length=10_000, description="Told to the model with the outcome."
+    )
+    approver: str | None = Field(default=None, max_length=200)
+    decision_id: str | None = Field(
+        default=None,
+        max_length=100,
+        description="Set by a client that waits for the outcome: it tells its own decision "
+        "from a concurrent identical one.",
+    )
+    shown: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The `digest` of the request as the person was shown it: the decision "
+        "is refused if the request is for any other call.",
+    )
+
+    _arguments_not_too_deep = field_validator("arguments")(not_too_deep)
+
+    def repeats(self, outcome: DecisionOutcome) -> bool:
+        """Whether this decision is a repeat of `outcome` (else it conflicts with it)."""
+        return self.decision == outcome.decision and (
+            self.arguments is None or self.arguments == outcome.arguments
+        )
+
+
+class Resumption(Contract):
+    """Signal `resume_after_failure`, sent with a reset: raise limits and say what failed."""
+
+    failure: str | None = None
+    failure_kind: str | None = None
+    max_steps: int | None = Field(default=None, ge=1, le=100_000)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    message: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="A user message added to the conversation before going on.",
+    )
+
+
+class RepairNote(Contract):
+    """Signal `repaired`, sent right after a repair reset: what was wrong, what was done."""
+
+    problem: str = Field(max_length=10_000)
+    reset_to_event: int
+    by: str = Field(max_length=200)
+
+
+class DecisionOutcome(Contract):
+    """What `decide` returns: the decision that took effect for the request."""
+
+    request_id: str
+    decision: Literal["approve", "reject", "timeout"]
+    approver: str | None = None
+    message: str | None = None
+    arguments: dict[str, Any] | None = None
+    decision_id: str | None = None
+    duplicate: bool = Field(default=False, description="True when an earlier call decided it.")
+    shown: str | None = Field(
+        default=None,
+        description="The digest of the call the decision is for, as its request showed it.",
+    )
+
+
+TASK_TEXT_CHARS = 200_000
+# A message's bytes as Temporal carries it (JSON, where a character takes up to 6 bytes):
+# beside the task's text it stays far below the 2 MB of one payload (a run's input). Checked
+# by workflows/messages.py, not by the model: recorded messages must always load.
+MESSAGE_BYTES = 512_000
+MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_.:/-]+$"
+
+
+class Message(Contract):
+    """A person's message to a task (Update `send_message`, Signal `message`): a follow-up
+    once it has answered, or a steer while it works. Each reaches the model once, in the
+    order the task received them, at its next model call."""
+
+    content: str = Field(min_length=1, max_length=TASK_TEXT_CHARS)
+    message_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        pattern=MESSAGE_ID_PATTERN,
+        description="Makes a repeat of the same message (a retried send) count once; clients "
+        "set one; a Temporal CLI user may leave it out.",
+    )
+    interrupt: bool = Field(
+        default=False,
+        description="Cancel the model call in flight (its streamed text is void) and start the "
+        "step again with this message. A tool call in flight is never interrupted.",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=100_000, description="The max_steps of the turn from now on."
+    )
+    sender: str | None = Field(default=None, max_length=200)
+
+    _content_not_blank = field_validator("content")(not_blank)
+
+
+class MessageReceipt(Contract):
+    """What `send_message` answers: the message's id, and whether it was already there."""
+
+    message_id: str
+    duplicate: bool = Field(default=False, description="An earlier send delivered it.")
+
+
+ANSWER_CHARS = 10_000
+
+
+class Answer(Contract):
+    """A person's answer to a question the model asked (Update and Signal `answer`)."""
+
+    request_id: str = Field(min_length=1, max_length=200)
+    answer: str = Field(
+        min_length=1,
+        max_length=ANSWER_CHARS,
+        description="The text, or one of the question's choices when it offers some.",
+    )
+    answerer: str | None = Field(default=None, max_length=200)
+    answer_id: str | None = Field(
+        default=None,
+        max_length=100,
+        description="Set by a client that waits for the outcome: it tells its own answer from "
+        "a concurrent one.",
+    )
+
+    _answer_not_blank = field_validator("answer")(not_blank)
+
+
+class AnswerOutcome(Contract):
+    """The answer that took effect for a question (the first one), or its timeout."""
+
+    request_id: str
+    answer: str | None = Field(default=None, description="None when nobody answered in time.")
+    answerer: str | None = None
+    timed_out: bool = False
+    answer_id: str | None = None
+    duplicate: bool = Field(default=False, description="True when an earlier call answered it.")
