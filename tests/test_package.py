@@ -1,6 +1,6 @@
 """The package as a user installs it: the wheel built from this repository, installed into a
 fresh virtual environment and run from a project of the user's own, laid out the way
-Temporal's samples teach (its own workflows/, activities/, runtime/, waystation/testing/, worker.py and
+Temporal's samples teach (its own workflows/, activities/, runtime/, testing/, worker.py and
 starter.py), with nothing of the source tree in reach. The wheel holds the one top-level
 package `waystation`; the project's worker.py serves a tool from the project's activities/
 with a waystation worker, and `ws` runs an offline task to the end; every module of the
@@ -40,7 +40,7 @@ STARTS_WITHIN_SECONDS = 120
 USER_PROJECT = {
     "workflows/__init__.py": 'OWNER = "project"\n',
     "runtime/__init__.py": 'OWNER = "project"\n',
-    "waystation/testing/__init__.py": 'OWNER = "project"\n',
+    "testing/__init__.py": 'OWNER = "project"\n',
     "starter.py": 'OWNER = "project"\n',
     "activities/__init__.py": 'OWNER = "project"\n',
     # A tool of the project's, in the module path the samples' layout gives it.
