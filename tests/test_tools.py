@@ -29,6 +29,7 @@ from waystation.activities.builtin_tools import (
     write_file,
 )
 from waystation.activities.storage import Ledger, Storage
+from waystation.activities.storage.ledger import HOST
 from waystation.activities.storage.sqlite import SqliteBackend
 from waystation.activities.tool_activities import ToolActivities
 from waystation.activities.tools import ToolContext, ToolError
@@ -237,6 +238,51 @@ async def test_a_command_running_on_another_machine_is_awaited_not_repeated(
     with pytest.raises(ToolError, match="not run a second time"):
         await run_shell(command, gone)
     assert not (context.workspace / "shell.txt").exists()
+
+
+async def test_a_command_alive_here_is_awaited_however_stale_its_watcher(
+    context: ToolContext, storage: Storage
+) -> None:
+    """On a loaded machine the watcher's touches can lag by more than the staleness limit;
+    on the command's own host its wrapper's process decides, by pid and command line."""
+    command = RunShellArgs(command="echo z >> shell.txt")
+    running = with_key(context, "starved")
+    run_dir = _run_dir(running)
+    run_dir.mkdir(parents=True)
+    (run_dir / "host").write_text(HOST)
+    wait = 'while [ ! -e "$1/release" ]; do sleep 0.05; done'
+    wrapper = await asyncio.create_subprocess_exec("/bin/sh", "-c", wait, "run_shell", str(run_dir))
+    try:
+        (run_dir / "pid").write_text(str(wrapper.pid))
+        (run_dir / "alive").touch()
+        minute_ago = time.time() - 60
+        for name in ("pid", "alive"):
+            os.utime(run_dir / name, (minute_ago, minute_ago))
+        await died_after_start(storage, "starved", "run_shell", {"command": command.command})
+        retry = asyncio.create_task(run_shell(command, running))
+        while (entry := await storage.ledger.lookup("starved")) is None or (
+            entry.owner != context.ledger.owner
+        ):
+            await asyncio.sleep(0.02)  # until the retry took the key over and inspects
+        (run_dir / "output").write_text("finished late\n")
+        (run_dir / "exit_code").write_text("0\n")
+        (run_dir / "release").touch()
+        assert await retry == "exit code 0\nfinished late\n"
+    finally:
+        if wrapper.returncode is None:
+            wrapper.kill()
+        await wrapper.wait()
+    assert not (context.workspace / "shell.txt").exists()  # never run a second time
+    # A live pid that is not the wrapper (reused by another process) means it is gone.
+    reused = with_key(context, "reused")
+    run_dir = _run_dir(reused)
+    run_dir.mkdir(parents=True)
+    (run_dir / "host").write_text(HOST)
+    (run_dir / "pid").write_text(str(os.getpid()))
+    (run_dir / "alive").touch()  # fresh: only the command line tells
+    await died_after_start(storage, "reused", "run_shell", {"command": command.command})
+    with pytest.raises(ToolError, match="not run a second time"):
+        await asyncio.wait_for(run_shell(command, reused), 30)
 
 
 async def test_long_output_is_sent_truncated_and_kept_whole(

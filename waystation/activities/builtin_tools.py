@@ -349,12 +349,29 @@ def _recently_touched(run_dir: Path) -> bool:
     return bool(signs) and now - max(signs) < _ALIVE_STALE_SECONDS
 
 
+def _runs_wrapper_of(pid: int, run_dir: Path) -> bool | None:
+    """Whether process `pid` is the wrapper started for `run_dir` (its command line names the
+    folder); None where /proc cannot say."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    return str(run_dir).encode() in arguments
+
+
 def _command_alive(run_dir: Path, pid: int) -> bool:
-    """A pid means something only on its own host; elsewhere, the watcher's touches tell."""
+    """A pid means something only on its own host: there, the wrapper's process tells, by
+    its pid and its command line (a reused pid names another folder), however slow a loaded
+    machine makes the watcher's touches. Elsewhere, or without /proc, the touches tell."""
     host_file = run_dir / "host"
     host = host_file.read_text().strip() if host_file.exists() else HOST
-    if host == HOST and not _pid_alive(pid):
-        return False
+    if host == HOST:
+        if not _pid_alive(pid):
+            return False
+        if (ours := _runs_wrapper_of(pid, run_dir)) is not None:
+            return ours
     return _recently_touched(run_dir)
 
 
