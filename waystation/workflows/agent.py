@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, assert_never
 
 from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
@@ -137,7 +137,7 @@ with workflow.unsafe.imports_passed_through():
     from waystation.workflows.tool_catalog import ToolCatalog, catalog_digest
 
 
-# A failed task's run stays open this long for a resumption (see _fail and waystation/client/reset.py).
+# A failed task's run stays open this long for a resumption (see _fail, waystation/client/reset.py).
 RESUME_GRACE = timedelta(seconds=3)
 # A last run this large archives its events as it ends: a replay to read them takes seconds.
 ARCHIVE_LAST_RUN_BYTES = 256 * 1024
@@ -287,6 +287,8 @@ class AgentWorkflow:
                     await self._call_model(step)
                 case Fail(kind=kind, reason=reason):
                     await self._fail(kind, reason)
+                case _:
+                    assert_never(move)
 
     def _absorb(self) -> None:
         """Turn what handlers recorded into events, in the order it arrived."""
