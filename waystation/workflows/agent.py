@@ -860,22 +860,23 @@ class AgentWorkflow:
 
     @send_message.validator
     def _validate_message(self, message: Message) -> None:
-        if (refused := messages.refusal(self._state, self._incoming, message)) is not None:
-            kind, sentence = refused
-            raise ApplicationError(sentence, type=kind, non_retryable=True)
+        view = messages.view_of(self._state, self._incoming)
+        if (refused := messages.message_refusal(view, message)) is not None:
+            raise ApplicationError(refused.sentence, type=refused.kind, non_retryable=True)
 
     @workflow.signal(name=MESSAGE_SIGNAL)
     def message(self, message: Message) -> None:
         """Send the task a message (for tools that can only signal; a repeat counts once).
-        One past the queue's bounds is not kept: the log says so (`message_refused`)."""
+        One the Update would refuse is not kept: the log says so (`message_refused`)."""
         fallback = self._signal_message_id()
         named = message.model_copy(update={"message_id": message.message_id or fallback})
-        refused = messages.refusal(self._state, self._incoming, named) is not None
+        view = messages.view_of(self._state, self._incoming)
+        refused = messages.message_refusal(view, named)
         # Only a refusal asks for the patch: runs recorded before it kept every message.
-        refusals = (
-            self._refused_messages if refused and workflow.patched(MESSAGE_BOUND_PATCH) else None
-        )
-        messages.record_signalled(self._incoming, self._state, message, fallback, refusals)
+        if refused is not None and workflow.patched(MESSAGE_BOUND_PATCH):
+            self._refused_messages.note(named.message_id or fallback, refused.sentence)
+            return
+        messages.record(self._incoming, self._state, named, "signal", fallback)
 
     @workflow.query(name=MESSAGE_ROOM_QUERY)
     def message_room(self) -> messages.QueueVolume:
