@@ -37,9 +37,10 @@ with workflow.unsafe.imports_passed_through():
         messages,
         options,
         outputs,
-        questions,
+        requests,
         search,
     )
+    from waystation.workflows.approval import APPROVALS
     from waystation.workflows.calls import Delegation, Run, verdicts
     from waystation.workflows.conversation import (
         ConversationDigest,
@@ -106,6 +107,7 @@ with workflow.unsafe.imports_passed_through():
         due_for_hand_over,
         next_move,
     )
+    from waystation.workflows.questions import QUESTIONS
     from waystation.workflows.recovery import after_context_overflow, resumed
     from waystation.workflows.run import (
         ANSWER_SIGNAL,
@@ -190,10 +192,7 @@ class AgentWorkflow:
         self._earlier = carry.earlier
         self._stream = WorkflowStream(prior_state=carry.stream)
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
-        self._inbox: list[approval.RecordedDecision] = list(carry.decisions)
-        self._early: list[approval.RecordedDecision] = []
-        self._answers: list[questions.RecordedAnswer] = list(carry.answers)
-        self._early_answers: list[questions.RecordedAnswer] = []
+        self._inbox = requests.Inbox({APPROVALS: carry.decisions, QUESTIONS: carry.answers})
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
         self._incoming: list[QueuedMessage] = list(carry.messages)
@@ -259,15 +258,9 @@ class AgentWorkflow:
                     for call in calls:
                         self._append(action_of(step, call))
                 case RequestApprovals(step=step, calls=calls):
-                    for event in approval.request_events(step, calls, self._state):
-                        self._append(event)
-                    self._inbox = self._early + self._inbox  # decisions that came first
-                    self._early = []
+                    self._ask(APPROVALS, step, calls)
                 case AskQuestions(step=step, calls=calls):
-                    for asked_event in questions.question_events(step, calls):
-                        self._append(asked_event)
-                    self._answers = self._early_answers + self._answers  # answers came first
-                    self._early_answers = []
+                    self._ask(QUESTIONS, step, calls)
                 case AwaitDecisions(request_ids=ids, questions=asked, deadline=deadline):
                     await self._await_decisions(ids, asked, deadline)
                 case RunCalls(step=step, calls=calls):
@@ -295,30 +288,20 @@ class AgentWorkflow:
         step = self._state.step
         for note in self._repairs:
             self._append(draft(Repaired, step, **note.model_dump()))
-        recorded, self._inbox, self._repairs = self._inbox, [], []
-        for entry in recorded:
-            event = approval.absorb(self._state, entry, len(self._early))
-            if event == approval.KEEP:
-                self._early.append(entry)  # a decision faster than the step that asks
-            elif not isinstance(event, str):
-                self._append(event)
-        answered, self._answers = self._answers, []
-        for given in answered:
-            made = questions.absorb(self._state, given, len(self._early_answers))
-            if made == questions.KEEP:
-                self._early_answers.append(given)  # an answer faster than its question
-            elif made is not None and not isinstance(made, str):
-                self._append(made)
+        self._repairs = []
+        self._inbox.absorb(lambda: self._state, self._append)
         for failed in self._notifier.failure_events(step):
             self._append(failed)
         for refused in self._refused_messages.events(step):
             self._append(refused)
 
+    def _ask(self, kind: requests.AnyKind, step: int, calls: list[ToolCall]) -> None:
+        self._inbox.ask(kind, kind.request_events(step, calls, self._state), self._append)
+
     def _recorded(self) -> bool:
         return bool(
             self._inbox
             or self._repairs
-            or self._answers
             or self._notifier.failures_recorded
             or self._refused_messages
         )
@@ -345,14 +328,9 @@ class AgentWorkflow:
             )
         except TimeoutError:
             self._clock = _sample()
-            now, task = self._clock.now, self._task
-            late = [
-                r for r in request_ids if approval.deadline(self._state, [r], task.approval) <= now
-            ]
-            for event in approval.timeout_events(self._state, late, task.approval):
-                self._append(event)
-            for asked_event in questions.timeout_events(self._state, asked, now, task.questions):
-                self._append(asked_event)
+            waiting: dict[requests.AnyKind, list[str]] = {APPROVALS: request_ids, QUESTIONS: asked}
+            now = self._clock.now
+            self._inbox.time_out(waiting, lambda: self._state, now, self._task, self._append)
             return
         self._clock = _sample()
         if not self._recorded():
@@ -764,12 +742,11 @@ class AgentWorkflow:
         )
 
         def next_run(stream: WorkflowStreamState) -> list[Any]:
-            decisions = self._early + self._inbox
             carry = RunCarry(
                 state=self._state,
                 stream=stream,
-                decisions=decisions,
-                answers=self._early_answers + self._answers,
+                decisions=self._inbox.carried(APPROVALS),
+                answers=self._inbox.carried(QUESTIONS),
                 messages=self._incoming,
                 earlier=earlier,
             )
@@ -797,54 +774,42 @@ class AgentWorkflow:
     @workflow.update(name=DECIDE_UPDATE)
     def decide(self, decision: Decision) -> DecisionOutcome:
         """Approve or reject one request. Repeating a decision returns the first outcome."""
-        existing = approval.outcome_of(self._state, decision.request_id, self._inbox)
-        if existing is not None:
-            return existing.model_copy(update={"duplicate": True})
-        self._inbox.append(approval.RecordedDecision(decision=decision, via="update"))
-        return approval.accepted(decision)
+        return requests.accept(APPROVALS, self._state, decision, self._inbox.recorded(APPROVALS))
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
-        problem = approval.decision_problem(self._state, decision, self._inbox)
-        if problem is not None:
-            raise ApplicationError(problem.message, type=problem.kind, non_retryable=True)
+        self._validate(APPROVALS, decision)
 
     @workflow.signal(name=APPROVE_SIGNAL)
     def approve(self, decision: Decision) -> None:
         """Approve a request (for `temporal workflow signal --name approve`)."""
-        self._inbox.append(approval.signalled(decision, "approve"))
+        self._inbox.recorded(APPROVALS).append(approval.signalled(decision, "approve"))
 
     @workflow.signal(name=REJECT_SIGNAL)
     def reject(self, decision: Decision) -> None:
         """Reject a request (for `temporal workflow signal --name reject`)."""
-        self._inbox.append(approval.signalled(decision, "reject"))
+        self._inbox.recorded(APPROVALS).append(approval.signalled(decision, "reject"))
 
     @workflow.update(name=ANSWER_UPDATE)
     def answer(self, answer: Answer) -> AnswerOutcome:
         """Answer a question the model asked. The first answer wins: a repeat (or a later
         answer by someone else) gets the first one back."""
-        existing = questions.outcome_of(self._state, answer.request_id, self._answers)
-        if existing is not None:
-            return existing.model_copy(update={"duplicate": True})
-        self._answers.append(questions.RecordedAnswer(answer=answer, via="update"))
-        pending = self._state.pending_questions[answer.request_id]
-        return AnswerOutcome(
-            request_id=answer.request_id,
-            answer=questions.chosen(pending.choices, answer.answer),
-            answerer=answer.answerer,
-            answer_id=answer.answer_id,
-        )
+        return requests.accept(QUESTIONS, self._state, answer, self._inbox.recorded(QUESTIONS))
 
     @answer.validator
     def _validate_answer(self, answer: Answer) -> None:
-        problem = questions.answer_problem(self._state, answer, self._answers)
-        if problem is not None:
-            raise ApplicationError(problem.message, type=problem.kind, non_retryable=True)
+        self._validate(QUESTIONS, answer)
 
     @workflow.signal(name=ANSWER_SIGNAL)
     def answer_signal(self, answer: Answer) -> None:
         """Answer a question (for `temporal workflow signal --name answer`)."""
-        self._answers.append(questions.RecordedAnswer(answer=answer, via="signal"))
+        self._inbox.recorded(QUESTIONS).append(QUESTIONS.recorded(answer, "signal"))
+
+    def _validate(self, kind: requests.AnyKind, response: Any) -> None:
+        """The Update validators' one structure; the kind supplies its own check."""
+        problem = requests.problem(kind, self._state, response, self._inbox.recorded(kind))
+        if problem is not None:
+            raise ApplicationError(problem.message, type=problem.kind, non_retryable=True)
 
     @workflow.update(name=SEND_MESSAGE_UPDATE)
     async def send_message(self, message: Message) -> MessageReceipt:
