@@ -213,7 +213,7 @@ class AgentWorkflow(StepCalls, Turns):
             )
         except TimeoutError:
             self._clock = sample_clock()
-            waiting: dict[requests.AnyKind, list[str]] = {APPROVALS: request_ids, QUESTIONS: asked}
+            waiting = {APPROVALS.name: request_ids, QUESTIONS.name: asked}
             now = self._clock.now
             self._inbox.time_out(waiting, lambda: self._state, now, self._task, self._append)
             return

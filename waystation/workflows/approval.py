@@ -195,6 +195,7 @@ def request_events(step: int, calls: list[ToolCall], state: AgentState) -> list[
 class Approvals(RequestKind[Decision, RecordedDecision, DecisionOutcome, PendingApproval]):
     """Approval requests: a decision resolves one; a conflicting one is refused."""
 
+    name = "approval"
     early_kept = EARLY_DECISIONS_KEPT
     awaiting = "approval"
     noun = "request"

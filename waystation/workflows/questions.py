@@ -172,6 +172,7 @@ class Questions(RequestKind[Answer, RecordedAnswer, AnswerOutcome, PendingQuesti
     """Questions: an answer resolves one (one of its choices, when it has them); the first
     answer wins."""
 
+    name = "question"
     early_kept = EARLY_ANSWERS_KEPT
     awaiting = "an answer"
     noun = "question"

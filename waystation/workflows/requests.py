@@ -70,6 +70,9 @@ P = TypeVar("P", bound=Pending)  # a pending request
 class RequestKind(ABC, Generic[R, E, Out, P]):
     """One kind of request: what is its own. The rule for every kind is this module's."""
 
+    name: str
+    """The kind's name: the inbox keys on it (a replayer may load a module twice, so the
+    kind's object is not the same in every run)."""
     early_kept: int
     """Responses recorded before their request is made that are kept (and carried)."""
     awaiting: str
@@ -220,12 +223,12 @@ class Inbox:
 
     def __init__(self, carried: Mapping[AnyKind, list[Any]]) -> None:
         self._kinds = list(carried)
-        self._recorded: dict[AnyKind, list[Any]] = {k: list(v) for k, v in carried.items()}
-        self._early: dict[AnyKind, list[Any]] = {k: [] for k in carried}
+        self._recorded: dict[str, list[Any]] = {k.name: list(v) for k, v in carried.items()}
+        self._early: dict[str, list[Any]] = {k.name: [] for k in carried}
 
     def recorded(self, kind: RequestKind[R, E, Out, P]) -> list[E]:
         """The kind's recorded responses: handlers append to it."""
-        return self._recorded[kind]
+        return self._recorded[kind.name]
 
     def __bool__(self) -> bool:
         return any(self._recorded.values())
@@ -236,11 +239,12 @@ class Inbox:
         """Turn what was recorded into events, kind after kind, in arrival order (each
         response reads the state its predecessors' events made)."""
         for kind in self._kinds:
-            taken, self._recorded[kind] = self._recorded[kind], []
+            early = self._early[kind.name]
+            taken, self._recorded[kind.name] = self._recorded[kind.name], []
             for entry in taken:
-                made = absorb(kind, state_now(), entry, len(self._early[kind]))
+                made = absorb(kind, state_now(), entry, len(early))
                 if made == KEEP:
-                    self._early[kind].append(entry)
+                    early.append(entry)
                 elif made != DROP and not isinstance(made, str):
                     append(made)
 
@@ -251,22 +255,24 @@ class Inbox:
         responses that came before them are taken next."""
         for event in events:
             append(event)
-        self._recorded[kind] = self._early[kind] + self._recorded[kind]
-        self._early[kind] = []
+        self._recorded[kind.name] = self._early[kind.name] + self._recorded[kind.name]
+        self._early[kind.name] = []
 
     def time_out(
         self,
-        waiting: Mapping[AnyKind, list[str]],
+        waiting: Mapping[str, list[str]],
         state_now: Callable[[], AgentState],
         now: datetime,
         task: AgentTask,
         append: Callable[[AgentEvent], None],
     ) -> None:
-        """The one timeout path: every kind's requests among `waiting` past their time."""
+        """The one timeout path: every kind's requests among `waiting` (by kind name) past
+        their time."""
         for kind in self._kinds:
-            for event in timeout_events(kind, state_now(), waiting.get(kind, []), now, task):
+            requested = waiting.get(kind.name, [])
+            for event in timeout_events(kind, state_now(), requested, now, task):
                 append(event)
 
     def carried(self, kind: RequestKind[R, E, Out, P]) -> list[E]:
         """What the next run takes over: early responses first, then the rest recorded."""
-        return self._early[kind] + self._recorded[kind]
+        return self._early[kind.name] + self._recorded[kind.name]
