@@ -13,19 +13,17 @@ from temporalio.contrib.workflow_streams import WorkflowStreamState
 from waystation.workflows import (
     activity_calls,
 )
-from waystation.workflows.approval import APPROVALS
 from waystation.workflows.models import (
     ConversationSnapshot,
 )
 from waystation.workflows.plan import due_for_hand_over
-from waystation.workflows.questions import QUESTIONS
 from waystation.workflows.run import (
     AgentRun,
     ArchiveRequest,
     RunCarry,
     RunRef,
 )
-from waystation.workflows.run_core import RunCore, sample_clock
+from waystation.workflows.run_core import CARRIED_REQUESTS, RunCore, sample_clock
 from waystation.workflows.stream import carried_from
 
 ARCHIVE_PATCH = "archive-events"
@@ -69,13 +67,15 @@ class HandOver(RunCore):
         )
 
         def next_run(stream: WorkflowStreamState) -> list[Any]:
+            responses: dict[str, Any] = {
+                field: self._inbox.carried(kind) for field, kind in CARRIED_REQUESTS.items()
+            }
             carry = RunCarry(
                 state=self._state,
                 stream=stream,
-                decisions=self._inbox.carried(APPROVALS),
-                answers=self._inbox.carried(QUESTIONS),
                 messages=self._incoming,
                 earlier=earlier,
+                **responses,
             )
             return [AgentRun(task=self._task, carry=carry)]
 

@@ -60,6 +60,9 @@ RESUME_GRACE = timedelta(seconds=3)
 # The task of a run started with nothing in it (a follow-up from the Temporal CLI): the run
 # only finds the answer it follows and continues as new from it, never reading this.
 _FOLLOW_UP_PLACEHOLDER = AgentTask(task="(a follow-up: the task is the one it follows)")
+# Each kind of request a person answers, by the RunCarry field its recorded responses
+# travel in from run to run (the inbox takes them in this order).
+CARRIED_REQUESTS: dict[str, requests.AnyKind] = {"decisions": APPROVALS, "answers": QUESTIONS}
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ class RunCore:
         self._stream = WorkflowStream(prior_state=carry.stream)
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
         # Every kind of request's responses, recorded by the handlers (workflows/requests.py).
-        self._inbox = requests.Inbox({APPROVALS: carry.decisions, QUESTIONS: carry.answers})
+        carried = {kind: getattr(carry, field) for field, kind in CARRIED_REQUESTS.items()}
+        self._inbox = requests.Inbox(carried)
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
         self._incoming: list[QueuedMessage] = list(carry.messages)
