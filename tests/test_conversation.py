@@ -21,7 +21,7 @@ from waystation.client.agent_runtime import AgentRuntime, MessageRefusedError, T
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 from waystation.testing.workers import running_worker
-from waystation.workflows import errors
+from waystation.workflows import errors, messages
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.events import Interrupted, Thought, UserMessage
 from waystation.workflows.models import ApprovalSettings, Message, MessageReceipt
@@ -412,3 +412,26 @@ async def test_a_run_holding_more_than_a_payload_reads_its_conversation_in_pages
     assert (await handle.result()).result == "read it all"
     last = fake_openai.requests[model][-1]
     assert [m["content"] for m in last["messages"] if m["role"] == "user"] == [heavy]
+
+
+def test_one_refusal_rule_reads_a_view_the_workflow_and_a_client_both_build() -> None:
+    """`message_refusal` is the rule of the Update's validator and the Signal's handler
+    (over `view_of` the state and queue); a client builds the same view from the task's
+    status and its `message_room` answer and gets the same answer."""
+    full = messages.QueueVolume(
+        messages=messages.QUEUED_MESSAGES_KEPT, bytes=10, message_ids=["m-waiting"]
+    )
+    running = messages.MessageView(task_id="t", status="running", waiting=full, taken=["m-taken"])
+    refused = messages.message_refusal(running, Message(content="one more", message_id="m-new"))
+    assert refused is not None and refused.kind == errors.TOO_MANY_MESSAGES
+    for repeat in ("m-waiting", "m-taken"):
+        assert messages.message_refusal(running, Message(content="x", message_id=repeat)) is None
+    empty = messages.MessageView(task_id="t", status="running")
+    assert messages.message_refusal(empty, Message(content="fits")) is None
+    failed = messages.MessageView(task_id="t", status="failed")
+    refused = messages.message_refusal(failed, Message(content="go on"))
+    assert refused == (
+        errors.TASK_NOT_TAKING_MESSAGES,
+        "task t failed: a message cannot continue it: resume it (with --message to tell it "
+        "something)",
+    )

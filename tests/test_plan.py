@@ -6,16 +6,13 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from waystation.workflows import errors
+from waystation.workflows import errors, requests
 from waystation.workflows.approval import (
-    DROP,
+    APPROVALS,
     EARLY_DECISIONS_KEPT,
-    KEEP,
     RecordedDecision,
-    absorb,
     decision_problem,
     request_events,
-    timeout_events,
 )
 from waystation.workflows.calls import Run, verdict
 from waystation.workflows.conversation import MAX_MESSAGES, compaction_range, total_tokens
@@ -27,6 +24,7 @@ from waystation.workflows.events import (
     ContextCompacted,
     ErrorEvent,
     Observation,
+    QuestionAnswered,
     Resumed,
     TaskStarted,
     Thought,
@@ -37,6 +35,7 @@ from waystation.workflows.events import (
 from waystation.workflows.messages import QueuedMessage
 from waystation.workflows.models import (
     AgentTask,
+    Answer,
     ApprovalSettings,
     Decision,
     Message,
@@ -56,6 +55,12 @@ from waystation.workflows.plan import (
     RunCalls,
     RunProgress,
     next_move,
+)
+from waystation.workflows.questions import (
+    EARLY_ANSWERS_KEPT,
+    QUESTIONS,
+    RecordedAnswer,
+    answer_problem,
 )
 from waystation.workflows.run import AgentRun, RunCarry
 
@@ -230,7 +235,8 @@ def test_an_approval_timeout_fails_the_task_when_asked_then_resume_goes_on() -> 
     log.thought(1, shell)
     log.add(draft(Action, 1, call_id="c1", tool="run_shell"))
     log.add(request_events(1, [shell], log.state)[0])
-    for event in timeout_events(log.state, ["1-c1"], task.approval):
+    late = log.state.pending_approvals["1-c1"].requested_at + timedelta(seconds=60)
+    for event in requests.timeout_events(APPROVALS, log.state, ["1-c1"], late, task):
         log.add(event)
     failed = log.move(task)
     assert isinstance(failed, Fail) and failed.kind == "approval_timeout"
@@ -259,12 +265,16 @@ def test_decisions_are_checked_in_one_place() -> None:
     assert decision_problem(AgentState(status="done"), Decision(request_id="1-c1")) is not None
 
 
+def absorb(state: AgentState, entry: RecordedDecision, early: int) -> Any:
+    return requests.absorb(APPROVALS, state, entry, early)
+
+
 def test_recorded_decisions_become_events_or_wait_for_their_request() -> None:
     log = Log()
     shell = call("c1", needs_approval=True)
     log.thought(1, shell)
     early = RecordedDecision(decision=Decision(request_id="1-c1"), via="signal")
-    assert absorb(log.state, early, 0) == KEEP  # asked before the request: kept
+    assert absorb(log.state, early, 0) == requests.KEEP  # asked before the request: kept
     refused = absorb(log.state, early, EARLY_DECISIONS_KEPT)
     assert isinstance(refused, ErrorEvent) and refused.kind == "unknown_request"
     log.add(request_events(1, [shell], log.state)[0])
@@ -275,7 +285,34 @@ def test_recorded_decisions_become_events_or_wait_for_their_request() -> None:
     assert isinstance(duplicate, ErrorEvent) and duplicate.kind == "duplicate_decision"
     # A waiting client's identical repeat is dropped without a note.
     repeat = early.model_copy(update={"decision": Decision(request_id="1-c1", decision_id="d1")})
-    assert absorb(log.state, repeat, 0) == DROP
+    assert absorb(log.state, repeat, 0) == requests.DROP
+
+
+def test_recorded_answers_follow_the_same_rule_as_decisions() -> None:
+    """One absorb rule for every kind of request: an answer is kept until its question is
+    asked, resolves it, is refused when it names no choice, and a waiting client's repeat
+    is dropped (DROP, as for a decision)."""
+    log = Log()
+    ask = call("c1", tool="ask_person", question="Which?", choices=["red", "blue"])
+    log.thought(1, ask)
+    early = RecordedAnswer(answer=Answer(request_id="1-c1", answer="Red"), via="signal")
+    assert requests.absorb(QUESTIONS, log.state, early, 0) == requests.KEEP
+    refused = requests.absorb(QUESTIONS, log.state, early, EARLY_ANSWERS_KEPT)
+    assert isinstance(refused, ErrorEvent) and refused.kind == "refused_answer"
+    for event in QUESTIONS.request_events(1, [ask], log.state):
+        log.add(event)
+    wrong = RecordedAnswer(answer=Answer(request_id="1-c1", answer="green"), via="signal")
+    refused = requests.absorb(QUESTIONS, log.state, wrong, 0)
+    assert isinstance(refused, ErrorEvent) and refused.kind == "refused_answer"
+    resolved = requests.absorb(QUESTIONS, log.state, early, 0)
+    assert isinstance(resolved, QuestionAnswered) and resolved.answer == "red"
+    log.add(resolved)
+    again = requests.absorb(QUESTIONS, log.state, early, 0)
+    assert isinstance(again, ErrorEvent) and again.kind == "duplicate_answer"
+    client = Answer(request_id="1-c1", answer="blue", answer_id="a1")
+    repeat = RecordedAnswer(answer=client, via="update")
+    assert requests.absorb(QUESTIONS, log.state, repeat, 0) == requests.DROP
+    assert answer_problem(log.state, client) is None  # it gets the first answer back
 
 
 def test_edited_arguments_run_and_a_note_follows_the_output() -> None:

@@ -27,9 +27,9 @@ from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 from waystation.testing.mcp import CallLog, demo_stdio
 from waystation.testing.workers import running_worker
 from waystation.worker.child_outcomes import started_by
-from waystation.workflows import search
+from waystation.workflows import agents, search
 from waystation.workflows.agent import AgentWorkflow
-from waystation.workflows.models import AgentSpec, ApprovalSettings, ModelSettings
+from waystation.workflows.models import AgentSpec, AgentTask, ApprovalSettings, ModelSettings
 from waystation.workflows.run import AgentRun
 
 
@@ -308,3 +308,35 @@ async def test_a_task_created_under_a_sub_agents_id_is_not_adopted(
     ]
     assert [e.child_id for e in of_type(events, "agent_started")] == [f"{parent_id}/1/call_1_1"]
     assert starters == ["", parent_id]
+
+
+def test_a_typed_sub_agent_keeps_its_callers_output_retries_and_every_inherited_setting() -> None:
+    """The child's task is the caller's with the agent's own fields over it: a setting the
+    agent does not name (output_retries of a typed agent, and any field added later) is
+    inherited, never lost to a hand-written copy."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    caller = AgentTask(
+        task="count",
+        output_retries=0,
+        max_repeated_calls=7,
+        heartbeat_timeout_seconds=9,
+        continue_as_new_after_steps=11,
+        context_limit_tokens=5_000,
+        max_agent_depth=5,
+        max_agent_calls=2,
+        token_budget=1_000,
+        approval=ApprovalSettings(timeout_seconds=60),
+        mcp_servers=["files"],
+    )
+    spec = agent("counter", "m", output_schema=schema)
+    at = agents.link(caller, "root", spec, "c1")
+    child = agents.child_task(caller, spec, "count the files", 400, at)
+    assert child.output_retries == 0
+    assert child.output_schema == schema
+    assert (child.task, child.parent, child.token_budget) == ("count the files", at, 400)
+    for name in AgentTask.model_fields.keys() - agents.AGENT_OWNS:
+        assert getattr(child, name) == getattr(caller, name), name
+
+
+def test_what_a_sub_agent_sets_itself_names_task_fields() -> None:
+    assert agents.AGENT_OWNS <= AgentTask.model_fields.keys()

@@ -90,31 +90,32 @@ def budget_shares(task: AgentTask, used: int, calls: int) -> int | None:
     return max(1, (task.token_budget - used) // max(1, calls))
 
 
+# The fields of a sub-agent's task that its spec and its call set; every other field is
+# its caller's, so a setting added to AgentTask is inherited without a line here.
+AGENT_OWNS = frozenset(
+    {"task", "system_prompt", "model", "tools", "max_steps", "token_budget"}
+    | {"output_schema", "mcp_servers", "parent"}
+)
+
+
 def child_task(
     parent: AgentTask, spec: AgentSpec, instruction: str, share: int | None, at: ParentLink
 ) -> AgentTask:
-    """The child's task: the agent's own prompt, tools, limits and schema; the caller's
-    model, MCP servers and approval rules unless the agent names its own."""
+    """The child's task: its caller's, with the agent's own prompt, tools, limits and schema
+    over it; the caller's model and MCP servers unless the agent names its own."""
     budgets = [b for b in (spec.token_budget, share) if b is not None]
-    return AgentTask(
-        task=instruction,
-        system_prompt=spec.system_prompt,
-        model=spec.model or parent.model,
-        tools=spec.tools,
-        max_steps=spec.max_steps,
-        token_budget=min(budgets) if budgets else None,
-        approval=parent.approval,
-        questions=parent.questions,
-        context_limit_tokens=parent.context_limit_tokens,
-        continue_as_new_after_steps=parent.continue_as_new_after_steps,
-        max_repeated_calls=parent.max_repeated_calls,
-        mcp_servers=spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
-        heartbeat_timeout_seconds=parent.heartbeat_timeout_seconds,
-        output_schema=spec.output_schema,
-        max_agent_depth=parent.max_agent_depth,
-        max_agent_calls=parent.max_agent_calls,
-        parent=at,
-    )
+    own: dict[str, Any] = {
+        "task": instruction,
+        "system_prompt": spec.system_prompt,
+        "model": spec.model or parent.model,
+        "tools": spec.tools,
+        "max_steps": spec.max_steps,
+        "token_budget": min(budgets) if budgets else None,
+        "output_schema": spec.output_schema,
+        "mcp_servers": spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
+        "parent": at,
+    }
+    return parent.model_copy(update=own)
 
 
 def refusal(task: AgentTask, call: ToolCall, index: int) -> ToolResult | None:

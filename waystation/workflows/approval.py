@@ -1,19 +1,20 @@
-"""Approvals: request ids, what a decision may do, deadlines, and early decisions.
+"""Approvals, one kind of request a person answers (workflows/requests.py has the rule
+every kind shares): request ids, what a decision may do, and what the model is told.
 
 Pure functions over the folded state. Decisions reach the workflow through the `decide`
 Update and the `approve`/`reject` Signals; their handlers only record them, and the main
 loop turns what was recorded into events, in arrival order (see AgentWorkflow). The same
-`decision_problem` answers the Update's validator, the Signal's absorption and the
-client's answer after a task has closed, so the three cannot drift apart.
+`decision_problem` answers the Update's validator and the client's answer after a task
+has closed; the Signal's absorption applies the same check (`shown_problem`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Final, Literal
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Literal
 
-from waystation.workflows import errors
+from waystation.workflows import errors, requests
 from waystation.workflows.events import (
     AgentEvent,
     AgentState,
@@ -27,14 +28,15 @@ from waystation.workflows.events import (
     request_digest,
 )
 from waystation.workflows.models import (
+    AgentTask,
     ApprovalSettings,
     Contract,
     Decision,
     DecisionOutcome,
     ToolCall,
 )
+from waystation.workflows.requests import Problem, RequestKind, Via
 
-Via = Literal["update", "signal"]
 # Signalled decisions for requests not made yet are kept (and carried to the next run) up
 # to this many; a flood of decisions for requests that never come cannot grow the task.
 EARLY_DECISIONS_KEPT = 100
@@ -51,14 +53,6 @@ def signalled(decision: Decision, verdict: Literal["approve", "reject"]) -> Reco
     """A decision sent by the `approve` or `reject` Signal, whose name is the verdict."""
     named = decision.model_copy(update={"decision": verdict})
     return RecordedDecision(decision=named, via="signal")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why a decision cannot take effect: an error type of workflows/errors.py and a sentence."""
-
-    kind: str
-    message: str
 
 
 def request_id_for(step: int, call_id: str) -> str:
@@ -108,27 +102,7 @@ def decision_problem(
 ) -> Problem | None:
     """Why `decision` cannot take effect now, or None (a repeat of the decision that took
     effect is no problem: it gets the first outcome back)."""
-    existing = outcome_of(state, decision.request_id, recorded or [])
-    if existing is not None:
-        if decision.repeats(existing):
-            return None
-        by = f" by {existing.approver}" if existing.approver else ""
-        return Problem(
-            errors.DECISION_CONFLICT,
-            f"request {decision.request_id} was already decided: {existing.decision}{by}",
-        )
-    if (pending := state.pending_approvals.get(decision.request_id)) is not None:
-        return shown_problem(decision, pending)
-    if state.finished or not state.pending_approvals:
-        return Problem(
-            errors.TASK_NOT_WAITING,
-            f"task is {state.status}, not waiting for approval (request {decision.request_id})",
-        )
-    return Problem(
-        errors.UNKNOWN_REQUEST,
-        f"unknown approval request {decision.request_id}; pending: "
-        + ", ".join(state.pending_approvals),
-    )
+    return requests.problem(APPROVALS, state, decision, recorded or [])
 
 
 def shown_problem(decision: Decision, pending: PendingApproval) -> Problem | None:
@@ -165,8 +139,7 @@ def undecided(step: OpenStep, state: AgentState) -> list[str]:
 
 def deadline(state: AgentState, request_ids: list[str], settings: ApprovalSettings) -> datetime:
     """When the oldest of these requests stops waiting (a carried request keeps its time)."""
-    first = min(state.pending_approvals[r].requested_at for r in request_ids)
-    return first + timedelta(seconds=settings.timeout_seconds)
+    return requests.deadline(APPROVALS, state, request_ids, settings)
 
 
 def request_reason(call: ToolCall, state: AgentState) -> str | None:
@@ -202,59 +175,6 @@ def run_outcome(call: ToolCall, outcome: DecisionOutcome | None) -> tuple[str | 
     return None, note
 
 
-KEEP: Final = "keep"  # absorb: wait for the request this decision is for
-DROP: Final = "drop"  # absorb: a client's identical repeat, nothing to note
-
-
-def absorb(
-    state: AgentState, entry: RecordedDecision, early: int
-) -> AgentEvent | Literal["keep", "drop"]:
-    """The event a recorded decision makes now, KEEP to hold it until its request comes
-    (`early` decisions already wait; past EARLY_DECISIONS_KEPT a new one is refused), or
-    DROP for a waiting client's repeat of the decision that took effect."""
-    decision = entry.decision
-    request_id = decision.request_id
-    if (existing := state.decisions.get(request_id)) is not None:
-        if decision.decision_id is not None and decision.repeats(existing):
-            return DROP
-        what = "a repeat" if decision.repeats(existing) else "a conflicting decision"
-        return draft(
-            ErrorEvent,
-            state.step,
-            kind="duplicate_decision",
-            message=f"ignored {what} ({decision.decision}) for request {request_id}, "
-            f"already decided: {existing.decision}",
-        )
-    if (pending := state.pending_approvals.get(request_id)) is not None:
-        if (problem := shown_problem(decision, pending)) is not None:
-            return draft(
-                ErrorEvent,
-                state.step,
-                kind="decision_mismatch",
-                message=f"ignored a decision ({decision.decision}): {problem.message}",
-            )
-        return draft(
-            ApprovalResolved,
-            state.step,
-            request_id=request_id,
-            decision=decision.decision,
-            approver=decision.approver,
-            message=decision.message,
-            arguments=decision.arguments,
-            via=entry.via,
-            decision_id=decision.decision_id,
-        )
-    if early >= EARLY_DECISIONS_KEPT:
-        return draft(
-            ErrorEvent,
-            state.step,
-            kind="unknown_request",
-            message=f"ignored a decision for request {request_id}: no such request, "
-            f"and {EARLY_DECISIONS_KEPT} decisions already wait for theirs",
-        )
-    return KEEP
-
-
 def request_events(step: int, calls: list[ToolCall], state: AgentState) -> list[ApprovalRequested]:
     model_reason = state.open_step.model_reason if state.open_step else None
     return [
@@ -272,19 +192,109 @@ def request_events(step: int, calls: list[ToolCall], state: AgentState) -> list[
     ]
 
 
-def timeout_events(
-    state: AgentState, request_ids: list[str], settings: ApprovalSettings
-) -> list[ApprovalResolved]:
-    """Requests nobody decided in time; the plan then reports or fails as the task says."""
-    return [
-        draft(
+class Approvals(RequestKind[Decision, RecordedDecision, DecisionOutcome, PendingApproval]):
+    """Approval requests: a decision resolves one; a conflicting one is refused."""
+
+    name = "approval"
+    early_kept = EARLY_DECISIONS_KEPT
+    awaiting = "approval"
+    noun = "request"
+    unknown_noun = "approval request"
+
+    def pending(self, state: AgentState) -> Mapping[str, PendingApproval]:
+        return state.pending_approvals
+
+    def settings(self, task: AgentTask) -> ApprovalSettings:
+        return task.approval
+
+    def response(self, entry: RecordedDecision) -> Decision:
+        return entry.decision
+
+    def recorded(self, response: Decision, via: Via) -> RecordedDecision:
+        return RecordedDecision(decision=response, via=via)
+
+    def outcome_of(
+        self, state: AgentState, request_id: str, recorded: list[RecordedDecision]
+    ) -> DecisionOutcome | None:
+        return outcome_of(state, request_id, recorded)
+
+    def repeat_problem(self, response: Decision, existing: DecisionOutcome) -> Problem | None:
+        if response.repeats(existing):
+            return None
+        by = f" by {existing.approver}" if existing.approver else ""
+        return Problem(
+            errors.DECISION_CONFLICT,
+            f"request {response.request_id} was already decided: {existing.decision}{by}",
+        )
+
+    def check(self, response: Decision, pending: PendingApproval) -> Problem | None:
+        return shown_problem(response, pending)
+
+    def accepted(self, state: AgentState, response: Decision) -> DecisionOutcome:
+        return accepted(response)
+
+    def on_resolved(
+        self, state: AgentState, response: Decision, existing: DecisionOutcome
+    ) -> AgentEvent | None:
+        if response.decision_id is not None and response.repeats(existing):
+            return None
+        what = "a repeat" if response.repeats(existing) else "a conflicting decision"
+        return draft(
+            ErrorEvent,
+            state.step,
+            kind="duplicate_decision",
+            message=f"ignored {what} ({response.decision}) for request {response.request_id}, "
+            f"already decided: {existing.decision}",
+        )
+
+    def refused(self, state: AgentState, response: Decision, problem: Problem) -> ErrorEvent:
+        return draft(
+            ErrorEvent,
+            state.step,
+            kind="decision_mismatch",
+            message=f"ignored a decision ({response.decision}): {problem.message}",
+        )
+
+    def unknown(self, state: AgentState, response: Decision) -> ErrorEvent:
+        return draft(
+            ErrorEvent,
+            state.step,
+            kind="unknown_request",
+            message=f"ignored a decision for request {response.request_id}: no such request, "
+            f"and {EARLY_DECISIONS_KEPT} decisions already wait for theirs",
+        )
+
+    def resolved(
+        self, state: AgentState, entry: RecordedDecision, pending: PendingApproval
+    ) -> ApprovalResolved:
+        decision = entry.decision
+        return draft(
+            ApprovalResolved,
+            state.step,
+            request_id=decision.request_id,
+            decision=decision.decision,
+            approver=decision.approver,
+            message=decision.message,
+            arguments=decision.arguments,
+            via=entry.via,
+            decision_id=decision.decision_id,
+        )
+
+    def timed_out(self, state: AgentState, request_id: str, task: AgentTask) -> ApprovalResolved:
+        """Nobody decided in time; the plan then reports or fails as the task says."""
+        return draft(
             ApprovalResolved,
             state.step,
             request_id=request_id,
             decision="timeout",
-            message=f"no decision within {settings.timeout_seconds:g} s",
+            message=f"no decision within {task.approval.timeout_seconds:g} s",
             via="timeout",
         )
-        for request_id in request_ids
-        if request_id in state.pending_approvals
-    ]
+
+    def request_events(
+        self, step: int, calls: list[ToolCall], state: AgentState
+    ) -> list[AgentEvent]:
+        return list(request_events(step, calls, state))
+
+
+APPROVALS = Approvals()

@@ -10,6 +10,10 @@ answered begins a new turn.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
 from waystation.workflows import errors
 from waystation.workflows.events import AgentState, ErrorEvent, MessageVia, UserMessage, draft
 from waystation.workflows.models import MESSAGE_BYTES, Contract, Message, MessageReceipt
@@ -63,51 +67,87 @@ def volume(queue: list[QueuedMessage]) -> QueueVolume:
     )
 
 
-def room_refusal(task_id: str, waiting: QueueVolume, size: int) -> tuple[str, str] | None:
-    """(error type, sentence) when a message of `size` bytes does not fit beside what
-    waits, else None: the one rule of the Update's validator, the Signal's handler and the
-    clients."""
+class Refusal(NamedTuple):
+    """Why a task cannot take a message now: an error type of workflows/errors.py and a
+    sentence for the sender."""
+
+    kind: str
+    sentence: str
+
+
+@dataclass(frozen=True)
+class MessageView:
+    """What the refusal rule reads of a task. The workflow builds it from its state and its
+    queue (`view_of`); a client from the task's status and its `message_room` answer."""
+
+    task_id: str
+    status: str
+    waiting: QueueVolume = field(default_factory=QueueVolume)
+    taken: Collection[str] = ()
+    """Ids of the messages already taken into the conversation (a repeat counts once)."""
+    failure_kind: str | None = None
+    failure: str | None = None
+
+
+def view_of(state: AgentState, queue: list[QueuedMessage]) -> MessageView:
+    return MessageView(
+        task_id=state.task_id,
+        status=state.status,
+        waiting=volume(queue),
+        taken=state.message_ids,
+        failure_kind=state.failure_kind,
+        failure=state.failure,
+    )
+
+
+def message_refusal(view: MessageView, message: Message) -> Refusal | None:
+    """Why the task cannot take `message` now, or None (a repeat of a message it has is no
+    problem: it counts once). The one rule of the `send_message` Update's validator, the
+    `message` Signal's handler and the clients."""
+    task_id = view.task_id
+    if view.status == "failed":
+        why = f" ({view.failure_kind}): {view.failure};" if view.failure_kind else ":"
+        return Refusal(
+            errors.TASK_NOT_TAKING_MESSAGES,
+            f"task {task_id} failed{why} a message cannot continue it: resume it (with "
+            "--message to tell it something)",
+        )
+    if view.status == "cancelled":
+        return Refusal(
+            errors.TASK_NOT_TAKING_MESSAGES,
+            f"task {task_id} was cancelled: a message cannot continue it; fork it to go on",
+        )
+    received = message.message_id is not None and (
+        message.message_id in view.taken or message.message_id in view.waiting.message_ids
+    )
+    if received:
+        return None
+    return room_refusal(task_id, view.waiting, size_of(message))
+
+
+def room_refusal(task_id: str, waiting: QueueVolume, size: int) -> Refusal | None:
+    """Why a message of `size` bytes does not fit beside what waits, else None (the part of
+    `message_refusal` a sender can apply knowing only the queue's volume)."""
     if size > MESSAGE_BYTES:
-        return (
+        return Refusal(
             errors.MESSAGE_TOO_LARGE,
             f"the message takes {size} bytes as JSON and one may take {MESSAGE_BYTES} (a "
             "character takes up to 6); send it in parts",
         )
     if waiting.messages >= QUEUED_MESSAGES_KEPT:
-        return (
+        return Refusal(
             errors.TOO_MANY_MESSAGES,
             f"task {task_id} already has {waiting.messages} messages waiting for its next "
             "model call; send this one once it has taken them",
         )
     if waiting.messages and waiting.bytes + size > QUEUED_MESSAGE_BYTES:
-        return (
+        return Refusal(
             errors.TOO_MANY_MESSAGES,
             f"task {task_id} already has {waiting.bytes} bytes of messages waiting for its "
             f"next model call and takes at most {QUEUED_MESSAGE_BYTES} at once; send this one "
             "once it has taken them",
         )
     return None
-
-
-def refusal(
-    state: AgentState, queue: list[QueuedMessage], message: Message
-) -> tuple[str, str] | None:
-    """(error type, sentence) when the task cannot take `message` now, else None (a repeat
-    of a message it has is no problem: it gets the first receipt back)."""
-    if state.status == "failed":
-        return (
-            errors.TASK_NOT_TAKING_MESSAGES,
-            f"task {state.task_id} failed ({state.failure_kind}): {state.failure}; a message "
-            "cannot continue it: resume it (with --message to tell it something)",
-        )
-    if state.status == "cancelled":
-        return (
-            errors.TASK_NOT_TAKING_MESSAGES,
-            f"task {state.task_id} was cancelled: a message cannot continue it; fork it to go on",
-        )
-    if message.message_id is not None and known(state, queue, message.message_id):
-        return None
-    return room_refusal(state.task_id, volume(queue), size_of(message))
 
 
 class Refusals:
@@ -155,23 +195,6 @@ def record(
         QueuedMessage(message=message.model_copy(update={"message_id": message_id}), via=via)
     )
     return MessageReceipt(message_id=message_id)
-
-
-def record_signalled(
-    queue: list[QueuedMessage],
-    state: AgentState,
-    message: Message,
-    fallback_id: str,
-    refusals: Refusals | None,
-) -> None:
-    """What the `message` Signal does: record `message` as `record` does, unless it does not
-    fit (`refusal`) and `refusals` is given: then the refusal is noted for the log."""
-    message_id = message.message_id or fallback_id
-    named = message.model_copy(update={"message_id": message_id})
-    if refusals is not None and (refused := refusal(state, queue, named)) is not None:
-        refusals.note(message_id, refused[1])
-        return
-    record(queue, state, named, "signal", fallback_id)
 
 
 def taken(state: AgentState, queued: QueuedMessage, *, interrupted: bool = False) -> UserMessage:

@@ -1,8 +1,9 @@
 """Questions the model asks a person (the built-in `ask_person` tool): who may answer what,
 deadlines, and what the model is told.
 
-Pure functions over the folded state, beside workflows/approval.py: a question is asked
-with the step's approval requests and waits with them. Answers reach the workflow through
+Pure functions over the folded state; a question is one kind of request a person answers
+(workflows/requests.py has the rule every kind shares), asked with the step's approval
+requests and waiting with them. Answers reach the workflow through
 the `answer` Update and Signal; their handlers only record them, and the loop turns what
 was recorded into events, in arrival order. The first answer wins; a repeat gets it back.
 The same `answer_problem` answers the Update's validator, the Signal's absorption and the
@@ -11,18 +12,20 @@ client's check before it sends, so the three cannot drift apart.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from waystation.workflows import errors
-from waystation.workflows.approval import Problem, repeats_recent_call, request_id_for
+from waystation.workflows import errors, requests
+from waystation.workflows.approval import repeats_recent_call, request_id_for
 from waystation.workflows.events import (
     AgentEvent,
     AgentState,
     ErrorEvent,
     OpenStep,
+    PendingQuestion,
     QuestionAnswered,
     QuestionAsked,
     draft,
@@ -30,17 +33,18 @@ from waystation.workflows.events import (
 from waystation.workflows.models import (
     ANSWER_CHARS,
     ASK_PERSON_TOOL,
+    AgentTask,
     Answer,
     AnswerOutcome,
     Contract,
     QuestionSettings,
     ToolCall,
 )
+from waystation.workflows.requests import Problem, RequestKind, Via
 
 CHOICES_KEPT = 20
 # Signalled answers for questions not asked yet are kept (and carried) up to this many.
 EARLY_ANSWERS_KEPT = 100
-KEEP: Final = "keep"  # absorb: wait for the question this answer is for
 
 
 class AskPersonArgs(BaseModel):
@@ -69,7 +73,7 @@ class RecordedAnswer(Contract):
     """An answer as a handler recorded it, before the main loop turns it into an event."""
 
     answer: Answer
-    via: Literal["update", "signal"]
+    via: Via
 
 
 def asks_person(call: ToolCall) -> bool:
@@ -106,8 +110,7 @@ def unanswered(step: OpenStep, state: AgentState) -> list[str]:
 
 
 def deadline(state: AgentState, request_ids: list[str], settings: QuestionSettings) -> datetime:
-    first = min(state.pending_questions[r].requested_at for r in request_ids)
-    return first + timedelta(seconds=settings.timeout_seconds)
+    return requests.deadline(QUESTIONS, state, request_ids, settings)
 
 
 def question_events(step: int, calls: list[ToolCall]) -> list[QuestionAsked]:
@@ -162,81 +165,105 @@ def answer_problem(
 ) -> Problem | None:
     """Why `answer` cannot be taken now, or None (an answer to a question already answered
     is no problem: it gets the first answer back)."""
-    if outcome_of(state, answer.request_id, recorded or []) is not None:
-        return None
-    pending = state.pending_questions.get(answer.request_id)
-    if pending is not None:
-        if chosen(pending.choices, answer.answer) is None:
-            return Problem(
-                errors.INVALID_CHOICE,
-                f"{answer.answer!r} is not one of the choices of question "
-                f"{answer.request_id}: " + ", ".join(repr(c) for c in pending.choices or []),
-            )
-        return None
-    if state.finished or not state.pending_questions:
+    return requests.problem(QUESTIONS, state, answer, recorded or [])
+
+
+class Questions(RequestKind[Answer, RecordedAnswer, AnswerOutcome, PendingQuestion]):
+    """Questions: an answer resolves one (one of its choices, when it has them); the first
+    answer wins."""
+
+    name = "question"
+    early_kept = EARLY_ANSWERS_KEPT
+    awaiting = "an answer"
+    noun = "question"
+    unknown_noun = "question"
+
+    def pending(self, state: AgentState) -> Mapping[str, PendingQuestion]:
+        return state.pending_questions
+
+    def settings(self, task: AgentTask) -> QuestionSettings:
+        return task.questions
+
+    def response(self, entry: RecordedAnswer) -> Answer:
+        return entry.answer
+
+    def recorded(self, response: Answer, via: Via) -> RecordedAnswer:
+        return RecordedAnswer(answer=response, via=via)
+
+    def outcome_of(
+        self, state: AgentState, request_id: str, recorded: list[RecordedAnswer]
+    ) -> AnswerOutcome | None:
+        return outcome_of(state, request_id, recorded)
+
+    def repeat_problem(self, response: Answer, existing: AnswerOutcome) -> Problem | None:
+        return None  # the first answer wins: a later one gets it back
+
+    def check(self, response: Answer, pending: PendingQuestion) -> Problem | None:
+        if chosen(pending.choices, response.answer) is not None:
+            return None
         return Problem(
-            errors.TASK_NOT_WAITING,
-            f"task is {state.status}, not waiting for an answer (question {answer.request_id})",
+            errors.INVALID_CHOICE,
+            f"{response.answer!r} is not one of the choices of question "
+            f"{response.request_id}: " + ", ".join(repr(c) for c in pending.choices or []),
         )
-    return Problem(
-        errors.UNKNOWN_REQUEST,
-        f"unknown question {answer.request_id}; pending: " + ", ".join(state.pending_questions),
-    )
 
+    def accepted(self, state: AgentState, response: Answer) -> AnswerOutcome:
+        pending = state.pending_questions[response.request_id]
+        return AnswerOutcome(
+            request_id=response.request_id,
+            answer=chosen(pending.choices, response.answer),
+            answerer=response.answerer,
+            answer_id=response.answer_id,
+        )
 
-def absorb(
-    state: AgentState, entry: RecordedAnswer, early: int
-) -> AgentEvent | Literal["keep"] | None:
-    """The event a recorded answer makes now, None for a waiting client's repeat, or KEEP
-    to hold it until its question is asked (an answer may outrun the step that asks; past
-    EARLY_ANSWERS_KEPT `early` ones a new one is refused)."""
-    answer = entry.answer
-    request_id = answer.request_id
-    if (existing := state.answers.get(request_id)) is not None:
-        if answer.answer_id is not None:
+    def on_resolved(
+        self, state: AgentState, response: Answer, existing: AnswerOutcome
+    ) -> AgentEvent | None:
+        if response.answer_id is not None:
             return None  # a client that reads the outcome back: it sees the first answer
         return draft(
             ErrorEvent,
             state.step,
             kind="duplicate_answer",
-            message=f"ignored an answer to question {request_id}, already answered"
+            message=f"ignored an answer to question {response.request_id}, already answered"
             + (f" by {existing.answerer}" if existing.answerer else ""),
         )
-    pending = state.pending_questions.get(request_id)
-    if pending is None and early < EARLY_ANSWERS_KEPT:
-        return KEEP
-    problem = answer_problem(state, answer)
-    if problem is not None or pending is None:
-        reason = problem.message if problem is not None else f"no question {request_id}"
+
+    def refused(self, state: AgentState, response: Answer, problem: Problem) -> ErrorEvent:
+        message = f"ignored: {problem.message}"
+        return draft(ErrorEvent, state.step, kind="refused_answer", message=message)
+
+    def unknown(self, state: AgentState, response: Answer) -> ErrorEvent:
+        problem = answer_problem(state, response)
+        reason = problem.message if problem is not None else f"no question {response.request_id}"
         return draft(ErrorEvent, state.step, kind="refused_answer", message=f"ignored: {reason}")
-    return draft(
-        QuestionAnswered,
-        state.step,
-        request_id=request_id,
-        answer=chosen(pending.choices, answer.answer),
-        answerer=answer.answerer,
-        via=entry.via,
-        answer_id=answer.answer_id,
-    )
 
-
-def timeout_events(
-    state: AgentState, request_ids: list[str], now: datetime, settings: QuestionSettings
-) -> list[QuestionAnswered]:
-    """Questions nobody answered within their time."""
-    late = timedelta(seconds=settings.timeout_seconds)
-    return [
-        draft(
+    def resolved(
+        self, state: AgentState, entry: RecordedAnswer, pending: PendingQuestion
+    ) -> QuestionAnswered:
+        answer = entry.answer
+        return draft(
             QuestionAnswered,
             state.step,
-            request_id=request_id,
-            timed_out=True,
-            via="timeout",
+            request_id=answer.request_id,
+            answer=chosen(pending.choices, answer.answer),
+            answerer=answer.answerer,
+            via=entry.via,
+            answer_id=answer.answer_id,
         )
-        for request_id in request_ids
-        if request_id in state.pending_questions
-        and state.pending_questions[request_id].requested_at + late <= now
-    ]
+
+    def timed_out(self, state: AgentState, request_id: str, task: AgentTask) -> QuestionAnswered:
+        return draft(
+            QuestionAnswered, state.step, request_id=request_id, timed_out=True, via="timeout"
+        )
+
+    def request_events(
+        self, step: int, calls: list[ToolCall], state: AgentState
+    ) -> list[AgentEvent]:
+        return list(question_events(step, calls))
+
+
+QUESTIONS = Questions()
 
 
 def observation(outcome: AnswerOutcome | None, settings: QuestionSettings) -> tuple[str, bool]:
