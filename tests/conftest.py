@@ -56,7 +56,8 @@ def _minutes(item: pytest.Item) -> float:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `long` start first, the longest first, so none starts late and leaves
-    the other processes idle while it finishes (handed out as waystation/testing/scheduling.py says)."""
+    the other processes idle while it finishes (handed out as
+    waystation/testing/scheduling.py says)."""
     items.sort(key=_minutes, reverse=True)
     unlisted = {
         item.nodeid.split("::", 1)[0] for item in items if _shares_module_setup(item)
@@ -64,8 +65,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if unlisted:
         raise pytest.UsageError(
             f"{sorted(unlisted)} share module-scoped set-up: add them to "
-            "SHARED_SETUP_MODULES (waystation/testing/scheduling.py), or their set-up is built again "
-            "in every pytest process"
+            "SHARED_SETUP_MODULES (waystation/testing/scheduling.py), or their set-up is built "
+            "again in every pytest process"
         )
 
 

@@ -103,9 +103,8 @@ async def test_the_page_and_its_files_come_with_a_strict_policy(http: httpx.Asyn
         assert (await http.get(f"/console/{imported}")).status_code == 200, imported
     for path in ("/console/nope.js", "/console/..%2Fhttp_api.py", "/console/.hidden.js"):
         assert (await http.get(path)).status_code == 404, path
-    assert "innerHTML" not in "".join(
-        f.read_text() for f in (resources.files("waystation.servers") / "console").iterdir() if f.is_file()
-    )
+    console = resources.files("waystation.servers") / "console"
+    assert "innerHTML" not in "".join(f.read_text() for f in console.iterdir() if f.is_file())
 
 
 async def test_session_says_who_and_what_the_form_offers(http: httpx.AsyncClient) -> None:
