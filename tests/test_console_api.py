@@ -104,7 +104,9 @@ async def test_the_page_and_its_files_come_with_a_strict_policy(http: httpx.Asyn
     for path in ("/console/nope.js", "/console/..%2Fhttp_api.py", "/console/.hidden.js"):
         assert (await http.get(path)).status_code == 404, path
     assert "innerHTML" not in "".join(
-        f.read_text() for f in (resources.files("waystation.servers") / "console").iterdir() if f.is_file()
+        f.read_text()
+        for f in (resources.files("waystation.servers") / "console").iterdir()
+        if f.is_file()
     )
 
 
