@@ -762,6 +762,7 @@ def _nothing(state: AgentState, event: Any) -> Changes:
     return {}
 
 
+# One rule per event type (tests/test_events.py checks that every type has one).
 APPLY_RULES: dict[str, Callable[[AgentState, Any], Changes]] = {
     "task_started": _task_started,
     "thought": _thought,
