@@ -111,13 +111,13 @@ async def test_the_page_and_its_files_come_with_a_strict_policy(http: httpx.Asyn
     )
 
 
-def test_the_console_spells_out_one_set_of_statuses_the_vocabulary_s() -> None:
+def test_the_console_writes_out_one_set_of_statuses_the_vocabularys() -> None:
     """The filter's statuses come from the session; the one set of statuses the scripts
     write out, those a task ends a turn with, is the vocabulary's."""
     console = resources.files("waystation.servers") / "console"
     words = r"new Set\((\[(?:\s*\"[a-z_]+\",?)*\s*\])\)"  # a set of words, written out
     written = [
-        (f.name, set(json.loads(found)))
+        (f.name, frozenset(json.loads(found)))
         for f in console.iterdir()
         if f.name.endswith(".js")
         for found in re.findall(words, f.read_text())

@@ -10,10 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows.conversation import message_digest
 from waystation.workflows.events import (
+    APPLY_RULES,
     Action,
     AgentEvent,
+    AgentState,
     ApprovalRequested,
     ApprovalResolved,
     Done,
@@ -22,14 +25,11 @@ from waystation.workflows.events import (
     Observation,
     TaskStarted,
     Thought,
-    APPLY_RULES,
-    AgentState,
     agent_event_adapter,
     apply,
     conversation_of,
     fold,
 )
-from waystation.vocabulary import FailureKind
 from waystation.workflows.models import AgentTask, ToolCall, Usage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
