@@ -25,6 +25,7 @@ from waystation.settings import ApiToken, Settings
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 from waystation.testing.proc import free_port
 from waystation.testing.workers import running_worker
+from waystation.vocabulary import STATUS_FILTERS, TERMINAL_STATUSES
 
 APPROVER = "console-approver"
 READER = "console-reader"
@@ -107,10 +108,27 @@ async def test_the_page_and_its_files_come_with_a_strict_policy(http: httpx.Asyn
     assert "innerHTML" not in "".join(f.read_text() for f in console.iterdir() if f.is_file())
 
 
+def test_the_console_writes_out_one_set_of_statuses_the_vocabularys() -> None:
+    """The filter's statuses come from the session; the one set of statuses the scripts
+    write out, those a task ends a turn with, is the vocabulary's."""
+    console = resources.files("waystation.servers") / "console"
+    words = r"new Set\((\[(?:\s*\"[a-z_]+\",?)*\s*\])\)"  # a set of words, written out
+    written = [
+        (f.name, frozenset(json.loads(found)))
+        for f in console.iterdir()
+        if f.name.endswith(".js")
+        for found in re.findall(words, f.read_text())
+    ]
+    # Others are rules about some of them (which endings close a stream), not a list.
+    assert [(n, f) for n, f in written if f >= TERMINAL_STATUSES] == [
+        ("stream.js", TERMINAL_STATUSES)
+    ]
+
+
 async def test_session_says_who_and_what_the_form_offers(http: httpx.AsyncClient) -> None:
     me = (await http.get("/console/api/session")).json()
     assert (me["name"], me["role"], me["tokens_required"]) == ("ada", "approver", True)
-    assert "stuck" in me["statuses"]
+    assert me["statuses"] == list(STATUS_FILTERS)  # the task list's filter, stuck included
     assert {"name": "run_shell", "approval": "always"} in me["tools"]
     reader = await http.get("/console/api/session", headers={"Authorization": f"Bearer {READER}"})
     assert reader.json()["role"] == "reader"

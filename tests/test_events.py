@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import typing
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows.conversation import message_digest
 from waystation.workflows.events import (
+    APPLY_RULES,
     Action,
     AgentEvent,
+    AgentState,
     ApprovalRequested,
     ApprovalResolved,
     Done,
@@ -133,6 +138,41 @@ def test_apply_does_not_modify_its_input() -> None:
     snapshot = before.model_dump()
     apply(before, events[2])
     assert before.model_dump() == snapshot
+
+
+def test_every_event_type_has_an_apply_rule() -> None:
+    """A new event without a rule would fail every fold that meets it: CI says so first."""
+    [union, _] = typing.get_args(AgentEvent)
+    types = {typing.get_args(c.model_fields["type"].annotation)[0] for c in typing.get_args(union)}
+    assert len(types) == len(typing.get_args(union)) > 10
+    assert types == set(APPLY_RULES)
+
+
+def test_apply_refuses_a_change_to_a_field_the_state_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """model_copy(update=...) would keep a misspelled key, and the field it meant would
+    silently keep its old value."""
+    events = _log([1], ending=1)
+    before = fold(events[:-1])
+    monkeypatch.setitem(APPLY_RULES, "done", lambda state, event: {"stauts": "done"})
+    with pytest.raises(ValueError, match=r"the done rule changes fields the state lacks.*stauts"):
+        apply(before, events[-1])
+
+
+def test_a_failure_of_the_repeat_guard_recorded_as_stuck_reads_as_repeated_calls() -> None:
+    """`stuck` means a task whose workflow task keeps failing; runs recorded before the
+    repeat guard had its own name still fold, under that name."""
+    *events, ending = _log([1], ending=2)
+    recorded = {**ending.model_dump(mode="json"), "kind": "stuck"}
+    failed = agent_event_adapter.validate_json(json.dumps(recorded))
+    assert isinstance(failed, Failed) and failed.kind == FailureKind.REPEATED_CALLS
+    state = fold([*events, failed])
+    assert (state.status, state.failure_kind) == ("failed", "repeated_calls")
+    assert AgentState.model_validate_json(state.model_dump_json()) == state
+    # A kind this version does not know is kept as recorded.
+    unknown = Failed(seq=0, step=0, at=T0, kind="gone_kind", reason="x")
+    assert unknown.kind == "gone_kind"
 
 
 def test_events_round_trip_through_json() -> None:

@@ -3,10 +3,27 @@ from the endpoint, a resumption of a failed task, calls that are not run."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+from temporalio.api.failure.v1 import Failure
+from temporalio.exceptions import ApplicationError
+
+from waystation.activities.payload_codec import EncryptionCodec, data_converter, failure_detail
+from waystation.vocabulary import FailureKind
+from waystation.workflows import errors
+from waystation.workflows.agents import child_ended
 from waystation.workflows.calls import Run, lost_call, verdicts
 from waystation.workflows.conversation import RunMessages, ref_of, task_messages, tool_message
 from waystation.workflows.events import AgentState, ErrorEvent, apply, draft
-from waystation.workflows.models import AgentTask, ChatMessage, Resumption, ToolCall
+from waystation.workflows.models import (
+    AgentTask,
+    ChatMessage,
+    FailureDetail,
+    Resumption,
+    ToolCall,
+    Usage,
+)
 from waystation.workflows.plan import Fail, context_budget
 from waystation.workflows.recovery import after_context_overflow, resumed
 from waystation.workflows.tool_catalog import McpServerTools, ToolCatalog
@@ -72,3 +89,38 @@ def test_a_catalog_names_each_server_that_could_not_be_listed() -> None:
     )
     assert catalog.problems() == ["the tools of MCP server 'git' are missing: exited: no git"]
     assert draft(ErrorEvent, 1, kind="mcp_server", message=catalog.problems()[0]).step == 1
+
+
+USED = Usage(input_tokens=7, output_tokens=2)
+# A failed task's ApplicationError details: the model, and the positions of runs recorded
+# before it, (kind, usage) and, earlier still, (kind,).
+SHAPES = [
+    (FailureDetail(kind=FailureKind.MAX_STEPS, usage=USED).as_details(), "max_steps", USED),
+    (("max_steps", USED), "max_steps", USED),
+    (("llm_error",), "llm_error", None),
+    (("stuck", USED), "repeated_calls", USED),  # the repeat guard's name before its own
+]
+
+
+@pytest.mark.parametrize(("details", "kind", "usage"), SHAPES)
+async def test_every_reader_reads_a_failure_detail_in_either_shape(
+    details: tuple[Any, ...], kind: str, usage: Usage | None
+) -> None:
+    # The client's and the workers' readers meet the details encoded, maybe encrypted.
+    for codec in (None, EncryptionCodec({"k": b"k" * 32}, "k")):
+        converter = data_converter(codec)
+        failure = Failure()
+        raised = ApplicationError("it failed", *details, type=errors.AGENT_FAILED)
+        await converter.encode_failure(raised, failure)
+        assert await failure_detail(converter, failure) == FailureDetail(kind=kind, usage=usage)
+        decoded = await converter.decode_failure(failure)
+        assert isinstance(decoded, ApplicationError)
+        assert FailureDetail.of(decoded.details) == FailureDetail(kind=kind, usage=usage)
+    # A parent workflow reads its child's failure to tell its model (and count the tokens).
+    observed = child_ended("helper", ApplicationError("it failed", *details))
+    assert observed.agent_status == "failed" and observed.usage == usage
+
+
+@pytest.mark.parametrize("details", [(), (42,), ({"other": 1},), (None, USED)])
+def test_details_of_another_failure_are_no_failure_detail(details: tuple[Any, ...]) -> None:
+    assert FailureDetail.of(details) is None

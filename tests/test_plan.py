@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows import errors, requests
 from waystation.workflows.approval import (
     APPROVALS,
@@ -148,7 +149,7 @@ def test_limits_end_the_task_and_a_waiting_message_goes_first() -> None:
     log = Log()
     run_step(log, 1, call("c1"))
     assert log.move(AgentTask(task="x", max_steps=1)) == Fail(
-        "max_steps",
+        FailureKind.MAX_STEPS,
         next_move(log.state, AgentTask(task="x", max_steps=1), limit=LIMIT, progress=FRESH).reason,  # type: ignore[union-attr]
     )
     budget = log.move(AgentTask(task="x", token_budget=1))
@@ -170,8 +171,9 @@ def test_an_identical_call_in_consecutive_steps_is_noted_then_stops_the_task() -
         assert log.state.repeated_steps == step - 1
     again = same.model_copy(update={"call_id": "c4"})
     log.thought(4, again)
-    stuck = log.move(task)
-    assert isinstance(stuck, Fail) and stuck.kind == "stuck"
+    repeating = log.move(task)
+    # Its own name: `stuck` is a task whose workflow task keeps failing.
+    assert isinstance(repeating, Fail) and repeating.kind == FailureKind.REPEATED_CALLS
     # Resumed, the repeat is answered without running it, and counting starts afresh.
     log.add(draft(Resumed, 4))
     assert log.state.repeated_steps == 0

@@ -79,7 +79,7 @@ async def test_a_model_repeating_one_call_is_told_then_stopped_then_resumed_with
     handle = await dev_runtime.run(agent_task(model, max_repeated_calls=2))
     with pytest.raises(TaskFailedError) as failure:
         await handle.result()
-    assert failure.value.kind == "stuck"
+    assert failure.value.kind == "repeated_calls"
     events = await handle.events()
     notes = [o.output for o in of_type(events, "observation")][1:]
     assert len(notes) >= 2 and all("not run again" in n for n in notes)

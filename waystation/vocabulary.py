@@ -7,6 +7,7 @@ it without reaching above themselves (docs/architecture.md, "Layers").
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal, get_args
 
 OFFLINE_MODEL = "offline"
@@ -21,3 +22,51 @@ ApprovalRule = Literal["always", "never", "outside_scratch"]
 NotifiableKind = Literal["approval_requested", "question_asked", "done", "failed", "stuck"]
 """What a webhook endpoint may subscribe to."""
 NOTIFIABLE_KINDS: tuple[str, ...] = get_args(NotifiableKind)
+
+ActiveStatus = Literal["running", "waiting_approval", "waiting_input"]
+"""A task at work: running, or waiting for an approver or for an answer."""
+TerminalStatus = Literal["done", "failed", "cancelled"]
+"""A task that ended its turn (a failed one may still be resumed, a done one followed up)."""
+TaskStatus = Literal["pending", ActiveStatus, TerminalStatus]
+"""A task's status (its state's `status`, its AgentStatus search attribute); `pending` only
+before its first event."""
+TASK_STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
+TERMINAL_STATUSES: frozenset[str] = frozenset(get_args(TerminalStatus))
+
+STUCK = "stuck"
+"""A task whose workflow task keeps failing (Temporal reports it): a search, not a status
+the task records."""
+StatusFilter = Literal[ActiveStatus, TerminalStatus, "stuck"]
+"""What a task listing filters on: a status a task records, or `stuck`."""
+STATUS_FILTERS: tuple[StatusFilter, ...] = get_args(StatusFilter)
+
+
+class FailureKind(StrEnum):
+    """Why a task failed: the `kind` of its `failed` event and of its failure's details."""
+
+    MAX_STEPS = "max_steps"
+    TOKEN_BUDGET = "token_budget"
+    INVALID_OUTPUT = "invalid_output"
+    APPROVAL_TIMEOUT = "approval_timeout"
+    LLM_ERROR = "llm_error"
+    CONTEXT_TOO_LONG = "context_too_long"
+    REPEATED_CALLS = "repeated_calls"
+    """The model kept repeating an identical tool call (the repeat guard)."""
+    # Ends Temporal gives a run, not the workflow: what a resume says it resumes from.
+    TERMINATED = "terminated"
+    TIMED_OUT = "timed_out"
+
+    @classmethod
+    def read(cls, recorded: str) -> FailureKind | str:
+        """The kind a recorded failure names, by its current name: runs recorded before the
+        repeat guard had its own name called it `stuck`, which now means a task whose
+        workflow task keeps failing. A kind this version does not know stays as recorded."""
+        if recorded in _RENAMED_FAILURE_KINDS:
+            return _RENAMED_FAILURE_KINDS[recorded]
+        try:
+            return cls(recorded)
+        except ValueError:
+            return recorded
+
+
+_RENAMED_FAILURE_KINDS = {STUCK: FailureKind.REPEATED_CALLS}

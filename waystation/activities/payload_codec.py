@@ -37,6 +37,7 @@ from temporalio.converter import (
 from temporalio.exceptions import FailureError
 
 from waystation.settings import Settings
+from waystation.workflows.models import FailureDetail
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
@@ -301,6 +302,19 @@ async def failure_message(converter: DataConverter, failure: Failure) -> str:
     except UndecryptablePayloadError as refused:
         return str(refused)
     return err.message if isinstance(err, FailureError) else str(err)
+
+
+async def failure_detail(converter: DataConverter, failure: Failure) -> FailureDetail | None:
+    """What a failed task's failure carries (its kind, its usage), in either shape (see
+    FailureDetail.of); None for another failure, or details this side cannot decode."""
+    payloads = failure.application_failure_info.details.payloads
+    if not payloads:
+        return None
+    try:
+        details = await converter.decode(payloads)
+    except ValueError:  # encrypted with a key this side lacks, or not JSON
+        return None
+    return FailureDetail.of(details)
 
 
 def payload_codec(settings: Settings) -> EncryptionCodec | None:

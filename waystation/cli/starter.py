@@ -54,6 +54,7 @@ from waystation.settings import Settings
 from waystation.settings import commands as hints
 from waystation.settings.errors import SettingsProblem, load_settings
 from waystation.settings.webhooks import WebhookConfigError
+from waystation.vocabulary import STATUS_FILTERS, TaskStatus
 from waystation.worker import log as worker_log
 from waystation.workflows import errors
 from waystation.workflows.events import (
@@ -74,21 +75,12 @@ EXIT_WAITING = 3
 EXIT_ENDED = 4  # nothing done: the task has already ended (cancel)
 EXIT_CANCELLED = 130
 # `status` answers with the code a command following the task would end with.
-STATUS_EXIT_CODES = {
+STATUS_EXIT_CODES: dict[TaskStatus, int] = {
     "waiting_approval": EXIT_WAITING,
     "waiting_input": EXIT_WAITING,
     "failed": EXIT_FAILED,
     "cancelled": EXIT_CANCELLED,
 }
-TASK_STATUSES = [
-    "running",
-    "waiting_approval",
-    "waiting_input",
-    "done",
-    "failed",
-    "cancelled",
-    "stuck",
-]
 
 
 def _say(message: str) -> None:
@@ -968,7 +960,7 @@ def _reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     _add_worker_flag(events)
 
     listing = commands.add_parser("list", help="tasks, newest first")
-    listing.add_argument("--status", choices=TASK_STATUSES, help="only tasks with this status")
+    listing.add_argument("--status", choices=STATUS_FILTERS, help="only tasks with this status")
     listing.add_argument("--limit", type=int, default=50)
 
     cancel = commands.add_parser("cancel", help="cancel a task")

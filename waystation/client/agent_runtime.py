@@ -73,6 +73,7 @@ from waystation.client.tree_stream import (
     parse_cursor,
 )
 from waystation.settings import Role, Settings
+from waystation.vocabulary import STUCK, TERMINAL_STATUSES, StatusFilter
 from waystation.workflows import errors, options, search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.approval import decision_problem
@@ -94,6 +95,7 @@ from waystation.workflows.models import (
     ChatMessage,
     Decision,
     DecisionOutcome,
+    FailureDetail,
     Message,
     ModelSettings,
     RepairNote,
@@ -270,8 +272,9 @@ class TaskHandle(Generic[OutputT]):
             if isinstance(cause, CancelledError):
                 raise TaskCancelledError(self.id, f"task {self.id} was cancelled") from err
             if isinstance(cause, ApplicationError):
-                kind = cause.details[0] if cause.details else None
-                raise TaskFailedError(self.id, cause.message, str(kind) if kind else None) from err
+                detail = FailureDetail.of(cause.details)
+                kind = detail.kind if detail else None
+                raise TaskFailedError(self.id, cause.message, kind) from err
             raise TaskFailedError(self.id, str(cause or err), None) from err
         except RPCError as err:
             raise _not_found(self.id, err) from err
@@ -614,14 +617,11 @@ def _summary(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-ENDED_STATUSES = frozenset({"done", "failed", "cancelled"})
-
-
 def _ended_as(seen: TaskOverview) -> str | None:
     """The status a task ended with, from Temporal's view (a failed task's run may wait a
     moment more for a resumption), or None while it goes on."""
     said = seen.memo.get(search.MEMO_STATUS)
-    if said in ENDED_STATUSES:
+    if said in TERMINAL_STATUSES:
         return str(said)
     if seen.status not in (None, WorkflowExecutionStatus.RUNNING):
         return str(said or seen.status.name.lower())
@@ -967,7 +967,10 @@ class AgentRuntime:
         return RunRef(workflow_id=span.workflow_id, run_id=span.run_id, last_seq=seq)
 
     async def list_tasks(
-        self, status: str | None = None, page_size: int = 50, page_token: bytes | None = None
+        self,
+        status: StatusFilter | None = None,
+        page_size: int = 50,
+        page_token: bytes | None = None,
     ) -> tuple[list[TaskSummary], bytes | None]:
         """A page of tasks, newest started first (waystation/client/task_list.py says how, since
         Temporal's visibility takes no ORDER BY), optionally only those with a status: an
@@ -975,12 +978,12 @@ class AgentRuntime:
         again). Each task is listed once, as its latest run; a task keeps its place in the
         pages while it closes. InvalidPageTokenError for a token no listing gave out."""
         query = f'WorkflowType="{WORKFLOW_TYPE}"'
-        if status == "stuck":
+        if status == STUCK:
             query += f" AND {search.STUCK_QUERY}"
         elif status is not None:
             query += f' AND {search.AGENT_STATUS.name}="{status}"'
         return await list_page(
-            self.client, query, page_size, page_token, running_only=status == "stuck"
+            self.client, query, page_size, page_token, running_only=status == STUCK
         )
 
     async def find(self, task_id: str) -> TaskHandle:

@@ -21,7 +21,7 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from waystation.activities.payload_codec import failure_message
+from waystation.activities.payload_codec import failure_detail, failure_message
 from waystation.client.busy import sending
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.models import RepairNote, Resumption
@@ -47,11 +47,8 @@ async def failure_of(client: Client, events: list[HistoryEvent]) -> tuple[str | 
     for event in reversed(events):
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
             failure = event.workflow_execution_failed_event_attributes.failure
-            kind = None
-            details = failure.application_failure_info.details.payloads
-            if details:
-                [decoded] = await client.data_converter.decode(details[:1], [str])
-                kind = str(decoded)
+            detail = await failure_detail(client.data_converter, failure)
+            kind = detail.kind if detail else None
             return await failure_message(client.data_converter, failure), kind
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
             return event.workflow_execution_terminated_event_attributes.reason, "terminated"

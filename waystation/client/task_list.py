@@ -29,6 +29,7 @@ from temporalio.converter import decode_typed_search_attributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from waystation.client.busy import reading
+from waystation.vocabulary import STUCK
 from waystation.workflows import search
 
 Instant = tuple[int, int]  # (seconds, nanos): visibility's own precision, up to a nanosecond
@@ -119,7 +120,7 @@ class _Listed:
         first_start = e.typed_search_attributes.get(search.AGENT_TASK_STARTED)
         return TaskSummary(
             id=e.id,
-            status="stuck"
+            status=STUCK
             if search.reports_stuck(e.search_attributes)
             else e.typed_search_attributes.get(search.AGENT_STATUS) or "pending",
             step=e.typed_search_attributes.get(search.AGENT_STEP),

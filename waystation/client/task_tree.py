@@ -26,6 +26,7 @@ from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from waystation.client.busy import reading
+from waystation.vocabulary import STUCK, TERMINAL_STATUSES
 from waystation.workflows import search
 from waystation.workflows.events import ChildAgent
 
@@ -270,10 +271,10 @@ def _status(info: WorkflowExecutionInfo, status: WorkflowExecutionStatus | None)
     if status == WorkflowExecutionStatus.RUNNING:
         problems = _attribute(attributes, search.REPORTED_PROBLEMS) or []
         if search.reports_stuck({search.REPORTED_PROBLEMS: problems}):
-            return "stuck"
+            return STUCK
     said = _attribute(attributes, search.AGENT_STATUS.name)
     ended = _CLOSED_AS.get(status) if status is not None else None
-    if ended is not None and said not in ("done", "failed", "cancelled"):
+    if ended is not None and said not in TERMINAL_STATUSES:
         return ended
     return str(said) if said else "running"
 

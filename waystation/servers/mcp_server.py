@@ -33,6 +33,7 @@ from waystation.servers.api.auth import Caller, identify
 from waystation.servers.api.errors import ApiError, send_error
 from waystation.settings import Settings
 from waystation.settings.commands import command
+from waystation.vocabulary import TaskStatus
 from waystation.workflows.events import AgentState
 from waystation.workflows.models import ModelSettings, Usage
 
@@ -56,7 +57,9 @@ INSTRUCTIONS = (
 
 class TaskRef(BaseModel):
     task_id: str
-    status: str
+    status: TaskStatus | Literal["cancelling"] = Field(
+        description="cancelling: cancel asked it to stop (task_status says when it has)."
+    )
 
 
 class PendingApprovalView(BaseModel):
@@ -75,7 +78,7 @@ class PendingQuestionView(BaseModel):
 
 class TaskStatusView(BaseModel):
     task_id: str
-    status: str
+    status: TaskStatus
     step: int
     result: str | None = None
     failure: str | None = None

@@ -19,7 +19,7 @@ from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.converter import DataConverter
 
-from waystation.activities.payload_codec import failure_message
+from waystation.activities.payload_codec import failure_detail, failure_message
 from waystation.activities.turns import close_event
 from waystation.client.health import overview
 from waystation.workflows.models import Usage
@@ -27,19 +27,12 @@ from waystation.workflows.run import AgentOutcome, ChildOutcome
 
 
 async def failure_usage(convert: DataConverter, close: HistoryEvent) -> Usage | None:
-    """The tokens a failed task used: its failure's second detail (None before failures
-    carried it, or for any other end)."""
+    """The tokens a failed task used, from its failure's detail (None before failures
+    carried them, or for any other end)."""
     if close.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
         return None
-    details = close.workflow_execution_failed_event_attributes.failure.application_failure_info
-    payloads = details.details.payloads
-    if len(payloads) < 2:
-        return None
-    try:
-        _, usage = await convert.decode(payloads[:2], [str, Usage])
-    except ValueError:
-        return None  # an earlier version put something else there
-    return usage if isinstance(usage, Usage) else None
+    detail = await failure_detail(convert, close.workflow_execution_failed_event_attributes.failure)
+    return detail.usage if detail else None
 
 
 async def started_by(client: Client, task_id: str) -> str:

@@ -13,22 +13,21 @@ limit stop runaway trees with a sentence.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from waystation.workflows.models import (
     AgentSpec,
     AgentTask,
+    FailureDetail,
     ParentLink,
     ToolCall,
     ToolResult,
-    Usage,
 )
 from waystation.workflows.run import ChildOutcome
 
@@ -172,11 +171,8 @@ def child_ended(name: str, cause: BaseException | None) -> ToolResult:
     if isinstance(cause, CancelledError):
         return ended(name, "cancelled", "it was cancelled")
     if isinstance(cause, ApplicationError):
-        usage = None
-        if len(cause.details) > 1:
-            with contextlib.suppress(ValidationError):
-                usage = Usage.model_validate(cause.details[1])
-        return ended(name, "failed", cause.message, usage)
+        detail = FailureDetail.of(cause.details)
+        return ended(name, "failed", cause.message, detail.usage if detail else None)
     return ended(name, "failed", str(cause) if cause else "its task ended")
 
 

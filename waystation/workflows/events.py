@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter
 
+from waystation.vocabulary import TERMINAL_STATUSES, TaskStatus, TerminalStatus
 from waystation.workflows.conversation import (
     MessageRef,
     assistant_message,
@@ -33,14 +34,11 @@ from waystation.workflows.models import (
     Contract,
     DecisionOutcome,
     LlmResult,
+    RecordedFailureKind,
     ToolCall,
     Usage,
 )
 
-Status = Literal[
-    "pending", "running", "waiting_approval", "waiting_input", "done", "failed", "cancelled"
-]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 STEP_USAGE_KEPT = 20  # per-step usage of the latest steps; the total covers all of them
 DECISIONS_KEPT = 50  # decisions of closed steps kept to answer repeats with the first outcome
 ANSWERS_KEPT = 50  # the same for answers to questions
@@ -102,7 +100,7 @@ class Observation(EventBase):
     usage: Usage | None = Field(
         default=None, description="A sub-agent's answer: the tokens its tree used."
     )
-    agent_status: Literal["done", "failed", "cancelled"] | None = None
+    agent_status: TerminalStatus | None = None
 
 
 class AgentStarted(EventBase):
@@ -174,7 +172,7 @@ class Resumed(EventBase):
 
     type: Literal["resumed"] = "resumed"
     failure: str | None = None
-    failure_kind: str | None = None
+    failure_kind: RecordedFailureKind | None = None
     max_steps: int | None = None
     token_budget: int | None = None
 
@@ -250,7 +248,7 @@ class OutputRejected(EventBase):
 
 class Failed(EventBase):
     type: Literal["failed"] = "failed"
-    kind: str
+    kind: RecordedFailureKind = Field(description="A FailureKind.")
     reason: str
 
 
@@ -282,7 +280,8 @@ AgentEvent = Annotated[
     Field(discriminator="type"),
 ]
 agent_event_adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
-TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+# The events that end a turn are named as the statuses they leave.
+TERMINAL_EVENT_TYPES: frozenset[str] = TERMINAL_STATUSES
 
 E = TypeVar("E", bound=EventBase)
 _UNSTAMPED = datetime(1970, 1, 1, tzinfo=UTC)
@@ -410,7 +409,7 @@ class ChildAgent(Contract):
     agent: str
     task_id: str
     step: int
-    status: Literal["running", "done", "failed", "cancelled"] = "running"
+    status: Literal["running", TerminalStatus] = "running"
 
 
 class RecentCall(Contract):
@@ -434,7 +433,7 @@ class AgentState(Contract):
     """The fold of a task's events: what drives the loop, and what queries and the API show."""
 
     task_id: str = ""
-    status: Status = "pending"
+    status: TaskStatus = "pending"
     step: int = 0
     conversation: list[MessageRef] = Field(
         default_factory=list,
@@ -449,7 +448,7 @@ class AgentState(Contract):
     )
     result: str | None = None
     failure: str | None = None
-    failure_kind: str | None = None
+    failure_kind: RecordedFailureKind | None = None
     errors: list[str] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     step_usage: dict[int, Usage] = Field(
@@ -632,7 +631,7 @@ def _approval_resolved(state: AgentState, event: ApprovalResolved) -> Changes:
 
 def waiting_status(
     approvals: dict[str, PendingApproval], questions: dict[str, PendingQuestion]
-) -> Status:
+) -> TaskStatus:
     """Whom a running task waits for: an approver first (a question and an approval of one
     step wait together), then whoever answers questions."""
     if approvals:
@@ -763,7 +762,8 @@ def _nothing(state: AgentState, event: Any) -> Changes:
     return {}
 
 
-_APPLY: dict[str, Callable[[AgentState, Any], Changes]] = {
+# One rule per event type (tests/test_events.py checks that every type has one).
+APPLY_RULES: dict[str, Callable[[AgentState, Any], Changes]] = {
     "task_started": _task_started,
     "thought": _thought,
     "action": _action,
@@ -792,9 +792,12 @@ def apply(state: AgentState, event: AgentEvent) -> AgentState:
         raise ValueError(
             f"event seq {event.seq} does not follow {state.last_seq}: the log has a gap"
         )
-    changes = _APPLY[event.type](state, event)
+    changes = APPLY_RULES[event.type](state, event)
     changes["last_seq"] = event.seq
     changes["step"] = max(state.step, event.step)
+    # model_copy keeps any key it is given: a misspelled field would be state nobody reads.
+    if unknown := changes.keys() - AgentState.model_fields.keys():
+        raise ValueError(f"the {event.type} rule changes fields the state lacks: {sorted(unknown)}")
     return state.model_copy(update=changes)
 
 

@@ -7,7 +7,9 @@ fields are only added, optional, never renamed or removed.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import contextlib
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 # Imported here, where the workflow's imports are passed through its sandbox: imported at
 # the call instead, a sandboxed replay of a task with an output schema imported jsonschema
@@ -15,9 +17,15 @@ from typing import Any, Literal
 # and the task's input could not be decoded.
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from waystation.vocabulary import AGENT_TOOL_PREFIX, OFFLINE_MODEL, ApprovalRule
+from waystation.vocabulary import (
+    AGENT_TOOL_PREFIX,
+    OFFLINE_MODEL,
+    ApprovalRule,
+    FailureKind,
+    TerminalStatus,
+)
 from waystation.workflows.nesting import MAX_JSON_DEPTH, too_deep
 
 # The built-in tool the model calls to ask the person it works for; the workflow, not a
@@ -318,6 +326,46 @@ class Usage(Contract):
         )
 
 
+RecordedFailureKind = Annotated[str, AfterValidator(FailureKind.read)]
+"""A FailureKind as a run recorded it, read by its current name (`stuck` from the repeat
+guard of earlier runs reads as `repeated_calls`); a kind this version does not know stays."""
+
+
+class FailureDetail(Contract):
+    """What a failed task's ApplicationError (type AgentFailed) carries besides its message:
+    why it failed, and the tokens its tree used (a sub-agent's caller counts them)."""
+
+    kind: RecordedFailureKind
+    usage: Usage | None = None
+
+    def as_details(self) -> tuple[FailureDetail]:
+        """The ApplicationError's details: `ApplicationError(reason, *d.as_details(), ...)`."""
+        return (self,)
+
+    @classmethod
+    def of(cls, details: Sequence[Any]) -> FailureDetail | None:
+        """The detail of a failure's decoded details (as the converter gives them without a
+        type hint), in either shape: this model, or the positional (kind, usage) of runs
+        recorded before it (and (kind,) before failures carried usage). None when the
+        details are neither (another failure, or something an earlier version put there)."""
+        if not details:
+            return None
+        first = details[0]
+        if isinstance(first, FailureDetail):
+            return first
+        if isinstance(first, dict):
+            with contextlib.suppress(ValidationError):
+                return cls.model_validate(first)
+            return None
+        if not isinstance(first, str):
+            return None
+        usage = None
+        if len(details) > 1:
+            with contextlib.suppress(ValidationError):
+                usage = Usage.model_validate(details[1])
+        return cls(kind=first, usage=usage)
+
+
 class ToolCall(Contract):
     """A tool call the model made, checked by the LLM activity against the tool registry.
 
@@ -448,7 +496,7 @@ class ToolResult(Contract):
     usage: Usage | None = Field(
         default=None, description="A sub-agent's: the tokens its whole tree used."
     )
-    agent_status: Literal["done", "failed", "cancelled"] | None = Field(
+    agent_status: TerminalStatus | None = Field(
         default=None, description="A sub-agent's: how its task ended."
     )
 
@@ -496,7 +544,7 @@ class Resumption(Contract):
     """Signal `resume_after_failure`, sent with a reset: raise limits and say what failed."""
 
     failure: str | None = None
-    failure_kind: str | None = None
+    failure_kind: RecordedFailureKind | None = None
     max_steps: int | None = Field(default=None, ge=1, le=100_000)
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
     message: str | None = Field(

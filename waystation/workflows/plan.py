@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows import questions
 from waystation.workflows.approval import deadline, to_request, undecided
 from waystation.workflows.conversation import compaction_range, context_limit
@@ -107,7 +108,7 @@ class CallModel:
 
 @dataclass(frozen=True)
 class Fail:
-    kind: str
+    kind: FailureKind
     reason: str
 
 
@@ -158,7 +159,7 @@ def next_move(
     step = state.open_step
     if step is not None:
         if state.repeated_steps > task.max_repeated_calls:
-            return Fail("stuck", stuck_reason(state, task))
+            return Fail(FailureKind.REPEATED_CALLS, repeated_calls_reason(state, task))
         if todo := step.unannounced():
             return Announce(step.step, todo)
         if ask := to_request(step, state):
@@ -175,7 +176,7 @@ def next_move(
             return AwaitDecisions(step.step, waiting, min(deadlines), unanswered)
         if step.timed_out and task.approval.on_timeout == "fail":
             return Fail(
-                "approval_timeout",
+                FailureKind.APPROVAL_TIMEOUT,
                 f"no approval decision within {task.approval.timeout_seconds:g} s; resume to "
                 "go on without the calls nobody approved",
             )
@@ -187,13 +188,13 @@ def next_move(
     if state.step - state.turn_first_step >= task.max_steps:
         turn = f" in turn {state.turn}" if state.turn else ""
         return Fail(
-            "max_steps",
+            FailureKind.MAX_STEPS,
             f"reached max_steps={task.max_steps}{turn} without a final answer; every thought "
             "and observation so far is kept, resume with a higher max_steps to go on",
         )
     if task.output_schema is not None and state.output_rejections > task.output_retries:
         return Fail(
-            "invalid_output",
+            FailureKind.INVALID_OUTPUT,
             f"the model gave {state.output_rejections} final answers that do not fit the "
             f"output schema (output_retries={task.output_retries}); every event is kept: "
             "resume with a message that tells it what to fix",
@@ -201,7 +202,7 @@ def next_move(
     used = state.usage.total
     if task.token_budget is not None and used >= task.token_budget:
         return Fail(
-            "token_budget",
+            FailureKind.TOKEN_BUDGET,
             f"used {used} tokens of the token_budget of {task.token_budget}; resume with a "
             "higher budget to go on",
         )
@@ -212,7 +213,7 @@ def next_move(
     return CallModel(state.step + 1)
 
 
-def stuck_reason(state: AgentState, task: AgentTask) -> str:
+def repeated_calls_reason(state: AgentState, task: AgentTask) -> str:
     return (
         f"the model repeated an identical tool call in {state.repeated_steps} consecutive "
         f"steps (max_repeated_calls={task.max_repeated_calls}); every event is kept: resume "

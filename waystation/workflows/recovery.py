@@ -7,6 +7,7 @@ carries the results out; everything here is unit-tested without Temporal.
 
 from __future__ import annotations
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows.events import AgentState, ErrorEvent, Resumed, draft
 from waystation.workflows.models import AgentTask, Resumption
 from waystation.workflows.plan import Fail
@@ -25,7 +26,7 @@ def after_context_overflow(state: AgentState, step: int, message: str) -> ErrorE
             f"the conversation does not fit the model's context even after compacting it "
             f"({message}); use a model with a larger context, or fork with a shorter task"
         )
-        return Fail("context_too_long", reason)
+        return Fail(FailureKind.CONTEXT_TOO_LONG, reason)
     return draft(
         ErrorEvent,
         step,

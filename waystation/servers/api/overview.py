@@ -16,17 +16,12 @@ from waystation.servers.api.auth import Reader, Runtime, settings_of
 from waystation.servers.api.paging import decode_page_token, encode_page_token
 from waystation.servers.api.paths import TASK
 from waystation.servers.api.tasks import TaskId
-from waystation.vocabulary import ApprovalRule
+from waystation.vocabulary import STATUS_FILTERS, ApprovalRule, StatusFilter
 from waystation.workflows.events import AgentEvent
 from waystation.workflows.run import AgentRun
 
 router = APIRouter(tags=["console"])
 
-# `stuck` is the lead's status for a task whose workflow task keeps failing.
-StatusFilter = Literal[
-    "running", "waiting_approval", "waiting_input", "done", "failed", "cancelled", "stuck"
-]
-STATUSES: list[str] = list(StatusFilter.__args__)  # type: ignore[attr-defined]
 TEXTS_KEPT = 10_000  # task texts remembered per process (a task's text never changes)
 SCANNED_PER_SEARCH = 500  # tasks read for one page of search results, at most
 LOOKUPS_AT_ONCE = 8
@@ -48,7 +43,7 @@ class ConsoleSession(BaseModel):
     default_model: str
     tools: list[ToolInfo] = Field(description="The deployment's tools and their default rules.")
     max_steps_cap: int = Field(description="The most max_steps a task may ask for.")
-    statuses: list[str]
+    statuses: list[StatusFilter] = Field(description="What the task list filters on.")
 
 
 class ListedTask(TaskSummary):
@@ -140,7 +135,7 @@ async def session(request: Request, who: Reader, runtime: Runtime) -> ConsoleSes
         default_model=runtime.settings.default_model,
         tools=offered_tools(runtime),
         max_steps_cap=runtime.settings.max_steps_cap,
-        statuses=STATUSES,
+        statuses=list(STATUS_FILTERS),
     )
 
 

@@ -25,6 +25,7 @@ from waystation.servers.api.auth import Approver, Caller, Reader, Runtime
 from waystation.servers.api.errors import ApiError
 from waystation.servers.api.paging import decode_page_token, encode_page_token
 from waystation.servers.api.paths import TASK
+from waystation.vocabulary import StatusFilter, TaskStatus
 from waystation.workflows.events import AgentEvent, AgentState, TaskStarted
 from waystation.workflows.models import (
     ANSWER_CHARS,
@@ -53,7 +54,7 @@ class Links(BaseModel):
 
 class TaskCreated(BaseModel):
     id: str
-    status: str
+    status: TaskStatus
     links: Links
 
 
@@ -228,10 +229,7 @@ async def create_task(
 async def list_tasks(
     runtime: Runtime,
     who: Reader,
-    status: Literal[
-        "running", "waiting_approval", "waiting_input", "done", "failed", "cancelled", "stuck"
-    ]
-    | None = None,
+    status: StatusFilter | None = None,
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> TaskPage:

@@ -7,6 +7,8 @@
 
 import { authHeaders, seg, signalUnauthorized } from "./api.js";
 
+// The statuses a task ends a turn with, named as the events that end it (TERMINAL_STATUSES
+// of waystation/vocabulary.py: tests/test_console_api.py checks they are the same).
 export const TERMINAL = new Set(["done", "failed", "cancelled"]);
 // Nothing comes after these; an answer only ends a stream that does not follow the turns.
 const ENDINGS = new Set(["done", "cancelled"]);

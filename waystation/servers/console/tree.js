@@ -6,9 +6,9 @@
 import { api, seg } from "./api.js";
 import { taskHref } from "./chain.js";
 import { h, replace, statusBadge } from "./dom.js";
+import { TERMINAL } from "./stream.js";
 
 const POLL_MS = 2000;
-const ENDED = new Set(["done", "failed", "cancelled"]);
 
 export class SubAgents {
   constructor() {
@@ -36,7 +36,7 @@ export class SubAgents {
   }
 
   statusOf(child) {
-    if (ENDED.has(child.status)) return child.status;
+    if (TERMINAL.has(child.status)) return child.status;
     return this.own.get(child.taskId) ?? child.status;
   }
 
@@ -56,14 +56,14 @@ export class SubAgents {
 
   schedule(delay) {
     if (this.stopped || this.timer || this.polling) return;
-    if (!this.children.some((child) => !ENDED.has(child.status))) return;
+    if (!this.children.some((child) => !TERMINAL.has(child.status))) return;
     this.timer = setTimeout(() => this.poll(), delay);
   }
 
   async poll() {
     this.timer = null;
     this.polling = true;
-    const working = this.children.filter((child) => !ENDED.has(child.status));
+    const working = this.children.filter((child) => !TERMINAL.has(child.status));
     await Promise.all(working.map(async (child) => {
       try {
         const view = await api(`/tasks/${seg(child.taskId)}`);
