@@ -13,6 +13,7 @@ from temporalio.exceptions import (
     ApplicationError,
 )
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows import (
     activity_calls,
     errors,
@@ -109,7 +110,7 @@ class ModelCalls(RunCore):
         cause = err.cause
         if not (isinstance(cause, ApplicationError) and cause.type == errors.LLM_CONTEXT_TOO_LONG):
             detail = activity_calls.detail(err)
-            await self._fail("llm_error", f"the LLM call of step {step} failed: {detail}")
+            await self._fail(FailureKind.LLM_ERROR, f"the LLM call of step {step} failed: {detail}")
             return
         match after_context_overflow(self._state, step, cause.message):
             case Fail(kind=kind, reason=reason):
@@ -130,7 +131,8 @@ class ModelCalls(RunCore):
             result = await activity_calls.summarize(self._task, request)
         except ActivityError as err:
             detail = activity_calls.detail(err)
-            await self._fail("llm_error", f"summarizing the conversation failed: {detail}")
+            reason = f"summarizing the conversation failed: {detail}"
+            await self._fail(FailureKind.LLM_ERROR, reason)
             return
         self._clock = sample_clock()
         compacted = {"summary": result.summary, "usage": result.usage, "start": start, "end": end}

@@ -338,9 +338,11 @@ class FailureDetail(Contract):
     kind: RecordedFailureKind
     usage: Usage | None = None
 
-    def as_details(self) -> tuple[FailureDetail]:
-        """The ApplicationError's details: `ApplicationError(reason, *d.as_details(), ...)`."""
-        return (self,)
+    def as_details(self) -> tuple[str, Usage | None]:
+        """The ApplicationError's details: `ApplicationError(reason, *d.as_details(), ...)`.
+        Positional, as every release wrote them, so a parent or client of the release
+        before reads a failure of this one during a rolling deploy; `of` is the one reader."""
+        return (str(self.kind), self.usage)
 
     @classmethod
     def of(cls, details: Sequence[Any]) -> FailureDetail | None:

@@ -20,6 +20,7 @@ from temporalio.exceptions import (
     ApplicationError,
 )
 
+from waystation.vocabulary import FailureKind
 from waystation.workflows import (
     errors,
     messages,
@@ -40,6 +41,7 @@ from waystation.workflows.events import (
 from waystation.workflows.messages import QueuedMessage
 from waystation.workflows.models import (
     AgentTask,
+    FailureDetail,
     Message,
     RepairNote,
     Resumption,
@@ -148,7 +150,7 @@ class RunCore:
         self._stream.detach_pollers()
         await workflow.wait_condition(workflow.all_handlers_finished)
 
-    async def _fail(self, kind: str, reason: str) -> None:
+    async def _fail(self, kind: FailureKind, reason: str) -> None:
         """End the task as failed, unless a resumption comes within RESUME_GRACE: a resume
         sends one to a run still waiting, or resets a closed run to this very wait."""
         self._append(draft(Failed, self._state.step, kind=kind, reason=reason))
@@ -158,8 +160,9 @@ class RunCore:
         except TimeoutError:
             await self._close_stream()
             # The usage comes along: a sub-agent's caller counts what its failure cost.
+            detail = FailureDetail(kind=kind, usage=self._state.usage)
             raise ApplicationError(
-                reason, kind, self._state.usage, type=errors.AGENT_FAILED, non_retryable=True
+                reason, *detail.as_details(), type=errors.AGENT_FAILED, non_retryable=True
             ) from None
         self._clock = sample_clock()
         resumption = self._resumptions.pop(0)
