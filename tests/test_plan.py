@@ -47,12 +47,12 @@ from waystation.workflows.models import (
 from waystation.workflows.plan import (
     AddMessage,
     Announce,
-    AwaitDecisions,
+    AskPeople,
+    AwaitPeople,
     CallModel,
     Compact,
     Fail,
     HandOver,
-    RequestApprovals,
     RunCalls,
     RunProgress,
     next_move,
@@ -129,11 +129,11 @@ def test_a_fresh_task_calls_the_model_then_walks_the_step() -> None:
     assert log.move() == Announce(1, [shell, calc])
     for c in (shell, calc):
         log.add(draft(Action, 1, call_id=c.call_id, tool=c.tool))
-    assert log.move() == RequestApprovals(1, [shell])
+    assert log.move() == AskPeople("approval", 1, [shell])
     for event in request_events(1, [shell], log.state):
         log.add(event, at=T0 + timedelta(minutes=5))
     waiting = log.move()
-    assert isinstance(waiting, AwaitDecisions) and waiting.request_ids == ["1-c1"]
+    assert isinstance(waiting, AwaitPeople) and waiting.waiting == {"approval": ["1-c1"]}
     assert waiting.deadline == T0 + timedelta(minutes=5, seconds=TASK.approval.timeout_seconds)
     assert log.state.status == "waiting_approval"
     log.add(draft(ApprovalResolved, 1, request_id="1-c1", decision="approve"))

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         activity_calls,
         approval,
         messages,
+        request_kinds,
         requests,
     )
     from waystation.workflows.approval import APPROVALS
@@ -58,14 +59,13 @@ with workflow.unsafe.imports_passed_through():
         AddMessage,
         Announce,
         Answered,
-        AskQuestions,
-        AwaitDecisions,
+        AskPeople,
+        AwaitPeople,
         CallModel,
         Compact,
         Fail,
         HandOver,
         ListTools,
-        RequestApprovals,
         RunCalls,
         context_budget,
         due_for_hand_over,
@@ -148,12 +148,10 @@ class AgentWorkflow(StepCalls, Turns):
                 case Announce(step=step, calls=calls):
                     for call in calls:
                         self._append(action_of(step, call))
-                case RequestApprovals(step=step, calls=calls):
-                    self._ask(APPROVALS, step, calls)
-                case AskQuestions(step=step, calls=calls):
-                    self._ask(QUESTIONS, step, calls)
-                case AwaitDecisions(request_ids=ids, questions=asked, deadline=deadline):
-                    await self._await_decisions(ids, asked, deadline)
+                case AskPeople(kind=kind, step=step, calls=calls):
+                    self._ask(request_kinds.BY_NAME[kind], step, calls)
+                case AwaitPeople(waiting=waiting, deadline=deadline):
+                    await self._await_people(waiting, deadline)
                 case RunCalls(step=step, calls=calls):
                     await self._run_calls(step, calls)
                 case AddMessage(queued=queued):
@@ -197,9 +195,7 @@ class AgentWorkflow(StepCalls, Turns):
             or self._refused_messages
         )
 
-    async def _await_decisions(
-        self, request_ids: list[str], asked: list[str], deadline: datetime
-    ) -> None:
+    async def _await_people(self, waiting: dict[str, list[str]], deadline: datetime) -> None:
         remaining = deadline - self._clock.now
         try:
             if remaining <= timedelta(0):
@@ -213,7 +209,6 @@ class AgentWorkflow(StepCalls, Turns):
             )
         except TimeoutError:
             self._clock = sample_clock()
-            waiting = {APPROVALS.name: request_ids, QUESTIONS.name: asked}
             now = self._clock.now
             self._inbox.time_out(waiting, lambda: self._state, now, self._task, self._append)
             return

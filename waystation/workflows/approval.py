@@ -291,6 +291,12 @@ class Approvals(RequestKind[Decision, RecordedDecision, DecisionOutcome, Pending
             via="timeout",
         )
 
+    def to_ask(self, step: OpenStep, state: AgentState) -> list[ToolCall]:
+        return to_request(step, state)
+
+    def unresolved(self, step: OpenStep, state: AgentState) -> list[str]:
+        return undecided(step, state)
+
     def request_events(
         self, step: int, calls: list[ToolCall], state: AgentState
     ) -> list[AgentEvent]:

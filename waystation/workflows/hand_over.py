@@ -12,6 +12,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from waystation.workflows import (
     activity_calls,
+    request_kinds,
 )
 from waystation.workflows.models import (
     ConversationSnapshot,
@@ -23,7 +24,7 @@ from waystation.workflows.run import (
     RunCarry,
     RunRef,
 )
-from waystation.workflows.run_core import CARRIED_REQUESTS, RunCore, sample_clock
+from waystation.workflows.run_core import RunCore, sample_clock
 from waystation.workflows.stream import carried_from
 
 ARCHIVE_PATCH = "archive-events"
@@ -68,7 +69,7 @@ class HandOver(RunCore):
 
         def next_run(stream: WorkflowStreamState) -> list[Any]:
             responses: dict[str, Any] = {
-                field: self._inbox.carried(kind) for field, kind in CARRIED_REQUESTS.items()
+                field: self._inbox.carried(kind) for field, kind in request_kinds.CARRIED.items()
             }
             carry = RunCarry(
                 state=self._state,

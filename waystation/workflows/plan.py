@@ -7,12 +7,11 @@ is unit-tested without Temporal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from waystation.vocabulary import FailureKind
-from waystation.workflows import questions
-from waystation.workflows.approval import deadline, to_request, undecided
+from waystation.workflows import request_kinds, requests
 from waystation.workflows.conversation import compaction_range, context_limit
 from waystation.workflows.events import AgentState
 from waystation.workflows.messages import QueuedMessage
@@ -45,28 +44,23 @@ class Announce:
 
 
 @dataclass(frozen=True)
-class RequestApprovals:
+class AskPeople:
+    """Make requests of one kind (workflows/request_kinds.py) for these calls of the open
+    step: approvals for calls that need one, the questions the calls put."""
+
+    kind: str
     step: int
     calls: list[ToolCall]
 
 
 @dataclass(frozen=True)
-class AskQuestions:
-    """Ask a person the questions these calls of the open step put (asked together)."""
+class AwaitPeople:
+    """Wait for people: the request ids still waiting, by kind, until the earliest of
+    their deadlines."""
 
     step: int
-    calls: list[ToolCall]
-
-
-@dataclass(frozen=True)
-class AwaitDecisions:
-    """Wait for people: approval decisions (`request_ids`) and answers (`questions`), until
-    the earliest of their deadlines."""
-
-    step: int
-    request_ids: list[str]
+    waiting: dict[str, list[str]]
     deadline: datetime
-    questions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,9 +113,8 @@ class HandOver:
 
 Move = (
     Announce
-    | RequestApprovals
-    | AskQuestions
-    | AwaitDecisions
+    | AskPeople
+    | AwaitPeople
     | RunCalls
     | AddMessage
     | Answered
@@ -162,18 +155,17 @@ def next_move(
             return Fail(FailureKind.REPEATED_CALLS, repeated_calls_reason(state, task))
         if todo := step.unannounced():
             return Announce(step.step, todo)
-        if ask := to_request(step, state):
-            return RequestApprovals(step.step, ask)
-        if asked := questions.to_ask(step, state):
-            return AskQuestions(step.step, asked)
-        waiting, unanswered = undecided(step, state), questions.unanswered(step, state)
-        if waiting or unanswered:
-            deadlines = []
-            if waiting:
-                deadlines.append(deadline(state, waiting, task.approval))
-            if unanswered:
-                deadlines.append(questions.deadline(state, unanswered, task.questions))
-            return AwaitDecisions(step.step, waiting, min(deadlines), unanswered)
+        for kind in request_kinds.KINDS:
+            if ask := kind.to_ask(step, state):
+                return AskPeople(kind.name, step.step, ask)
+        waiting = {k.name: ids for k in request_kinds.KINDS if (ids := k.unresolved(step, state))}
+        if waiting:
+            first = min(
+                requests.deadline(kind, state, waiting[kind.name], kind.settings(task))
+                for kind in request_kinds.KINDS
+                if kind.name in waiting
+            )
+            return AwaitPeople(step.step, waiting, first)
         if step.timed_out and task.approval.on_timeout == "fail":
             return Fail(
                 FailureKind.APPROVAL_TIMEOUT,

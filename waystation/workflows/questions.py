@@ -257,6 +257,12 @@ class Questions(RequestKind[Answer, RecordedAnswer, AnswerOutcome, PendingQuesti
             QuestionAnswered, state.step, request_id=request_id, timed_out=True, via="timeout"
         )
 
+    def to_ask(self, step: OpenStep, state: AgentState) -> list[ToolCall]:
+        return to_ask(step, state)
+
+    def unresolved(self, step: OpenStep, state: AgentState) -> list[str]:
+        return unanswered(step, state)
+
     def request_events(
         self, step: int, calls: list[ToolCall], state: AgentState
     ) -> list[AgentEvent]:

@@ -28,7 +28,7 @@ from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 from pydantic import BaseModel
 
 from waystation.workflows import errors
-from waystation.workflows.events import AgentEvent, AgentState, ErrorEvent
+from waystation.workflows.events import AgentEvent, AgentState, ErrorEvent, OpenStep
 from waystation.workflows.models import AgentTask, ToolCall
 
 Via = Literal["update", "signal"]
@@ -83,6 +83,14 @@ class RequestKind(ABC, Generic[R, E, Out, P]):
 
     @abstractmethod
     def pending(self, state: AgentState) -> Mapping[str, P]: ...
+
+    @abstractmethod
+    def to_ask(self, step: OpenStep, state: AgentState) -> list[ToolCall]:
+        """Calls of the open step that need a request of this kind not made yet."""
+
+    @abstractmethod
+    def unresolved(self, step: OpenStep, state: AgentState) -> list[str]:
+        """Request ids of this kind in the open step still waiting for a person."""
 
     @abstractmethod
     def settings(self, task: AgentTask) -> Timed: ...

@@ -24,10 +24,10 @@ from waystation.vocabulary import FailureKind
 from waystation.workflows import (
     errors,
     messages,
+    request_kinds,
     requests,
     search,
 )
-from waystation.workflows.approval import APPROVALS
 from waystation.workflows.conversation import ConversationDigest, RunMessages, task_messages
 from waystation.workflows.events import (
     AgentEvent,
@@ -48,7 +48,6 @@ from waystation.workflows.models import (
 )
 from waystation.workflows.notifications import Notifier
 from waystation.workflows.plan import RunProgress
-from waystation.workflows.questions import QUESTIONS
 from waystation.workflows.recovery import resumed
 from waystation.workflows.run import (
     AgentRun,
@@ -62,9 +61,6 @@ RESUME_GRACE = timedelta(seconds=3)
 # The task of a run started with nothing in it (a follow-up from the Temporal CLI): the run
 # only finds the answer it follows and continues as new from it, never reading this.
 _FOLLOW_UP_PLACEHOLDER = AgentTask(task="(a follow-up: the task is the one it follows)")
-# Each kind of request a person answers, by the RunCarry field its recorded responses
-# travel in from run to run (the inbox takes them in this order).
-CARRIED_REQUESTS: dict[str, requests.AnyKind] = {"decisions": APPROVALS, "answers": QUESTIONS}
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ class RunCore:
         self._stream = WorkflowStream(prior_state=carry.stream)
         self._events_topic = self._stream.topic(EVENTS_TOPIC)
         # Every kind of request's responses, recorded by the handlers (workflows/requests.py).
-        carried = {kind: getattr(carry, field) for field, kind in CARRIED_REQUESTS.items()}
+        carried = {kind: getattr(carry, field) for field, kind in request_kinds.CARRIED.items()}
         self._inbox = requests.Inbox(carried)
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
