@@ -46,6 +46,7 @@ from waystation.client.agent_runtime import (
 )
 from waystation.client.hidden_environment import hide_starting_environment
 from waystation.client.pollers import cli_worker_identity, no_worker_note
+from waystation.client.starting import default_model, new_task
 from waystation.client.streaming import StreamItem
 from waystation.client.task_rights import TaskRefusedError
 from waystation.client.temporal import DevServer, TemporalUnavailableError, connect
@@ -53,6 +54,7 @@ from waystation.client.tree_stream import TreeItem
 from waystation.settings import Settings
 from waystation.settings import commands as hints
 from waystation.settings.errors import SettingsProblem, load_settings
+from waystation.settings.validation import validation_sentence
 from waystation.settings.webhooks import WebhookConfigError
 from waystation.worker import log as worker_log
 from waystation.workflows import errors
@@ -62,7 +64,7 @@ from waystation.workflows.events import (
     UserMessage,
     request_digest,
 )
-from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
+from waystation.workflows.models import AgentTask, ApprovalSettings
 
 
 class UsageError(Exception):
@@ -310,11 +312,6 @@ def _event_seq(text: str) -> int:
     return seq
 
 
-def _validation_sentence(err: ValidationError) -> str:
-    problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
-    return "; ".join(problems)
-
-
 def _approver() -> str:
     try:
         return f"{getpass.getuser()}@cli"
@@ -323,13 +320,12 @@ def _approver() -> str:
 
 
 def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
-    model: dict[str, Any] = {"name": args.model or settings.default_model}
-    for option in ("temperature", "max_tokens", "tool_choice", "first_chunk_timeout_seconds"):
-        if getattr(args, option) is not None:
-            model[option] = getattr(args, option)
+    options = ("temperature", "max_tokens", "tool_choice", "first_chunk_timeout_seconds")
+    model = {
+        option: getattr(args, option) for option in options if getattr(args, option) is not None
+    }
     fields: dict[str, Any] = {
-        "task": args.task,
-        "model": ModelSettings(**model),
+        "model": default_model(settings, args.model, **model),
         "max_steps": args.max_steps,
     }
     if args.token_budget is not None:
@@ -340,7 +336,7 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
         fields["approval"] = ApprovalSettings(timeout_seconds=args.approval_timeout)
     if args.output_schema is not None:
         fields["output_schema"] = _schema_file(args.output_schema)
-    return AgentTask(**fields)
+    return new_task(settings, args.task, **fields)
 
 
 def _schema_file(path: str) -> dict[str, Any]:
@@ -477,9 +473,8 @@ async def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
             if not line.strip():
                 continue
             if handle is None:
-                task = runtime.new_task(line, max_steps=args.max_steps or 20)
-                if args.model:
-                    task = task.model_copy(update={"model": ModelSettings(name=args.model)})
+                model = default_model(settings, args.model)
+                task = runtime.new_task(line, max_steps=args.max_steps or 20, model=model)
                 handle = await runtime.run(task)
                 _say(f"task {handle.id} started (model: {task.model.name})")
                 code = await follow(
@@ -1057,7 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_FAILED
     except ValidationError as err:
-        _say(f"error: {_validation_sentence(err)}")
+        _say(f"error: {validation_sentence(err)}")
         return 2
     except (
         UnknownToolsError,
