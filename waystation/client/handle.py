@@ -419,7 +419,9 @@ class TaskHandle(Generic[OutputT]):
         while True:
             what = f"the {kind.outcome_named}"
             state = await self._state_by(deadline, what, wait_for_a_worker=True)
-            if (outcome := kind.settled(self.id, state, response)) is not None:
+            if response.request_id in kind.outcomes(state):
+                outcome = kind.settled(self.id, state, response)
+                assert outcome is not None
                 return outcome
             await asyncio.sleep(min(pause, deadline.left().total_seconds()))
             pause = min(pause * 1.5, 0.25)

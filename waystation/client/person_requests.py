@@ -64,12 +64,14 @@ class RequestKind(Generic[Response, Outcome]):
         """The outcome `state` holds for `response`'s request (marked `duplicate` when an
         earlier response made it), None while it holds none; DecisionError when the
         response is refused (the workflow's rule, on this state)."""
+        outcome = self.outcomes(state).get(response.request_id)
+        if outcome is not None and getattr(outcome, self.id_field) == getattr(
+            response, self.id_field
+        ):
+            return outcome  # this very response took effect
         if (problem := self.problem(state, response)) is not None:
             raise DecisionError(task_id, problem.message, problem.kind)
-        outcome = self.outcomes(state).get(response.request_id)
-        if outcome is None or getattr(outcome, self.id_field) == getattr(response, self.id_field):
-            return outcome
-        return outcome.model_copy(update={"duplicate": True})
+        return outcome.model_copy(update={"duplicate": True}) if outcome is not None else None
 
     def not_waiting(self, task_id: str, state: AgentState, request_id: str) -> DecisionError:
         return DecisionError(
