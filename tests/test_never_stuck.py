@@ -39,7 +39,7 @@ from tests.helpers import agent_task, of_type, pending_requests
 from tests.never_stuck.drifted_worker import DRIFT_MEMO
 from tests.never_stuck.dying_worker import STICKY_SECONDS
 from tests.test_cli import starter
-from waystation.client import agent_runtime, auto_repair
+from waystation.client import auto_repair, starting
 from waystation.client.agent_runtime import AgentRuntime, TaskHandle
 from waystation.client.health import Stuck
 from waystation.servers.http_api import create_app
@@ -173,7 +173,7 @@ async def test_an_approval_right_after_a_cold_workers_query_completes_and_replay
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A workflow task the test holds must outlast the query's wait on the dead sticky queue.
-    monkeypatch.setattr(agent_runtime, "WORKFLOW_TASK_TIMEOUT", timedelta(seconds=30))
+    monkeypatch.setattr(starting, "WORKFLOW_TASK_TIMEOUT", timedelta(seconds=30))
     address = dev_env.client.service_client.config.target_host
     spy = StateSpy()
     client = spy.client(dev_env.client)

@@ -17,7 +17,7 @@ from waystation.client.agent_runtime import AgentRuntime, DecisionError
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.workflows import errors, search
 from waystation.workflows.agent import AgentWorkflow
-from waystation.workflows.models import Answer, QuestionSettings
+from waystation.workflows.models import Answer, Decision, QuestionSettings
 from waystation.workflows.run import AgentOutcome
 
 
@@ -164,6 +164,39 @@ async def test_a_question_and_an_approval_of_one_step_wait_together(
     [body] = fake_openai.requests[model][1:]
     answer, shell = tool_results(body)
     assert answer == "bob answered: notes.txt" and "both" in shell
+
+
+async def test_one_respond_takes_a_decision_and_an_answer_and_refuses_both_alike(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(
+                ("ask_person", {"question": "Which file?", "choices": ["a.txt", "b.txt"]}),
+                ("run_shell", {"command": "echo both"}),
+            ),
+            text("both done"),
+        ]
+    )
+    handle = await dev_runtime.run(agent_task(model))
+    state = await wait_for_state(
+        handle, lambda s: bool(s.pending_questions) and bool(s.pending_approvals)
+    )
+    [approval] = state.pending_approvals
+    [question] = state.pending_questions
+    with pytest.raises(DecisionError) as unknown:
+        await handle.respond(Decision(request_id="nope", decision="approve"))
+    assert unknown.value.kind == errors.UNKNOWN_REQUEST
+    with pytest.raises(DecisionError) as wrong:
+        await handle.respond(Answer(request_id=question, answer="c.txt"))
+    assert wrong.value.kind == errors.INVALID_CHOICE
+    decided = await handle.respond(Decision(request_id=approval, decision="approve"))
+    assert (decided.decision, decided.duplicate) == ("approve", False)
+    answered = await handle.respond(Answer(request_id=question, answer="b.txt", answerer="bob"))
+    assert (answered.answer, answered.duplicate) == ("b.txt", False)
+    assert (await handle.result()).result == "both done"
+    again = await handle.respond(Answer(request_id=question, answer="a.txt"))
+    assert (again.answer, again.answerer, again.duplicate) == ("b.txt", "bob", True)
 
 
 async def test_a_question_nobody_answers_times_out_and_the_model_is_told(

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from waystation.activities.tools import Tool, ToolContext, ToolDefinitionError, ToolError
+from waystation.settings.validation import validation_sentence
 from waystation.workflows.agents import AgentArgs
 from waystation.workflows.models import AgentSpec
 
@@ -62,9 +63,7 @@ def agents_setting(value: str | None) -> list[AgentSpec]:
     try:
         return _SPECS.validate_python(loaded if isinstance(loaded, list) else [loaded])
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
+        problems = validation_sentence(err)
         raise ToolDefinitionError(f"WAYSTATION_AGENTS has a bad definition: {problems}") from err
 
 

@@ -457,9 +457,49 @@ class LlmActivities:
             return await self._call(request)
 
     async def _call(self, request: LlmRequest) -> LlmResult:
-        backend = self._backend(request.model.name)
         # Numbered past the attempts of any call of this step a message interrupted.
         attempt = request.first_attempt - 1 + activity.info().attempt
+        conversation, message, way = await self._streamed(request, attempt)
+        if message.finish_reason is None:
+            raise ApplicationError(
+                "the model's stream ended before the message was complete",
+                type=errors.LLM_MALFORMED_RESPONSE,
+            )
+        content = "".join(message.text)
+        calls, from_text = self._calls_in(request, conversation, message, content, way)
+        answer_schema = conversation.output_schema
+        output, output_problem = None, None
+        if answer_schema is not None and not calls:
+            if way == "native":
+                output, output_problem = native_answer(content, answer_schema)
+            else:
+                output_problem = f"you answered in text instead of calling {FINAL_ANSWER_TOOL}"
+        catalog = conversation.catalog
+        stale = self._mcp.stale_servers(catalog) if self._mcp and catalog else []
+        result = LlmResult(
+            content=content,
+            tool_calls=calls,
+            usage=message.usage,
+            finish_reason=message.finish_reason,
+            model=message.model or request.model.name,
+            attempt=attempt,
+            calls_from_text=bool(calls) and from_text,
+            stale_servers=stale,
+            output=output,
+            output_problem=output_problem,
+        )
+        reply = assistant_message(result.content, calls)
+        self._conversations.remember_call(
+            activity.info().workflow_id or "", request.step, conversation, reply
+        )
+        return result
+
+    async def _streamed(
+        self, request: LlmRequest, attempt: int
+    ) -> tuple[Conversation, AssembledMessage, str | None]:
+        """The conversation the step sends, the model's message streamed back (its tokens
+        published as they come), and how an answer with data is asked for (None: no schema)."""
+        backend = self._backend(request.model.name)
         watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
         with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
             async with watched(watchdog):
@@ -493,12 +533,19 @@ class LlmActivities:
             s.set_attribute("llm.input_tokens", message.usage.input_tokens)
             s.set_attribute("llm.output_tokens", message.usage.output_tokens)
             s.set_attribute("llm.tool_calls", len(message.calls))
-        if message.finish_reason is None:
-            raise ApplicationError(
-                "the model's stream ended before the message was complete",
-                type=errors.LLM_MALFORMED_RESPONSE,
-            )
-        content = "".join(message.text)
+        return conversation, message, way
+
+    def _calls_in(
+        self,
+        request: LlmRequest,
+        conversation: Conversation,
+        message: AssembledMessage,
+        content: str,
+        way: str | None,
+    ) -> tuple[list[ToolCall], bool]:
+        """The message's tool calls, checked (with whether they were recovered from its
+        text: a model that writes its calls instead of making them)."""
+        answer_schema = conversation.output_schema
         sent_calls = [call for _, call in sorted(message.calls.items())]
         ids = unique_call_ids([call.call_id for call in sent_calls], f"call_{request.step}")
         # Arguments are redacted as text is: what a person approves is then what runs.
@@ -527,31 +574,7 @@ class LlmActivities:
             ToolCall(call_id=call_id, tool=name, raw_arguments=arguments, problem=TOO_MANY_CALLS)
             for call_id, name, arguments in written[MAX_CALLS_PER_MESSAGE:]
         ]
-        output, output_problem = None, None
-        if answer_schema is not None and not calls:
-            if way == "native":
-                output, output_problem = native_answer(content, answer_schema)
-            else:
-                output_problem = f"you answered in text instead of calling {FINAL_ANSWER_TOOL}"
-        catalog = conversation.catalog
-        stale = self._mcp.stale_servers(catalog) if self._mcp and catalog else []
-        result = LlmResult(
-            content=content,
-            tool_calls=calls,
-            usage=message.usage,
-            finish_reason=message.finish_reason,
-            model=message.model or request.model.name,
-            attempt=attempt,
-            calls_from_text=bool(calls) and from_text,
-            stale_servers=stale,
-            output=output,
-            output_problem=output_problem,
-        )
-        reply = assistant_message(result.content, calls)
-        self._conversations.remember_call(
-            activity.info().workflow_id or "", request.step, conversation, reply
-        )
-        return result
+        return calls, from_text
 
 
 async def _held_by(workflow_id: str, run_id: str, wanted: list[str]) -> dict[str, ChatMessage]:

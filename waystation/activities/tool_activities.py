@@ -28,8 +28,8 @@ from waystation.activities.tools import (
     ToolContext,
     ToolError,
     ToolRegistry,
-    describe_invalid_arguments,
 )
+from waystation.settings.validation import validation_sentence
 from waystation.workflows.models import ToolRequest, ToolResult
 
 
@@ -81,9 +81,9 @@ class ToolActivities:
         try:
             arguments = tool.arguments.model_validate(request.arguments)
         except ValidationError as err:
+            problems = validation_sentence(err, "arguments")
             return ToolResult(
-                output=f"invalid arguments for {tool.name}: {describe_invalid_arguments(err)}",
-                is_error=True,
+                output=f"invalid arguments for {tool.name}: {problems}", is_error=True
             )
         try:
             output = await self._call(tool, arguments, request.idempotency_key)

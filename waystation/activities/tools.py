@@ -23,6 +23,7 @@ from typing_extensions import TypeIs
 
 from waystation.activities import bounded_json
 from waystation.activities.storage import LedgerAttempt
+from waystation.settings.validation import validation_sentence
 from waystation.vocabulary import ApprovalRule
 from waystation.workflows.models import AgentSpec, ToolCall
 
@@ -229,7 +230,7 @@ class ToolRegistry:
         try:
             validated = tool.arguments.model_validate(parsed)
         except ValidationError as err:
-            call.problem = f"invalid arguments for {name}: {describe_invalid_arguments(err)}"
+            call.problem = f"invalid arguments for {name}: {validation_sentence(err, 'arguments')}"
             return call
         call.arguments = validated.model_dump(mode="json")
         call.retry_safe = tool.retry_safe
@@ -239,14 +240,6 @@ class ToolRegistry:
         call.needs_approval = reason is not None
         call.approval_reason = reason
         return call
-
-
-def describe_invalid_arguments(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "arguments"
-        parts.append(f"{where}: {e['msg']}")
-    return "; ".join(parts)
 
 
 def cap_output(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:

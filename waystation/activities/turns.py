@@ -15,19 +15,13 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHandle, WorkflowHistoryEventFilterType
+from temporalio.client import Client, WorkflowHistoryEventFilterType
 from temporalio.exceptions import ApplicationError
 
+from waystation.activities.run_history import read_continuation
 from waystation.activities.storage import Ledger
 from waystation.workflows import errors
-from waystation.workflows.run import (
-    AgentOutcome,
-    AgentRun,
-    ClaimedTurn,
-    RunCarry,
-    RunRef,
-    TurnClaim,
-)
+from waystation.workflows.run import AgentRun, ClaimedTurn, RunRef, TurnClaim
 
 CLAIM_TOOL = "follow_up"
 # Attempts (~3 s with the claim's backoff) before a start with nothing in it is told that
@@ -140,25 +134,10 @@ async def close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent
 async def _continuation(
     client: Client, task_id: str, run_id: str, close: HistoryEvent
 ) -> AgentRun | None:
-    """What a follow-up continues from: the closed run's state at its end, asked of the
-    run itself (a worker replays it; a task nobody follows up never pays for it), and its
-    task, from its input. None for a run that did not end with an answer or a failure."""
+    """What a follow-up continues from (waystation/activities/run_history.py); None for a run
+    that did not end with an answer or a failure."""
     answered = close.event_type in (
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
     )
-    if not answered:
-        return None
-    from waystation.workflows.agent import AgentWorkflow  # the workflow module imports this one
-
-    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
-        AgentWorkflow.run, task_id, run_id=run_id
-    )
-    carry: RunCarry = await closed.query(AgentWorkflow.continuation)
-    async for start in closed.fetch_history_events(page_size=1):
-        payloads = start.workflow_execution_started_event_attributes.input.payloads
-        [run] = await client.data_converter.decode(payloads, [AgentRun])
-        if isinstance(run, AgentRun) and run.task is not None:
-            return AgentRun(task=run.task, carry=carry)
-        break
-    return None
+    return await read_continuation(client, task_id, run_id) if answered else None

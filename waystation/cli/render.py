@@ -187,29 +187,9 @@ class LiveView:
         data = item.data
         match data:
             case TokenDelta():
-                streaming = (key, data.step, data.attempt)
-                track.model_step = data.step
-                track.text_shown.add((data.step, data.attempt))
-                if self._streaming != streaming:
-                    self._end_tokens()
-                    if track.prefix:
-                        self.out.write(self._paint(track.prefix, "2"))
-                    self.out.write(self._paint(f"[step {data.step}] ", "2"))
-                    self._streaming = streaming
-                self.out.write(visible(data.text, indent=""))
-                self.out.flush()
+                self._tokens(key, track, data)
             case LlmAttemptStarted():
-                track.model_step = data.step
-                if data.attempt > track.interrupted.get(data.step, data.attempt):
-                    return  # the step starts again after an interrupt, which said so
-                void = any(
-                    step == data.step and attempt < data.attempt
-                    for step, attempt in track.text_shown
-                )
-                if not void and (data.step, data.attempt - 1) in track.failures_shown:
-                    return  # the failure's own line said a next try comes
-                note = " (the text above is void)" if void else ""
-                self._line(f"↻ step {data.step}: {self._attempt(data.attempt)}{note}", "33")
+                self._attempt_started(track, data)
             case StreamGap():
                 self._line(f"… offsets {data.start}-{data.end - 1} were lost", "31")
             case TaskStarted():
@@ -229,29 +209,8 @@ class LiveView:
             case Observation():
                 code = "31" if data.is_error else "32"
                 self._line(f"  ← {_short(data.output, 300)}", code)
-            case ApprovalRequested():
-                summary, *whole = call_lines(data.tool, data.arguments)
-                asked = f"⏸ approval needed [{data.request_id}]: {summary} ({data.reason})"
-                self._line(asked, "1;33")
-                for line in whole:  # what was cut above: all of it before anyone decides
-                    self._line(line, "33")
-            case QuestionAsked():
-                choices = f" [{' / '.join(data.choices)}]" if data.choices else ""
-                self._line(
-                    f"? question [{data.request_id}]: {_short(data.question, 300)}{choices}", "1;35"
-                )
-            case QuestionAnswered():
-                if data.timed_out:
-                    self._line(f"  nobody answered [{data.request_id}] in time", "31")
-                else:
-                    who = f"{data.answerer} answered" if data.answerer else "answered"
-                    self._line(f"  {who} [{data.request_id}]: {_short(data.answer)}", "32")
-            case ApprovalResolved():
-                who = f" by {data.approver}" if data.approver else ""
-                note = f": {data.message}" if data.message else ""
-                code = "32" if data.decision == "approve" else "31"
-                decided = PAST_TENSE.get(data.decision, data.decision)
-                self._line(f"  {decided}{who} [{data.request_id}]{note}", code)
+            case ApprovalRequested() | QuestionAsked() | QuestionAnswered() | ApprovalResolved():
+                self._person_request(data)
             case Resumed():
                 self._line(
                     f"↺ resumed after: {data.failure} (max_steps {data.max_steps}, "
@@ -277,6 +236,60 @@ class LiveView:
                 self._line(f"✘ failed ({data.kind}): {data.reason}", "1;31")
             case Cancelled():
                 self._line(f"✘ cancelled: {data.reason}", "1;31")
+
+    def _tokens(self, key: str | None, track: _Track, data: TokenDelta) -> None:
+        streaming = (key, data.step, data.attempt)
+        track.model_step = data.step
+        track.text_shown.add((data.step, data.attempt))
+        if self._streaming != streaming:
+            self._end_tokens()
+            if track.prefix:
+                self.out.write(self._paint(track.prefix, "2"))
+            self.out.write(self._paint(f"[step {data.step}] ", "2"))
+            self._streaming = streaming
+        self.out.write(visible(data.text, indent=""))
+        self.out.flush()
+
+    def _attempt_started(self, track: _Track, data: LlmAttemptStarted) -> None:
+        track.model_step = data.step
+        if data.attempt > track.interrupted.get(data.step, data.attempt):
+            return  # the step starts again after an interrupt, which said so
+        void = any(
+            step == data.step and attempt < data.attempt for step, attempt in track.text_shown
+        )
+        if not void and (data.step, data.attempt - 1) in track.failures_shown:
+            return  # the failure's own line said a next try comes
+        note = " (the text above is void)" if void else ""
+        self._line(f"↻ step {data.step}: {self._attempt(data.attempt)}{note}", "33")
+
+    def _person_request(
+        self, data: ApprovalRequested | QuestionAsked | QuestionAnswered | ApprovalResolved
+    ) -> None:
+        """A request put to a person, and how it was answered."""
+        match data:
+            case ApprovalRequested():
+                summary, *whole = call_lines(data.tool, data.arguments)
+                asked = f"⏸ approval needed [{data.request_id}]: {summary} ({data.reason})"
+                self._line(asked, "1;33")
+                for line in whole:  # what was cut above: all of it before anyone decides
+                    self._line(line, "33")
+            case QuestionAsked():
+                choices = f" [{' / '.join(data.choices)}]" if data.choices else ""
+                self._line(
+                    f"? question [{data.request_id}]: {_short(data.question, 300)}{choices}", "1;35"
+                )
+            case QuestionAnswered():
+                if data.timed_out:
+                    self._line(f"  nobody answered [{data.request_id}] in time", "31")
+                else:
+                    who = f"{data.answerer} answered" if data.answerer else "answered"
+                    self._line(f"  {who} [{data.request_id}]: {_short(data.answer)}", "32")
+            case ApprovalResolved():
+                who = f" by {data.approver}" if data.approver else ""
+                note = f": {data.message}" if data.message else ""
+                code = "32" if data.decision == "approve" else "31"
+                decided = PAST_TENSE.get(data.decision, data.decision)
+                self._line(f"  {decided}{who} [{data.request_id}]{note}", code)
 
     def _key(self, item: StreamItem) -> str | None:
         return item.task_id if isinstance(item, TreeItem) and item.path else None

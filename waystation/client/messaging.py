@@ -31,20 +31,22 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from waystation.activities.run_history import read_continuation, read_run_input
 from waystation.client.busy import sending
 from waystation.client.health import overview
 from waystation.client.pollers import polling_workers
-from waystation.client.task_errors import MessageRefusedError, TaskNotFoundError
-from waystation.client.task_list import first_start, task_origin
+from waystation.client.starting import start_agent
+from waystation.client.task_errors import MessageRefusedError, not_found
+from waystation.client.task_list import task_origin
 from waystation.settings.commands import command
 from waystation.workflows import errors, messages, search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.messages import size_of
 from waystation.workflows.models import AgentTask, Message
-from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
+from waystation.workflows.run import AgentOutcome, AgentRun
 
 # Delivery looks again when the task's run changes under it (it closed as the Signal
 # went out); more changes than this in a row mean something keeps closing it.
@@ -74,8 +76,6 @@ async def deliver(
     message: Message,
     *,
     task_queue: str,
-    task_timeout: timedelta,
-    summary: str,
 ) -> Delivery:
     """Deliver `message` to the task (see the module's docstring), or raise
     MessageRefusedError / TaskNotFoundError with a sentence."""
@@ -86,7 +86,7 @@ async def deliver(
             seen = await overview(client, task_id)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
-                raise TaskNotFoundError(task_id, f"no task with id {task_id!r}") from err
+                raise not_found(task_id) from err
             raise
         if seen.status == WorkflowExecutionStatus.RUNNING:
             refuse_unless_taking(task_id, str(seen.memo.get(search.MEMO_STATUS) or "running"))
@@ -113,18 +113,15 @@ async def deliver(
             # both follow one answer. The run carries the task's text and first start, which
             # the task list shows (waystation/client/task_list.py), not the message's.
             origin = await task_origin(client, task_id, seen.run_id)
-            started = await client.start_workflow(
-                AgentWorkflow.run,
+            started = await start_agent(
+                client,
+                task_id,
                 await _next_run(client, task_id, seen.run_id, task, task_queue),
-                id=task_id,
                 task_queue=task_queue,
-                start_signal=MESSAGE_SIGNAL,
-                start_signal_args=[message],
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                static_summary=origin.text or summary,
-                search_attributes=first_start(origin.started_at),
-                task_timeout=task_timeout,
+                text=origin.text or message.content,
+                started_at=origin.started_at,
+                message=message,
+                reuse=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
             return Delivery(started, started=True, stream_from=outcome.next_offset)
         status = seen.status.name.lower() if seen.status else "unknown"
@@ -187,14 +184,11 @@ async def _next_run(
     worker gives it within CONTINUATION_WAIT, else naming only the run it follows."""
     if task is None or not await polling_workers(client, task_queue, "workflow", this_process=True):
         return AgentRun(follows=run_id)
-    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
-        AgentWorkflow.run, task_id, run_id=run_id
-    )
     try:
-        carry = await closed.query(AgentWorkflow.continuation, rpc_timeout=CONTINUATION_WAIT)
+        following = await read_continuation(client, task_id, run_id, within=CONTINUATION_WAIT)
     except (WorkflowQueryFailedError, RPCError):
-        return AgentRun(follows=run_id)  # no worker now: the run's claim reads it later
-    return AgentRun(task=task, carry=carry)
+        following = None  # no worker now: the run's claim reads it later
+    return following or AgentRun(follows=run_id)
 
 
 async def _answer(
@@ -202,15 +196,8 @@ async def _answer(
 ) -> tuple[AgentOutcome, AgentTask | None]:
     """The answer of closed run `run_id` and its task, once it is known that a message may
     follow it (a sub-agent's answered its caller: not this one)."""
-    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
-        AgentWorkflow.run, task_id, run_id=run_id
-    )
-    task = None
-    async for start in closed.fetch_history_events(page_size=1):
-        payloads = start.workflow_execution_started_event_attributes.input.payloads
-        [run] = await client.data_converter.decode(payloads, [AgentRun])
-        task = run.task if isinstance(run, AgentRun) else None
-        break
+    started = await read_run_input(client, task_id, run_id)
+    task = started.task if started is not None else None
     if task is not None and task.parent is not None:
         raise MessageRefusedError(
             task_id,
@@ -218,4 +205,7 @@ async def _answer(
             f"send your message to {task.parent.task_id}",
             errors.TASK_NOT_TAKING_MESSAGES,
         )
+    closed: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
+        AgentWorkflow.run, task_id, run_id=run_id
+    )
     return await closed.result(follow_runs=False), task

@@ -13,6 +13,7 @@ and the log shows a `repaired` event.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, ResetReapplyType
@@ -110,3 +111,16 @@ async def reset_stuck_task(client: Client, task_id: str, run_id: str, note: Repa
         if err.status != RPCStatusCode.NOT_FOUND:  # it finished before the note: fine
             raise
     return new_run
+
+
+async def repaired_points(client: Client, events: Any) -> set[int]:
+    """The events a task was repaired at before, from the `repaired` signals in its history."""
+    points: set[int] = set()
+    for event in events:
+        attrs = event.workflow_execution_signaled_event_attributes
+        if event.HasField("workflow_execution_signaled_event_attributes") and (
+            attrs.signal_name == "repaired"
+        ):
+            [note] = await client.data_converter.decode(attrs.input.payloads, [RepairNote])
+            points.add(note.reset_to_event)
+    return points

@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from waystation.activities.run_history import read_run_input
 from waystation.client.health import stuck, with_failures_readable
 from waystation.workflows import search
 from waystation.workflows.notice import (
@@ -29,7 +30,7 @@ from waystation.workflows.notice import (
     stuck_notice,
 )
 from waystation.workflows.notifications import NotificationWorkflow
-from waystation.workflows.run import WORKFLOW_TYPE, AgentRun
+from waystation.workflows.run import WORKFLOW_TYPE
 
 logger = logging.getLogger("waystation.worker")
 
@@ -37,13 +38,10 @@ logger = logging.getLogger("waystation.worker")
 async def task_text(client: Client, task_id: str, run_id: str) -> str:
     """The task's text, from the run's input ("" for a run started with none, or one this
     worker cannot decode: the notice goes out without it)."""
-    handle = client.get_workflow_handle(task_id, run_id=run_id)
     try:
-        async for start in handle.fetch_history_events(page_size=1):
-            payloads = start.workflow_execution_started_event_attributes.input.payloads
-            [run] = await client.data_converter.decode(payloads, [AgentRun])
-            if isinstance(run, AgentRun) and run.task is not None:
-                return run.task.task
+        run = await read_run_input(client, task_id, run_id)
+        if run is not None and run.task is not None:
+            return run.task.task
     except RPCError:
         raise  # Temporal's answer, not the text's: the round looks again
     except Exception as err:  # encrypted under a key this worker lacks, or not ours

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from temporalio.client import WorkflowFailureError, WorkflowQueryFailedError
+from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.service import RPCError, RPCStatusCode
+
 from waystation.activities.payload_codec import DISAGREE, UNKNOWN_KEY, WRONG_KEY
+from waystation.workflows.models import FailureDetail
 
 
 class TaskError(Exception):
@@ -28,7 +36,9 @@ class TaskCancelledError(TaskError):
 
 
 class DecisionError(TaskError):
-    """A decision was refused: unknown request, conflict, or the task is not waiting."""
+    """A response to a person-request (a decision or an answer) was refused: unknown
+    request, conflict, a choice it does not offer, or the task is not waiting (`kind`,
+    from waystation/workflows/errors.py, says which)."""
 
     def __init__(self, task_id: str, message: str, kind: str | None) -> None:
         super().__init__(task_id, message)
@@ -50,6 +60,36 @@ class NoWorkerError(TaskError):
 
 class UnreadableTaskError(TaskError):
     """Something the task stored cannot be decoded here (e.g. encrypted with an unknown key)."""
+
+
+def not_found(task_id: str) -> TaskNotFoundError:
+    return TaskNotFoundError(task_id, f"no task with id {task_id!r}")
+
+
+@contextmanager
+def task_errors(task_id: str) -> Iterator[None]:
+    """Temporal's answers as the task errors they mean: an unknown workflow is
+    TaskNotFoundError, a run that ended without an answer TaskFailedError or
+    TaskCancelledError, a payload this side (or the worker that answers a query) cannot
+    decode UnreadableTaskError; anything else goes through as it is."""
+    try:
+        yield
+    except WorkflowFailureError as err:
+        cause = err.cause
+        if isinstance(cause, CancelledError):
+            raise TaskCancelledError(task_id, f"task {task_id} was cancelled") from err
+        if isinstance(cause, ApplicationError):
+            detail = FailureDetail.of(cause.details)
+            raise TaskFailedError(task_id, cause.message, detail.kind if detail else None) from err
+        raise TaskFailedError(task_id, str(cause or err), None) from err
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise not_found(task_id) from err
+        raise
+    except (ValueError, WorkflowQueryFailedError) as err:
+        if (problem := unreadable(task_id, err)) is not None:
+            raise problem from err
+        raise
 
 
 def unreadable(task_id: str, err: BaseException) -> UnreadableTaskError | None:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
+from waystation.activities.run_history import read_run_input
 from waystation.client.health import overview
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.events import AgentEvent
-from waystation.workflows.run import AgentOutcome, AgentRun, ArchivedRun, EventsRequest, RunRef
+from waystation.workflows.run import AgentOutcome, ArchivedRun, EventsRequest, RunRef
 
 # A closed run's events, read from the archive: (workflow id, run id) -> None if not kept.
 ArchiveReader = Callable[[str, str], Awaitable[ArchivedRun | None]]
@@ -64,15 +65,9 @@ class TaskLog:
     ) -> RunSpan:
         if last_seq is not None and (known := self._closed.get((run_id, last_seq))) is not None:
             return known
-        handle = self._client.get_workflow_handle(workflow_id, run_id=run_id)
-        first = None
-        async for event in handle.fetch_history_events(page_size=1):
-            first = event
-            break
-        if first is None:
+        run = await read_run_input(self._client, workflow_id, run_id)
+        if run is None:
             raise LookupError(f"run {run_id} of {workflow_id} has no history")
-        payloads = first.workflow_execution_started_event_attributes.input.payloads
-        [run] = await self._client.data_converter.decode(payloads, [AgentRun])
         carry = run.carry
         first_seq = carry.state.last_seq + 1 if carry else 0
         earlier = carry.earlier if carry else None

@@ -3,10 +3,10 @@
     ws api                           # or: uvicorn waystation.servers.http_api:app
 
 Bearer tokens come from settings (`WAYSTATION_API_TOKENS`); with none configured the server
-binds to localhost only, answers to loopback names only (servers/api/hosts.py) and lets
-every local caller in as an approver named "local". A body is read only for a known caller,
-and only up to a limit (servers/api/body_limit.py).
-The routes live in `waystation/servers/api/`, one router per concern; MCP clients are served at /mcp
+binds to localhost only, answers to loopback names only (waystation/servers/api/hosts.py) and
+lets every local caller in as an approver named "local". A body is read only for a known
+caller, and only up to a limit (waystation/servers/api/body_limit.py). The routes live in
+`waystation/servers/api/`, one router per concern; MCP clients are served at /mcp
 (waystation/servers/mcp_server.py) behind the same tokens.
 """
 

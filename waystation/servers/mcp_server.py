@@ -28,14 +28,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from temporalio.service import RPCError
 
 from waystation.client.agent_runtime import AgentRuntime, DecisionError, TaskError
+from waystation.client.starting import default_model
 from waystation.client.task_rights import TaskRefusedError
 from waystation.servers.api.auth import Caller, identify
 from waystation.servers.api.errors import ApiError, send_error
 from waystation.settings import Settings
 from waystation.settings.commands import command
+from waystation.settings.validation import validation_sentence
 from waystation.vocabulary import TaskStatus
 from waystation.workflows.events import AgentState
-from waystation.workflows.models import ModelSettings, Usage
+from waystation.workflows.models import Usage
 
 T = TypeVar("T")
 
@@ -187,9 +189,7 @@ class WaystationTools:
         """Start an agent task. With `task_id`, a repeated call returns the same task."""
         who = self._caller_of(ctx)
         runtime = self._runtime_of()
-        fields: dict[str, Any] = {
-            "model": ModelSettings(name=model or runtime.settings.default_model)
-        }
+        fields: dict[str, Any] = {"model": default_model(runtime.settings, model)}
         if tools is not None:
             fields["tools"] = tools
         if max_steps is not None:
@@ -197,7 +197,7 @@ class WaystationTools:
         try:
             agent_task = runtime.new_task(task, **fields)
         except ValidationError as err:
-            raise ToolError(f"invalid task: {_problems(err)}") from None
+            raise ToolError(f"invalid task: {validation_sentence(err, 'task')}") from None
         handle = await _guarded(runtime.run(agent_task, task_id=task_id, role=who.role))
         return TaskRef(task_id=handle.id, status="running")
 
@@ -251,7 +251,7 @@ class WaystationTools:
         try:
             outcome = await _within(DECISION_BACKSTOP_SECONDS, _guarded(answered), "the answer")
         except ValidationError as err:
-            raise ToolError(f"invalid answer: {_problems(err)}") from None
+            raise ToolError(f"invalid answer: {validation_sentence(err, 'task')}") from None
         return AnswerView(
             task_id=task_id,
             request_id=outcome.request_id,
@@ -285,7 +285,7 @@ class WaystationTools:
         try:
             await _guarded(sent)
         except ValidationError as err:
-            raise ToolError(f"invalid message: {_problems(err)}") from None
+            raise ToolError(f"invalid message: {validation_sentence(err, 'task')}") from None
         return MessageView(
             task_id=task_id, message_id=handle.awaited_message or "", follow_up=handle.began_turn
         )
@@ -355,12 +355,6 @@ def build_mcp_server(runtime_of: Callable[[], AgentRuntime], caller_of: CallerOf
     server.add_tool(tools.send_message, annotations=ToolAnnotations(destructive_hint=False))
     server.add_tool(tools.cancel, annotations=decide)
     return server
-
-
-def _problems(err: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'task'}: {e['msg']}" for e in err.errors()
-    )
 
 
 async def _guarded(work: Awaitable[T]) -> T:

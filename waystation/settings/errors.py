@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 from pydantic import AliasChoices, ValidationError
 from pydantic_settings import SettingsError
 
 from waystation.settings import Settings
+from waystation.settings.validation import validation_sentence
 
 SECRET_KEYS = {"api_tokens": "<a token>"}  # fields whose mapping keys are secrets
 _FIELD_IN_MESSAGE = re.compile(r'field "(\w+)"')
@@ -29,7 +31,7 @@ def load_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as err:
-        raise SettingsProblem(validation_sentence(err)) from None
+        raise SettingsProblem(settings_sentence(err)) from None
     except SettingsError as err:
         raise SettingsProblem(parse_sentence(err)) from None
 
@@ -43,19 +45,19 @@ def variable_of(field: str) -> str:
     return f"WAYSTATION_{field.upper()}"
 
 
-def validation_sentence(err: ValidationError) -> str:
-    problems = []
-    for error in err.errors(include_input=False, include_url=False):
-        loc = [str(part) for part in error["loc"]]
-        if not loc:
-            problems.append(error["msg"])
-            continue
-        field, inside = loc[0], loc[1:]
-        if inside and field in SECRET_KEYS:
-            inside[0] = SECRET_KEYS[field]
-        where = f" at {'.'.join(inside)}" if inside else ""
-        problems.append(f"{variable_of(field)}{where}: {error['msg']}")
-    return "invalid settings: " + "; ".join(problems)
+def settings_sentence(err: ValidationError) -> str:
+    return "invalid settings: " + validation_sentence(err, place=_variable_place)
+
+
+def _variable_place(loc: Sequence[str | int]) -> str:
+    """Where in the environment a problem is: the variable, and the place inside it (a key
+    of a mapping whose keys are secrets is not said)."""
+    if not loc:
+        return ""
+    field, inside = str(loc[0]), [str(part) for part in loc[1:]]
+    if inside and field in SECRET_KEYS:
+        inside[0] = SECRET_KEYS[field]
+    return variable_of(field) + (f" at {'.'.join(inside)}" if inside else "")
 
 
 def parse_sentence(err: SettingsError) -> str:

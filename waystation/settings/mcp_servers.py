@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from waystation.settings.validation import validation_sentence
 from waystation.vocabulary import AGENT_TOOL_PREFIX, ApprovalRule
 
 SERVER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*$")
@@ -162,10 +163,7 @@ def parse_servers(raw: Any, source: str) -> dict[str, McpServerConfig]:
         try:
             servers[name] = McpServerConfig.model_validate(body)
         except ValidationError as err:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'server'}: {e['msg']}"
-                for e in err.errors()
-            )
+            problems = validation_sentence(err, "server")
             raise McpConfigError(f"{source}: MCP server {name!r}: {problems}") from None
     return servers
 

@@ -191,90 +191,90 @@ class FakeOpenAI:
             return script.pop(0)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
+        return type("Handler", (_Handler,), {"fake": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.0"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
+class _Handler(BaseHTTPRequestHandler):
+    """The fake endpoint's HTTP side: each request goes to `fake`'s script."""
 
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if not self.path.endswith("/chat/completions"):
-                    self._json(404, {"error": {"message": f"no route {self.path}"}})
-                    return
-                if self.headers.get("Authorization") == "Bearer wrong-key":
-                    self._json(401, {"error": {"message": "Incorrect API key provided"}})
-                    return
-                model = str(body.get("model"))
-                reply = fake._next(model, body, int(self.client_address[1]))
-                request = len(fake.chunks_sent[model]) - 1
-                if reply.hang_seconds:
-                    time.sleep(reply.hang_seconds)
-                    return
-                if reply.status != 200:
-                    message = reply.error_message
-                    if reply.echo_request:
-                        said = (body.get("messages") or [{}])[-1].get("content")
-                        message += (
-                            f" (you sent Authorization: {self.headers.get('Authorization')}; "
-                            f"your last message: {said})"
-                        )
-                    self._json(
-                        reply.status,
-                        {"error": {"message": message, "type": "fake"}},
-                        reply.headers,
-                    )
-                    return
-                step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
-                if body.get("stream"):
-                    self._stream(model, reply, step, request)
-                else:
-                    self._json(200, _completion(model, reply, step))
+    fake: FakeOpenAI
+    protocol_version = "HTTP/1.0"
 
-            def _json(
-                self, status: int, payload: Any, headers: dict[str, str] | None = None
-            ) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
-            def _stream(self, model: str, reply: Reply, number: int, request: int) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                for index, chunk in enumerate(_chunks(model, reply, number)):
-                    if reply.gate is not None and index == reply.hold_after_chunks:
-                        self.wfile.flush()
-                        reply.gate.wait(GATE_TIMEOUT_SECONDS)
-                    if index == reply.stall_before_chunk:
-                        time.sleep(reply.stall_seconds)
-                    if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:
-                        self.wfile.flush()
-                        self.connection.close()
-                        return
-                    if reply.stamp_chunks and chunk["choices"]:
-                        delta = chunk["choices"][0]["delta"]
-                        if delta.get("content"):
-                            delta["content"] = f"{time.time():.6f} "
-                    try:
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                        self.wfile.flush()
-                    except OSError:
-                        return  # the client is gone (a killed worker)
-                    fake._count_chunk(model, request)
-                    if reply.chunk_delay:
-                        time.sleep(reply.chunk_delay)
-                self.wfile.write(b"data: [DONE]\n\n")
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if not self.path.endswith("/chat/completions"):
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        if self.headers.get("Authorization") == "Bearer wrong-key":
+            self._json(401, {"error": {"message": "Incorrect API key provided"}})
+            return
+        model = str(body.get("model"))
+        reply = self.fake._next(model, body, int(self.client_address[1]))
+        request = len(self.fake.chunks_sent[model]) - 1
+        if reply.hang_seconds:
+            time.sleep(reply.hang_seconds)
+            return
+        if reply.status != 200:
+            message = reply.error_message
+            if reply.echo_request:
+                said = (body.get("messages") or [{}])[-1].get("content")
+                message += (
+                    f" (you sent Authorization: {self.headers.get('Authorization')}; "
+                    f"your last message: {said})"
+                )
+            self._json(
+                reply.status,
+                {"error": {"message": message, "type": "fake"}},
+                reply.headers,
+            )
+            return
+        step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        if body.get("stream"):
+            self._stream(model, reply, step, request)
+        else:
+            self._json(200, _completion(model, reply, step))
 
-        return Handler
+    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, model: str, reply: Reply, number: int, request: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for index, chunk in enumerate(_chunks(model, reply, number)):
+            if reply.gate is not None and index == reply.hold_after_chunks:
+                self.wfile.flush()
+                reply.gate.wait(GATE_TIMEOUT_SECONDS)
+            if index == reply.stall_before_chunk:
+                time.sleep(reply.stall_seconds)
+            if reply.cut_after_chunks is not None and index >= reply.cut_after_chunks:
+                self.wfile.flush()
+                self.connection.close()
+                return
+            if reply.stamp_chunks and chunk["choices"]:
+                delta = chunk["choices"][0]["delta"]
+                if delta.get("content"):
+                    delta["content"] = f"{time.time():.6f} "
+            try:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            except OSError:
+                return  # the client is gone (a killed worker)
+            self.fake._count_chunk(model, request)
+            if reply.chunk_delay:
+                time.sleep(reply.chunk_delay)
+        self.wfile.write(b"data: [DONE]\n\n")
 
 
 def _call_id(number: int, index: int) -> str:

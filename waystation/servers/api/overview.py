@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
+from waystation.activities.run_history import read_run_input
 from waystation.client.agent_runtime import QUERY_TIMEOUT, AgentRuntime, TaskSummary
 from waystation.servers.api.auth import Reader, Runtime, settings_of
 from waystation.servers.api.paging import decode_page_token, encode_page_token
@@ -18,7 +19,6 @@ from waystation.servers.api.paths import TASK
 from waystation.servers.api.tasks import TaskId
 from waystation.vocabulary import STATUS_FILTERS, ApprovalRule, StatusFilter
 from waystation.workflows.events import AgentEvent
-from waystation.workflows.run import AgentRun
 
 router = APIRouter(tags=["console"])
 
@@ -97,15 +97,9 @@ async def read_task_text(runtime: AgentRuntime, task_id: str) -> str:
     summary = await description.static_summary()
     if summary:
         return summary
-    history = runtime.client.get_workflow_handle(task_id).fetch_history_events(page_size=1)
-    async for event in history:
-        payloads = event.workflow_execution_started_event_attributes.input.payloads
-        if payloads:
-            [run] = await runtime.client.data_converter.decode([payloads[0]], [AgentRun])
-            task = run.task if isinstance(run, AgentRun) else None
-            return " ".join(task.task.split())[:200] if task is not None else ""
-        break
-    return ""
+    run = await read_run_input(runtime.client, task_id)
+    task = run.task if run is not None else None
+    return " ".join(task.task.split())[:200] if task is not None else ""
 
 
 async def task_text(request: Request, runtime: AgentRuntime, task_id: str) -> str:

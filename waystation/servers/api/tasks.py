@@ -13,6 +13,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from temporalio.service import RPCError
 
 from waystation.client.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, TaskSummary
+from waystation.client.starting import default_model
 from waystation.client.task_errors import NoWorkerError, TaskStuckError
 from waystation.client.task_tree import TaskTree
 from waystation.client.tree_stream import (
@@ -32,7 +33,6 @@ from waystation.workflows.models import (
     TASK_TEXT_CHARS,
     AgentTask,
     Message,
-    ModelSettings,
     not_blank,
     not_too_deep,
 )
@@ -203,7 +203,7 @@ async def create_task(
 ) -> TaskCreated:
     """Start a task. With an Idempotency-Key, a retried POST returns the same task."""
     if "model" not in body.model_fields_set:
-        body = body.model_copy(update={"model": ModelSettings(name=runtime.settings.default_model)})
+        body = body.model_copy(update={"model": default_model(runtime.settings)})
     body = runtime.with_defaults(body)
     runtime.admit(body, who.role)  # before the Idempotency-Key's task is looked up
     task_id = task_id_for(idempotency_key) if idempotency_key else None

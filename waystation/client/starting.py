@@ -1,0 +1,106 @@
+"""Starting a task's workflow, and the task a start sends: one place for each, shared by
+`run`, `fork`, a follow-up message (waystation/client/messaging.py) and the servers and CLI
+that build tasks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from waystation.client.task_errors import UnknownToolsError
+from waystation.client.task_list import first_start
+from waystation.settings import Settings
+from waystation.workflows import options
+from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.models import AgentTask, Message, ModelSettings
+from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
+from waystation.workflows.tool_catalog import split_name
+
+WORKFLOW_TASK_TIMEOUT = options.WORKFLOW_TASK_TIMEOUT  # (workflows/options.py)
+SUMMARY_CHARS = 200
+
+
+def default_model(settings: Settings, name: str | None = None, **options: Any) -> ModelSettings:
+    """The model a task calls: `name`, else the deployment's default (its WAYSTATION_MODEL,
+    else the endpoint's default model, else the offline one)."""
+    return ModelSettings(name=name or settings.default_model, **options)
+
+
+def new_task(settings: Settings, text: str, **fields: Any) -> AgentTask:
+    """An AgentTask with the deployment's default model unless `fields` name one."""
+    fields.setdefault("model", default_model(settings))
+    return AgentTask(task=text, **fields)
+
+
+def with_defaults(settings: Settings, task: AgentTask) -> AgentTask:
+    """The task as it will run: what it leaves unset, the settings fill in (with no MCP
+    servers named, every one they declare; the heartbeat timeout)."""
+    defaults: dict[str, Any] = {}
+    if task.mcp_servers is None:
+        defaults["mcp_servers"] = list(settings.mcp_server_configs())
+    heartbeat = settings.heartbeat_timeout_seconds
+    if task.heartbeat_timeout_seconds is None and heartbeat is not None:
+        defaults["heartbeat_timeout_seconds"] = heartbeat
+    return task.model_copy(update=defaults) if defaults else task
+
+
+def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:
+    """Refuse a task whose `tools` name a tool nobody offers (rather than drop it)."""
+    servers = set(task.mcp_servers or [])
+    unknown = [
+        name
+        for name in task.tools or []
+        if name not in tool_names
+        and ((split := split_name(name)) is None or split[0] not in servers)
+    ]
+    if not unknown:
+        return
+    named = ", ".join(repr(n) for n in unknown)
+    offered = ", ".join(sorted(tool_names))
+    mcp = (
+        f"; MCP tools are server__tool for the servers {', '.join(sorted(servers))}"
+        if servers
+        else ""
+    )
+    raise UnknownToolsError(
+        unknown, f"unknown tool(s) in the task's tools: {named} (the tools are {offered}{mcp})"
+    )
+
+
+def summary(text: str, limit: int = SUMMARY_CHARS) -> str:
+    """What the Web UI shows for a task (encoded like every payload when a codec is on)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+async def start_agent(
+    client: Client,
+    task_id: str,
+    run: AgentRun,
+    *,
+    task_queue: str,
+    text: str,
+    started_at: datetime | None = None,
+    message: Message | None = None,
+    on_conflict: WorkflowIDConflictPolicy = WorkflowIDConflictPolicy.USE_EXISTING,
+    reuse: WorkflowIDReusePolicy = WorkflowIDReusePolicy.REJECT_DUPLICATE,
+) -> WorkflowHandle[AgentWorkflow, AgentOutcome]:
+    """Start the agent workflow `task_id` with `run`: its summary is the task's `text`, its
+    first start `started_at` (default now: the task list orders by it), and `message`, if
+    given, is its first Signal (signal-with-start: a follow-up's message)."""
+    return await client.start_workflow(
+        AgentWorkflow.run,
+        run,
+        id=task_id,
+        task_queue=task_queue,
+        start_signal=MESSAGE_SIGNAL if message is not None else None,
+        start_signal_args=[message] if message is not None else [],
+        id_conflict_policy=on_conflict,
+        id_reuse_policy=reuse,
+        static_summary=summary(text),
+        search_attributes=first_start(started_at or datetime.now(UTC)),
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
+    )
