@@ -432,6 +432,5 @@ def test_one_refusal_rule_reads_a_view_the_workflow_and_a_client_both_build() ->
     refused = messages.message_refusal(failed, Message(content="go on"))
     assert refused == (
         errors.TASK_NOT_TAKING_MESSAGES,
-        "task t failed: a message cannot continue it: resume it (with --message to tell it "
-        "something)",
+        "task t failed: a message cannot continue it; resume it, with a message if you like",
     )

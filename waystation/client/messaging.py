@@ -44,7 +44,6 @@ from waystation.client.task_list import task_origin
 from waystation.settings.commands import command
 from waystation.workflows import errors, messages, search
 from waystation.workflows.agent import AgentWorkflow
-from waystation.workflows.messages import size_of
 from waystation.workflows.models import AgentTask, Message
 from waystation.workflows.run import AgentOutcome, AgentRun
 
@@ -79,8 +78,7 @@ async def deliver(
 ) -> Delivery:
     """Deliver `message` to the task (see the module's docstring), or raise
     MessageRefusedError / TaskNotFoundError with a sentence."""
-    if refused := messages.room_refusal(task_id, messages.QueueVolume(), size_of(message)):
-        raise MessageRefusedError(task_id, refused[1], refused[0])  # too large for any queue
+    refuse(messages.MessageView(task_id, "running"), message)  # too large for any queue
     for _ in range(MOST_LOOKS):
         try:
             seen = await overview(client, task_id)
@@ -89,7 +87,8 @@ async def deliver(
                 raise not_found(task_id) from err
             raise
         if seen.status == WorkflowExecutionStatus.RUNNING:
-            refuse_unless_taking(task_id, str(seen.memo.get(search.MEMO_STATUS) or "running"))
+            status = str(seen.memo.get(search.MEMO_STATUS) or "running")
+            refuse(messages.MessageView(task_id, status), message)
             handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = client.get_workflow_handle_for(
                 AgentWorkflow.run, task_id, run_id=seen.run_id
             )
@@ -125,7 +124,8 @@ async def deliver(
             )
             return Delivery(started, started=True, stream_from=outcome.next_offset)
         status = seen.status.name.lower() if seen.status else "unknown"
-        refuse_unless_taking(task_id, "cancelled" if status == "canceled" else "failed")
+        ended = "cancelled" if status == "canceled" else "failed"
+        refuse(messages.MessageView(task_id, ended), message)
     raise MessageRefusedError(
         task_id,
         f"task {task_id} kept changing its run while the message was sent: send it again",
@@ -147,34 +147,25 @@ async def _check_room(
         waiting = await handle.query(AgentWorkflow.message_room, rpc_timeout=ROOM_WAIT)
     except (WorkflowQueryFailedError, RPCError):
         return
-    if message.message_id in waiting.message_ids:
-        return  # a repeat of a waiting message: it counts once
-    refused = messages.room_refusal(task_id, waiting, size_of(message))
-    if refused is not None:
-        kind, sentence = refused
-        raise MessageRefusedError(task_id, sentence, kind)
+    refuse(messages.MessageView(task_id, "running", waiting=waiting), message)
 
 
 async def _signal(handle: WorkflowHandle[AgentWorkflow, AgentOutcome], message: Message) -> None:
     await sending(lambda: handle.signal(AgentWorkflow.message, message))
 
 
-def refuse_unless_taking(task_id: str, status: str) -> None:
-    """A failed or cancelled task takes no message: say which way goes on."""
-    if status == "failed":
-        raise MessageRefusedError(
-            task_id,
-            f"task {task_id} failed: a message cannot continue it; resume it, with a message "
-            f"if you like ({command('resume', task_id, '--message')} '...')",
-            errors.TASK_NOT_TAKING_MESSAGES,
-        )
-    if status == "cancelled":
-        raise MessageRefusedError(
-            task_id,
-            f"task {task_id} was cancelled: a message cannot continue it; fork it to go on "
-            f"({command('fork', task_id, '--at')} SEQ --message '...')",
-            errors.TASK_NOT_TAKING_MESSAGES,
-        )
+def refuse(view: messages.MessageView, message: Message) -> None:
+    """Raise MessageRefusedError if the task cannot take `message`, by the workflow's own
+    rule (messages.message_refusal), with the command that goes on where there is one."""
+    refused = messages.message_refusal(view, message)
+    if refused is None:
+        return
+    sentence = refused.sentence
+    if refused.kind == errors.TASK_NOT_TAKING_MESSAGES and view.status == "failed":
+        sentence += f" ({command('resume', view.task_id, '--message')} '...')"
+    elif refused.kind == errors.TASK_NOT_TAKING_MESSAGES:
+        sentence += f" ({command('fork', view.task_id, '--at')} SEQ --message '...')"
+    raise MessageRefusedError(view.task_id, sentence, refused.kind)
 
 
 async def _next_run(

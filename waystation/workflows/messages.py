@@ -109,8 +109,8 @@ def message_refusal(view: MessageView, message: Message) -> Refusal | None:
         why = f" ({view.failure_kind}): {view.failure};" if view.failure_kind else ":"
         return Refusal(
             errors.TASK_NOT_TAKING_MESSAGES,
-            f"task {task_id} failed{why} a message cannot continue it: resume it (with "
-            "--message to tell it something)",
+            f"task {task_id} failed{why} a message cannot continue it; resume it, with a "
+            "message if you like",
         )
     if view.status == "cancelled":
         return Refusal(
