@@ -195,3 +195,19 @@ def test_the_worker_registers_every_contract(tmp_path: Path) -> None:
         str(activity._Definition.must_from_callable(c).name) for c in activity_contracts.CONTRACTS
     ]
     assert sorted(registered) == sorted(contracts)
+
+
+OLD_TOP_LEVEL = ("workflows", "activities", "runtime", "testing", "worker", "starter")
+
+
+def test_nothing_imports_the_roots_links_or_the_old_top_level_names() -> None:
+    """The root's workflows/ and activities/ are links for readers and worker.py/starter.py
+    scripts: importing them would load a second copy of a module under another name."""
+    root = PACKAGE.parent
+    wrong = []
+    for folder in ("waystation", "tests", "bench", "scripts"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for name, line in imported(path, "tests.probe"):
+                if name.split(".")[0] in OLD_TOP_LEVEL:
+                    wrong.append(f"{path.relative_to(root)}:{line} imports {name}")
+    assert wrong == []
