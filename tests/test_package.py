@@ -239,8 +239,9 @@ async def test_the_wheel_installs_into_a_project_with_its_own_workflows_and_work
     code, out, err = await typed("ws server start", empty, env)
     assert code == 0, err
     log = tmp_path / "worker.log"
-    worker = await started_worker(empty, env, log, "python", "worker.py")
+    worker: asyncio.subprocess.Process | None = None
     try:
+        worker = await started_worker(empty, env, log, "python", "worker.py")
         code, out, err = await typed(
             "ws run --no-worker 'What is 2 + 3? Write it to scratch/sum.txt'", empty, env
         )
@@ -261,8 +262,9 @@ async def test_the_wheel_installs_into_a_project_with_its_own_workflows_and_work
         assert code == 0, err
         assert "from-the-wheel" in out and "✔ done" in out
     finally:
-        worker.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(worker.wait(), 60)
+        if worker is not None:  # the server stops whatever failed: no test leaves one behind
+            worker.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(worker.wait(), 60)
         stopped = await typed("ws server stop", empty, env)
     assert "worker stopped" in log.read_text()
     assert stopped[0] == 0 and "stopped the embedded Temporal dev server" in stopped[2]
