@@ -25,6 +25,7 @@ from waystation import (
     ToolDefinitionError,
     ToolRegistry,
     UnknownToolsError,
+    load_tools,
     tool,
 )
 from waystation.activities.builtin_tools import builtin_registry
@@ -291,3 +292,13 @@ async def test_a_tools_module_that_cannot_load_is_one_sentence_everywhere(
         AgentRuntime(dev_env.client, settings.model_copy(update={"tools": ["no_such_tools"]}))
     with pytest.raises(UnknownToolsError):
         AgentRuntime(dev_env.client, settings).check_tools(agent_task("m", tools=["keep_note"]))
+
+
+def test_a_setting_naming_a_module_where_waystation_had_it_is_told_its_new_name() -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+        load_tools(["activities.builtin_tools"])
+    assert str(refused.value) == (
+        "WAYSTATION_TOOLS names 'activities.builtin_tools', which cannot be imported: "
+        "waystation's own modules are in the package waystation now "
+        "(waystation.activities.builtin_tools)"
+    )

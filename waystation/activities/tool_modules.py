@@ -99,7 +99,20 @@ def _import(module_name: str, entry: str) -> ModuleType:
             raise _unimportable(entry, again) from again
 
 
+# Where waystation's own modules stood before it was one package (issue 38): a setting
+# written then names them so.
+_MOVED_TOP_LEVEL = ("activities", "workflows", "runtime", "testing")
+
+
 def _unimportable(entry: str, err: ModuleNotFoundError) -> ToolDefinitionError:
+    if (
+        entry.split(".")[0] in _MOVED_TOP_LEVEL
+        and (err.name or "").split(".")[0] == (entry.split(".")[0])
+    ):
+        return ToolDefinitionError(
+            f"WAYSTATION_TOOLS names {entry!r}, which cannot be imported: waystation's own "
+            f"modules are in the package waystation now (waystation.{entry})"
+        )
     return ToolDefinitionError(
         f"WAYSTATION_TOOLS names {entry!r}, which cannot be imported: {err} (run from the "
         "folder that holds it, or put it on PYTHONPATH)"
