@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -83,6 +84,28 @@ def _as_tools(value: object) -> list[Tool[Any]] | None:
 def _import(module_name: str, entry: str) -> ModuleType:
     """The module, found where Python looks or else in the working directory (as uvicorn
     finds an app): a console script such as `ws` does not look there by itself."""
+    module = _found(module_name, entry)
+    # A checkout's root links workflows/ and activities/ into the package: importing through
+    # them would load a second copy of waystation's modules under other names.
+    if not module_name.startswith("waystation.") and _inside_waystation(module):
+        raise _moved(entry)
+    return module
+
+
+def _inside_waystation(module: ModuleType) -> bool:
+    here = Path(__file__).resolve().parents[1]  # the waystation package
+    where = getattr(module, "__file__", None)
+    return where is not None and Path(where).resolve().is_relative_to(here)
+
+
+def _moved(entry: str) -> ToolDefinitionError:
+    return ToolDefinitionError(
+        f"WAYSTATION_TOOLS names {entry!r}, which cannot be imported: waystation's own "
+        f"modules are in the package waystation now (waystation.{entry})"
+    )
+
+
+def _found(module_name: str, entry: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -109,10 +132,7 @@ def _unimportable(entry: str, err: ModuleNotFoundError) -> ToolDefinitionError:
         entry.split(".")[0] in _MOVED_TOP_LEVEL
         and (err.name or "").split(".")[0] == (entry.split(".")[0])
     ):
-        return ToolDefinitionError(
-            f"WAYSTATION_TOOLS names {entry!r}, which cannot be imported: waystation's own "
-            f"modules are in the package waystation now (waystation.{entry})"
-        )
+        return _moved(entry)
     return ToolDefinitionError(
         f"WAYSTATION_TOOLS names {entry!r}, which cannot be imported: {err} (run from the "
         "folder that holds it, or put it on PYTHONPATH)"
