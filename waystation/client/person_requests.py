@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from temporalio.service import RPCError, RPCStatusCode
 
 from waystation.client.task_errors import DecisionError
-from waystation.workflows import errors
+from waystation.workflows import approval, errors, questions, requests
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.approval import decision_problem
 from waystation.workflows.events import AgentState
@@ -32,11 +32,10 @@ Outcome = TypeVar("Outcome", DecisionOutcome, AnswerOutcome)
 class RequestKind(Generic[Response, Outcome]):
     """One kind of person-request, as the client responds to it."""
 
-    waiting_for: str  # "task T is running, not waiting for <this>"
+    workflow_kind: requests.AnyKind  # the kind as the workflow knows it: its words, its map
     pending_named: str  # "task T has 2 <these>; name one"
     outcome_named: str  # what a read-back waits for
     id_field: str  # the id a response and its outcome share
-    pending: Callable[[AgentState], Mapping[str, Any]]
     outcomes: Callable[[AgentState], Mapping[str, Outcome]]
     problem: Callable[[AgentState, Response], Problem | None]
     signal: Callable[[Response], Any]  # the AgentWorkflow Signal that carries it
@@ -44,7 +43,7 @@ class RequestKind(Generic[Response, Outcome]):
     def only_pending(self, task_id: str, state: AgentState) -> str:
         """The request a response that names none is for: the only pending one, or (none
         pending) the latest one responded to, whose outcome a repeat gets back."""
-        pending = list(self.pending(state))
+        pending = list(self.workflow_kind.pending(state))
         if len(pending) > 1:
             raise DecisionError(
                 task_id,
@@ -56,7 +55,7 @@ class RequestKind(Generic[Response, Outcome]):
         if not pending and not outcomes:
             raise DecisionError(
                 task_id,
-                f"task {task_id} is {state.status}, not waiting for {self.waiting_for}",
+                f"task {task_id} is {state.status}, not waiting for {self.workflow_kind.awaiting}",
                 errors.TASK_NOT_WAITING,
             )
         return pending[0] if pending else list(outcomes)[-1]
@@ -75,30 +74,25 @@ class RequestKind(Generic[Response, Outcome]):
         return outcome.model_copy(update={"duplicate": True}) if outcome is not None else None
 
     def not_waiting(self, task_id: str, state: AgentState, request_id: str) -> DecisionError:
-        return DecisionError(
-            task_id,
-            f"task is {state.status}, not waiting for {self.waiting_for} (request {request_id})",
-            errors.TASK_NOT_WAITING,
-        )
+        problem = requests.not_waiting(self.workflow_kind, state, request_id)
+        return DecisionError(task_id, problem.message, problem.kind)
 
 
 APPROVALS: RequestKind[Decision, DecisionOutcome] = RequestKind(
-    waiting_for="approval",
+    workflow_kind=approval.APPROVALS,
     pending_named="pending approval requests",
     outcome_named="decision",
     id_field="decision_id",
-    pending=lambda state: state.pending_approvals,
     outcomes=lambda state: state.decisions,
     problem=decision_problem,
     signal=lambda d: AgentWorkflow.reject if d.decision == "reject" else AgentWorkflow.approve,
 )
 
 QUESTIONS: RequestKind[Answer, AnswerOutcome] = RequestKind(
-    waiting_for="an answer",
+    workflow_kind=questions.QUESTIONS,
     pending_named="pending questions",
     outcome_named="answer",
     id_field="answer_id",
-    pending=lambda state: state.pending_questions,
     outcomes=lambda state: state.answers,
     problem=answer_problem,
     signal=lambda _: AgentWorkflow.answer_signal,

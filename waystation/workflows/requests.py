@@ -159,13 +159,19 @@ def problem(
     if (waiting := pending.get(request_id)) is not None:
         return kind.check(response, waiting)
     if state.finished or not pending:
-        return Problem(
-            errors.TASK_NOT_WAITING,
-            f"task is {state.status}, not waiting for {kind.awaiting} ({kind.noun} {request_id})",
-        )
+        return not_waiting(kind, state, request_id)
     return Problem(
         errors.UNKNOWN_REQUEST,
         f"unknown {kind.unknown_noun} {request_id}; pending: " + ", ".join(pending),
+    )
+
+
+def not_waiting(kind: AnyKind, state: AgentState, request_id: str) -> Problem:
+    """A response for a task that waits for no request of its kind (the rule's and a
+    client's after the task closed)."""
+    return Problem(
+        errors.TASK_NOT_WAITING,
+        f"task is {state.status}, not waiting for {kind.awaiting} ({kind.noun} {request_id})",
     )
 
 
