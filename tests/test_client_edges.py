@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from temporalio.client import (
     Client,
+    QueryWorkflowInput,
     SignalWorkflowInput,
     WorkflowExecutionStatus,
 )
@@ -74,6 +75,24 @@ async def test_queries_no_worker_answers_end_with_a_clear_error(
         rf"'{settings.task_queue}'",
     ):
         await following
+
+
+async def test_a_query_the_server_gives_up_on_is_unanswered_not_a_raw_rpc_error(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """The server drops a query whose worker died while holding it ("context canceled");
+    the caller is told no worker answered, which a caller may ask again."""
+
+    async def server_gives_up(_: QueryWorkflowInput) -> None:
+        raise RPCError("context canceled", RPCStatusCode.CANCELLED, b"")
+
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(
+            ClientHooks(before_query=server_gives_up).client(dev_env.client), settings
+        )
+        handle = await runtime.run(agent_task("offline"))
+        with pytest.raises(NoWorkerError, match="no worker answered the state query"):
+            await handle.state(within=timedelta(seconds=1))
 
 
 # --- a repeated approval, and the memo after the wait ---------------------------------------

@@ -33,7 +33,7 @@ from waystation.client.health import cannot_run, unanswered, worker_hint
 from waystation.client.messaging import Delivery, deliver
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
 from waystation.client.starting import WORKFLOW_TASK_TIMEOUT, start_agent
-from waystation.client.streaming import StreamHub, StreamItem
+from waystation.client.streaming import UNANSWERED, StreamHub, StreamItem
 from waystation.client.task_errors import (
     DecisionError,
     MessageRefusedError,
@@ -123,6 +123,9 @@ class AgentRuntime:
             except TimeoutError:
                 raise await self.no_worker(task_id, what, limit) from None
             except RPCError as err:
+                if err.status in UNANSWERED:
+                    # The server gave up on it: say, the worker holding the query died.
+                    raise await self.no_worker(task_id, what, limit) from None
                 # Refused while the workflow task keeps failing: on a payload the worker
                 # cannot decrypt, the worker's sentence says so.
                 if (problem := await cannot_run(self.client, task_id, err)) is not None:

@@ -46,7 +46,7 @@ NEXT_TURN_INTERVAL = timedelta(seconds=1)
 POLL_TIMEOUT = timedelta(seconds=10)
 LONGEST_POLL = timedelta(minutes=2)
 # How the SDK and the server report a query that got no answer before its deadline.
-_UNANSWERED = frozenset({RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED})
+UNANSWERED = frozenset({RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED})
 
 
 class StreamGap(BaseModel):
@@ -313,7 +313,7 @@ class StreamHub:
                 reader.poll_within = within
                 return read
             except RPCError as err:
-                if err.status not in _UNANSWERED:
+                if err.status not in UNANSWERED:
                     raise
             if (hint := await worker_hint(self._client, self._task_queue)) is not None:
                 what = "the stream's poll"
