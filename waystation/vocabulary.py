@@ -23,8 +23,9 @@ NotifiableKind = Literal["approval_requested", "question_asked", "done", "failed
 """What a webhook endpoint may subscribe to."""
 NOTIFIABLE_KINDS: tuple[str, ...] = get_args(NotifiableKind)
 
-ActiveStatus = Literal["running", "waiting_approval", "waiting_input"]
-"""A task at work: running, or waiting for an approver or for an answer."""
+ActiveStatus = Literal["running", "waiting_approval", "waiting_input", "waiting_worker"]
+"""A task at work: running, or waiting for an approver, for an answer, or for a worker that
+has what it needs (its tools, sub-agents or model endpoint)."""
 TerminalStatus = Literal["done", "failed", "cancelled"]
 """A task that ended its turn (a failed one may still be resumed, a done one followed up)."""
 TaskStatus = Literal["pending", ActiveStatus, TerminalStatus]

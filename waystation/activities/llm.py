@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.workflow_streams import TopicHandle, WorkflowStreamClient
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from waystation.activities.attempt_step import failures_name_step
 from waystation.activities.call_ids import unique_call_ids
@@ -36,6 +36,7 @@ from waystation.activities.spans import span
 from waystation.activities.structured_output import final_answer_call, native_answer
 from waystation.activities.text_tool_calls import recover_tool_calls
 from waystation.activities.tools import ToolRegistry
+from waystation.activities.worker_offer import model_need
 from waystation.vocabulary import OFFLINE_MODEL
 from waystation.workflows import errors, outputs
 from waystation.workflows.conversation import assistant_message, conversation_digest, message_digest
@@ -452,9 +453,46 @@ class LlmActivities:
 
     @activity.defn(name="call_llm")
     async def call_llm(self, request: LlmRequest) -> LlmResult:
-        """Stream one assistant message for the step; tool calls come back checked."""
+        """Stream one assistant message for the step; tool calls come back checked. A
+        worker that lacks what the task needs says so (WORKER_LACKS) and does nothing."""
+        self._check_capable(request)
         with failures_name_step(request.step):
-            return await self._call(request)
+            if not request.wait_for_capable_worker:
+                return await self._call(request)
+            try:
+                result = await self._call(request)
+            except ApplicationError as err:
+                # Once, here: the workflow makes the call again with its usual retries.
+                raise ApplicationError(
+                    err.message, *err.details, type=err.type, non_retryable=True
+                ) from err
+            except Exception as err:
+                raise ApplicationError(
+                    str(err), type=errors.LLM_UNAVAILABLE, non_retryable=True
+                ) from err
+            return result.model_copy(update={"worker": activity.client().identity})
+
+    def lacks(self, requires: list[str] | None, model: str) -> list[str]:
+        """What a task that needs the tools `requires` and calls `model` lacks here."""
+        missing = [name for name in requires or [] if self._registry.get(name) is None]
+        served = model == OFFLINE_MODEL or model in self._named_backends
+        if not served and self._endpoint is None:
+            missing.append(model_need(model))
+        return missing
+
+    def _check_capable(self, request: LlmRequest) -> None:
+        if not (missing := self.lacks(request.requires, request.model.name)):
+            return
+        them = "it" if len(missing) == 1 else "them"
+        raise ApplicationError(
+            f"a worker of task queue {activity.info().task_queue!r} lacks "
+            f"{', '.join(missing)}: the task waits for a worker that has {them}",
+            missing,
+            type=errors.WORKER_LACKS,
+            # While the task waits for a worker, the next attempt may find one.
+            non_retryable=not request.wait_for_capable_worker,
+            category=ApplicationErrorCategory.BENIGN,  # no traceback in the worker's log
+        )
 
     async def _call(self, request: LlmRequest) -> LlmResult:
         # Numbered past the attempts of any call of this step a message interrupted.

@@ -132,6 +132,13 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     shown["temporal"] = temporal
     shown["default_model"] = settings.default_model
     shown["workspace_dir"] = str(settings.workspace_dir)
+    if args.name is not None:
+        if args.name not in shown:
+            say(f"error: no setting named {args.name!r}; `ws config` lists them")
+            return 2
+        value = shown[args.name]
+        print(value if isinstance(value, str) else json.dumps(value, default=str))
+        return 0
     print(json.dumps(shown, indent=2, default=str))
     return 0
 

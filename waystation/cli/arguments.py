@@ -174,8 +174,12 @@ def reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
     stream.add_argument("--wait", type=float, help="seconds to wait for the task to start")
     add_worker_flag(stream)
 
-    status = commands.add_parser("status", help="folded state and pending approvals")
-    status.add_argument("id")
+    status = commands.add_parser(
+        "status",
+        help="a task's folded state and pending requests; without an id, the project, "
+        "server, task queue and workers this side uses",
+    )
+    status.add_argument("id", nargs="?")
     status.add_argument("--json", action="store_true")
     status.add_argument("--timeout", type=float, default=10)
     add_worker_flag(status)
@@ -203,7 +207,13 @@ def admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "tools", help="the deployment's tools and MCP tools, with approval and retry defaults"
     )
     commands.add_parser("worker", help="run a worker in the foreground")
-    commands.add_parser("config", help="the effective settings, secrets masked")
+    config = commands.add_parser("config", help="the effective settings, secrets masked")
+    config.add_argument("name", nargs="?", help="one setting's value alone (e.g. task_queue)")
+    commands.add_parser(
+        "doctor",
+        help="the project, server, task queue and workers, and how the workers' settings "
+        "differ from this side's",
+    )
     commands.add_parser("setup", help="register the search attributes on the namespace")
     commands.add_parser("api", help="serve the HTTP API (WAYSTATION_API_HOST/PORT/TOKENS)")
 

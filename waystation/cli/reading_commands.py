@@ -52,6 +52,10 @@ def emit(item: StreamItem, view: LiveView, as_json: bool) -> None:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    if args.id is None:
+        from waystation.cli.project_commands import cmd_where
+
+        return await cmd_where(args, settings)
     client = await connect(settings, start_server=False)
     runtime = AgentRuntime(client, settings)
     handle = await runtime.find(args.id)

@@ -380,6 +380,8 @@ def render_state(state: AgentState, task_id: str, tree: TaskTree | None = None) 
         lines.append(f"result    {state.result}")
     if state.failure is not None:
         lines.append(f"failure   {state.failure}")
+    if state.status == "waiting_worker":
+        lines.append(f"waiting   for a worker that offers {', '.join(state.missing)}")
     for question in state.pending_questions.values():
         choices = f" [{' / '.join(question.choices)}]" if question.choices else ""
         lines.append(f"question  [{question.request_id}] {question.question}{choices}")

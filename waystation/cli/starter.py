@@ -26,7 +26,13 @@ from temporalio.service import RPCError
 
 from waystation.activities.storage.errors import StorageError
 from waystation.activities.tools import ToolDefinitionError
-from waystation.cli import admin_commands, arguments, reading_commands, task_commands
+from waystation.cli import (
+    admin_commands,
+    arguments,
+    project_commands,
+    reading_commands,
+    task_commands,
+)
 from waystation.cli.terminal import EXIT_CANCELLED, EXIT_FAILED, UsageError, say
 from waystation.client.agent_runtime import (
     DecisionError,
@@ -79,6 +85,7 @@ COMMANDS = {
     "tools": admin_commands.cmd_tools,
     "worker": admin_commands.cmd_worker,
     "config": admin_commands.cmd_config,
+    "doctor": project_commands.cmd_doctor,
     "setup": admin_commands.cmd_setup,
     "server": admin_commands.cmd_server,
     "storage": admin_commands.cmd_storage,

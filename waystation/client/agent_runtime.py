@@ -32,6 +32,7 @@ from waystation.client.handle import QUERY_TIMEOUT, UPDATE_TIMEOUT, TaskHandle
 from waystation.client.health import cannot_run, unanswered, worker_hint
 from waystation.client.messaging import Delivery, deliver
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
+from waystation.client.serving_workers import check_servable, offers_of
 from waystation.client.starting import WORKFLOW_TASK_TIMEOUT, start_agent
 from waystation.client.streaming import UNANSWERED, StreamHub, StreamItem
 from waystation.client.task_errors import (
@@ -49,6 +50,7 @@ from waystation.client.task_errors import (
 )
 from waystation.client.task_list import InvalidPageTokenError, TaskSummary, list_page
 from waystation.client.task_log import TaskLog
+from waystation.client.task_rights import TaskRefusedError
 from waystation.client.tree_stream import (
     InvalidCursorError,
     TreeCursor,
@@ -94,6 +96,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+WORKER_LISTING_GRACE = timedelta(seconds=2)
 
 
 class AgentRuntime:
@@ -145,7 +150,7 @@ class AgentRuntime:
     def with_defaults(self, task: AgentTask) -> AgentTask:
         """The task as it will run: what it leaves unset, the settings fill in (with no MCP
         servers named, every one they declare; the heartbeat timeout)."""
-        return starting.with_defaults(self.settings, task)
+        return starting.with_defaults(self.settings, task, self.tool_names)
 
     def check_tools(self, task: AgentTask) -> None:
         """Refuse a task whose `tools` name a tool nobody offers (rather than drop it)."""
@@ -161,6 +166,21 @@ class AgentRuntime:
         self.check_tools(task)
         servers = self.settings.mcp_server_configs()
         task_rights.admit(task, role, self.settings, self.tools, servers)
+
+    async def check_workers(self, task: AgentTask) -> None:
+        """Refuse a task no live worker of the queue can serve (TaskRefusedError, kind
+        no_capable_worker), when every one says what it offers (client/serving_workers.py)."""
+        try:
+            check_servable(
+                task, self.settings.task_queue, await offers_of(self.client, self.settings)
+            )
+        except TaskRefusedError:
+            # Temporal lists a worker only once it polls, and one that stopped for a while
+            # after: a worker started a moment ago (say, to replace that one) gets a moment.
+            await asyncio.sleep(WORKER_LISTING_GRACE.total_seconds())
+            check_servable(
+                task, self.settings.task_queue, await offers_of(self.client, self.settings)
+            )
 
     @overload
     async def run(
@@ -196,6 +216,7 @@ class AgentRuntime:
             schema = TypeAdapter(output_type).json_schema()
             task = task.model_copy(update={"output_schema": schema_problem(schema)})
         self.admit(task, role, task_id)
+        await self.check_workers(task)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:
             started = await start_agent(

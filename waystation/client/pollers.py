@@ -20,7 +20,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
-from waystation.activities.storage.deployment import STORAGE_TAG
+from waystation.activities.storage.deployment import OFFER_TAG, STORAGE_TAG
 from waystation.settings.commands import command
 
 # A live worker's long poll lasts up to ~70 s before it polls again: a poller seen longer
@@ -57,7 +57,7 @@ def serving(identity: str, *, this_process: bool) -> bool:
     count (it stops when the command ends)."""
     if not identity.startswith(CLI_WORKER_PREFIX):
         return True
-    base = identity.partition(STORAGE_TAG)[0]  # a command's worker that takes tool calls
+    base = identity.partition(STORAGE_TAG)[0].partition(OFFER_TAG)[0]  # tags of a worker's
     if base == cli_worker_identity():
         return this_process
     pid, at, host = base.removeprefix(CLI_WORKER_PREFIX).partition("@")

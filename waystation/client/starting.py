@@ -35,10 +35,16 @@ def new_task(settings: Settings, text: str, **fields: Any) -> AgentTask:
     return AgentTask(task=text, **fields)
 
 
-def with_defaults(settings: Settings, task: AgentTask) -> AgentTask:
+def with_defaults(
+    settings: Settings, task: AgentTask, tool_names: frozenset[str] = frozenset()
+) -> AgentTask:
     """The task as it will run: what it leaves unset, the settings fill in (with no MCP
-    servers named, every one they declare; the heartbeat timeout)."""
+    servers named, every one they declare; the heartbeat timeout; what a worker must offer
+    it: the tools it names, or every one of `tool_names`)."""
     defaults: dict[str, Any] = {}
+    if task.requires is None:
+        named = task.tools if task.tools is not None else sorted(tool_names)
+        defaults["requires"] = [name for name in named if name in tool_names]
     if task.mcp_servers is None:
         defaults["mcp_servers"] = list(settings.mcp_server_configs())
     heartbeat = settings.heartbeat_timeout_seconds
@@ -56,6 +62,7 @@ def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:
         if name not in tool_names
         and ((split := split_name(name)) is None or split[0] not in servers)
     ]
+    unknown += [n for n in task.requires or [] if n not in tool_names and n not in unknown]
     if not unknown:
         return
     named = ", ".join(repr(n) for n in unknown)

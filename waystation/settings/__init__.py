@@ -6,6 +6,7 @@ TOML profiles) are read by `temporalio.envconfig`, so an existing Temporal setup
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,12 +18,20 @@ from waystation.settings.webhooks import WebhookEndpoint, check_console_url, par
 from waystation.vocabulary import OFFLINE_MODEL
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_NOT_IN_PROJECT_NAME = re.compile(r"[^a-z0-9._-]+")
 BUILTIN_TOOLS_MODULE = "waystation.activities.builtin_tools"
 
 
 # Who a caller is (waystation/client/task_rights.py says what each may set on a task): a reader
 # starts and reads tasks, an approver also decides approvals and widens a task's rights.
 Role = Literal["reader", "approver"]
+
+
+def project_of_directory(directory: Path) -> str:
+    """A project name from a directory's: lower case, runs of other characters as `-`."""
+    name = _NOT_IN_PROJECT_NAME.sub("-", directory.name.lower()).strip("-._")[:63]
+    return name or "default"
 
 
 class ApiToken(BaseModel):
@@ -38,7 +47,18 @@ class Settings(BaseSettings):
         env_prefix="WAYSTATION_", frozen=True, extra="ignore", env_ignore_empty=True
     )
 
-    task_queue: str = "waystation"
+    project: str = Field(
+        default_factory=lambda: project_of_directory(Path.cwd()),
+        description="The project's name: its task queue is waystation-<project>, so projects "
+        "beside each other on one Temporal server never run each other's tasks. Default: the "
+        "current directory's name.",
+    )
+    task_queue: str = Field(
+        default_factory=lambda fields: f"waystation-{fields['project']}",
+        min_length=1,
+        max_length=200,
+        description="The task queue of workers and clients; default waystation-<project>.",
+    )
     data_dir: Path = Field(
         default=Path(".waystation"), description="Dev server database, workspace, logs."
     )
@@ -250,6 +270,16 @@ class Settings(BaseSettings):
         if isinstance(value, str):  # the variable: entries separated by commas
             return [entry.strip() for entry in value.split(",") if entry.strip()]
         return value
+
+    @field_validator("project")
+    @classmethod
+    def _project_name(cls, name: str) -> str:
+        if not PROJECT_NAME.match(name):
+            raise ValueError(
+                "a project name is 1 to 63 lower-case letters, digits, '.', '_' or '-', "
+                "starting with a letter or a digit"
+            )
+        return name
 
     @field_validator("mcp_servers")
     @classmethod

@@ -17,6 +17,8 @@ def validation_sentence(
     the value itself: a rule said alone when that is empty), or what `place` makes of it."""
     problems = []
     for error in err.errors(include_input=False, include_url=False):
+        if error["type"] == "default_factory_not_called":
+            continue  # a default made from a value that failed: that failure says it
         loc = error["loc"]
         where = place(loc) if place is not None else ".".join(str(p) for p in loc) or whole
         problems.append(f"{where}: {error['msg']}" if where else error["msg"])

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from waystation.activities.chat import ChatBackend
@@ -44,10 +45,18 @@ from waystation.activities.tool_activities import ToolActivities
 from waystation.activities.tool_modules import load_tools
 from waystation.activities.tools import ToolDefinitionError, ToolRegistry
 from waystation.activities.turns import TurnActivities
+from waystation.activities.worker_offer import (
+    WorkerOffer,
+    offer_of,
+    publish,
+    with_offer,
+    without_offer,
+)
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.auto_repair import repair_now_and_then
 from waystation.client.hidden_environment import hide_starting_environment
 from waystation.client.known_secrets import redactor_for
+from waystation.client.serving_workers import live_offers
 from waystation.client.stuck_notices import notify_stuck_now_and_then
 from waystation.client.temporal import TemporalUnavailableError, connect
 from waystation.settings import Settings
@@ -93,9 +102,11 @@ class AgentWorker(Worker):
         settings: Settings,
         serves_tools: bool,
         owns_storage: bool,
+        offer: WorkerOffer,
         **options: Any,
     ) -> None:
         super().__init__(client, **options)
+        self.offer = offer
         self.llm = llm
         self.mcp = mcp
         self.notify = notify
@@ -123,11 +134,31 @@ class AgentWorker(Worker):
             # The task queue first: a refused worker leaves no marker in the workspace.
             await check_task_queue(self.storage, self._temporal, self._queue)
             await check_workspace(self.storage, self._settings.workspace_dir)
+            await publish(self.storage, self.offer)
         except BaseException:
             if self._owns_storage:
                 await self.storage.close()
             raise
         self._prepared = True
+        await self._say_how_others_differ()
+
+    async def _say_how_others_differ(self) -> None:
+        """Log how the other live workers of this queue are set up otherwise (a worker
+        started before a setting changed, or another project's on the same queue)."""
+        try:
+            others = await live_offers(self._temporal, self._queue, self.storage)
+        except RPCError:  # a server that cannot list pollers (the time-skipping one)
+            return
+        for identity, offer in others:
+            if offer is None or offer.digest == self.offer.digest:
+                continue
+            if said := self.offer.differences(offer):
+                logger.warning(
+                    "worker %s on task queue %r differs from this one: %s",
+                    without_offer(identity),
+                    self._queue,
+                    "; ".join(said),
+                )
 
     async def __aenter__(self) -> AgentWorker:
         await self.prepare()
@@ -313,7 +344,13 @@ def build_worker(
     )
     worker_log.redact_records(served.redactor)
     # Other workers read the storage in the identity to refuse a queue with two ledgers.
-    named = worker_identity(identity or client.identity, storage.kind) if activities else identity
+    queue = task_queue or settings.task_queue
+    offer = offer_of(settings, registry, list(backends or {}), queue)
+    named = (
+        with_offer(worker_identity(identity or client.identity, storage.kind), offer)
+        if activities
+        else identity
+    )
     return AgentWorker(
         client,
         llm=served.llm,
@@ -323,7 +360,8 @@ def build_worker(
         settings=settings,
         serves_tools=activities,
         owns_storage=owns_storage,
-        task_queue=task_queue or settings.task_queue,
+        offer=offer,
+        task_queue=queue,
         workflows=[AgentWorkflow, NotificationWorkflow],
         activities=served.functions(),
         no_remote_activities=not activities,

@@ -59,7 +59,10 @@ def cancel_wins() -> Iterator[None]:
 
 def start_model_call(task: AgentTask, request: LlmRequest) -> workflow.ActivityHandle[LlmResult]:
     """The model call as a handle the loop can cancel (a message that interrupts it)."""
-    return workflow.start_activity(contracts.call_llm, request, **options.model_call(task))
+    config = options.model_call(task)
+    if request.wait_for_capable_worker:
+        config = {**config, **options.capable_worker_search()}
+    return workflow.start_activity(contracts.call_llm, request, **config)
 
 
 def task_cancelling() -> bool:

@@ -93,7 +93,7 @@ def budget_shares(task: AgentTask, used: int, calls: int) -> int | None:
 # its caller's, so a setting added to AgentTask is inherited without a line here.
 AGENT_OWNS = frozenset(
     {"task", "system_prompt", "model", "tools", "max_steps", "token_budget"}
-    | {"output_schema", "mcp_servers", "parent"}
+    | {"output_schema", "mcp_servers", "parent", "requires"}
 )
 
 
@@ -113,8 +113,16 @@ def child_task(
         "output_schema": spec.output_schema,
         "mcp_servers": spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
         "parent": at,
+        "requires": own_needs(parent, spec),
     }
     return parent.model_copy(update=own)
+
+
+def own_needs(parent: AgentTask, spec: AgentSpec) -> list[str] | None:
+    """What a worker must offer the child: its caller's needs, narrowed to its own tools."""
+    if spec.tools is None or parent.requires is None:
+        return parent.requires
+    return [name for name in spec.tools if name in parent.requires]
 
 
 def refusal(task: AgentTask, call: ToolCall, index: int) -> ToolResult | None:

@@ -10,6 +10,9 @@ LLM_UNAVAILABLE = "LlmUnavailable"
 LLM_MALFORMED_RESPONSE = "LlmMalformedResponse"
 # The task names a real model but the worker has no endpoint configured.
 LLM_NOT_CONFIGURED = "LlmNotConfigured"
+# The worker that took a model call lacks a tool, sub-agent or model endpoint the task
+# needs (AgentTask.requires): the workflow waits for a worker that has them.
+WORKER_LACKS = "WorkerLacks"
 # Messages of the conversation are neither in the task's runs nor in the store.
 CONVERSATION_LOST = "ConversationLost"
 # A run's events could not be read whole to archive them (the log then reads by query).

@@ -246,6 +246,24 @@ class OutputRejected(EventBase):
     message: str = Field(description="What the model is told.")
 
 
+class WaitingWorker(EventBase):
+    """The worker that took the step's model call lacks what the task needs (a tool, a
+    sub-agent, a model endpoint): the task waits for a worker that has it."""
+
+    type: Literal["waiting_worker"] = "waiting_worker"
+    missing: list[str] = Field(description="What the worker lacked, by name.")
+    message: str
+
+
+class WorkerFound(EventBase):
+    """A worker that has what the task needs took it up: the step goes on."""
+
+    type: Literal["worker_found"] = "worker_found"
+    worker: str | None = Field(
+        default=None, description="The worker's identity (None: its call failed)."
+    )
+
+
 class Failed(EventBase):
     type: Literal["failed"] = "failed"
     kind: RecordedFailureKind = Field(description="A FailureKind.")
@@ -275,6 +293,8 @@ AgentEvent = Annotated[
     | ContextCompacted
     | Done
     | OutputRejected
+    | WaitingWorker
+    | WorkerFound
     | Failed
     | Cancelled,
     Field(discriminator="type"),
@@ -294,7 +314,8 @@ def draft(event_type: type[E], step: int, /, **fields: Any) -> E:
 
 def thought_of(step: int, result: LlmResult) -> Thought:
     """The event of a model's answer; its tool calls are kept as the model objects."""
-    fields = result.model_dump(exclude={"tool_calls", "stale_servers", "output", "output_problem"})
+    left_out = {"tool_calls", "stale_servers", "output", "output_problem", "worker"}
+    fields = result.model_dump(exclude=left_out)
     return draft(Thought, step, **fields, tool_calls=result.tool_calls)
 
 
@@ -486,6 +507,10 @@ class AgentState(Contract):
     output: Any | None = Field(default=None, description="The last answer's data, if typed.")
     children: dict[str, ChildAgent] = Field(
         default_factory=dict, description="Sub-agents started by the latest calls, by call id."
+    )
+    missing: list[str] = Field(
+        default_factory=list,
+        description="With status waiting_worker: what the worker that took the task lacked.",
     )
 
     @property
@@ -745,6 +770,14 @@ def _output_rejected(state: AgentState, event: OutputRejected) -> Changes:
     }
 
 
+def _waiting_worker(state: AgentState, event: WaitingWorker) -> Changes:
+    return {"status": "waiting_worker", "missing": event.missing}
+
+
+def _worker_found(state: AgentState, event: WorkerFound) -> Changes:
+    return {"status": "running", "missing": []}
+
+
 def _failed(state: AgentState, event: Failed) -> Changes:
     return {"status": "failed", "failure": event.reason, "failure_kind": event.kind}
 
@@ -781,6 +814,8 @@ APPLY_RULES: dict[str, Callable[[AgentState, Any], Changes]] = {
     "context_compacted": _context_compacted,
     "done": _done,
     "output_rejected": _output_rejected,
+    "waiting_worker": _waiting_worker,
+    "worker_found": _worker_found,
     "failed": _failed,
     "cancelled": _cancelled,
 }

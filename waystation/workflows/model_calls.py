@@ -25,6 +25,8 @@ from waystation.workflows.events import (
     ErrorEvent,
     Interrupted,
     OutputRejected,
+    WaitingWorker,
+    WorkerFound,
     draft,
     thought_of,
 )
@@ -55,6 +57,8 @@ class ModelCalls(RunCore):
             conversation_digest=self._conversation_digest(),
             catalog_digest=catalog_digest(self._catalog) if self._catalog else None,
             first_attempt=1 + self._state.interrupts * self._task.model.max_attempts,
+            requires=self._task.requires,
+            wait_for_capable_worker=self._state.status == "waiting_worker",
         )
         call = activity_calls.start_model_call(self._task, request)
         try:
@@ -76,9 +80,11 @@ class ModelCalls(RunCore):
                 return
             if activity_calls.cancelled(err):
                 raise asyncio.CancelledError() from None
-            await self._model_failed(step, err)
+            await self._model_failed(step, request, err)
             return
         self._clock = sample_clock()
+        if request.wait_for_capable_worker:
+            self._append(draft(WorkerFound, self._state.step, worker=result.worker))
         self._append(thought_of(step, result))
         self._relist(result.stale_servers)
         if result.tool_calls:
@@ -106,8 +112,19 @@ class ModelCalls(RunCore):
             )
         )
 
-    async def _model_failed(self, step: int, err: ActivityError) -> None:
+    async def _model_failed(self, step: int, request: LlmRequest, err: ActivityError) -> None:
         cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.type == errors.WORKER_LACKS:
+            # The loop calls the model again, waiting for a worker that has what it needs.
+            missing = [str(name) for name in cause.details[0]] if cause.details else []
+            at = self._state.step
+            self._append(draft(WaitingWorker, at, missing=missing, message=cause.message))
+            return
+        if request.wait_for_capable_worker:
+            # A worker that has what the task needs made the call, which failed: the wait
+            # is over, and the loop makes the call again with its usual retries.
+            self._append(draft(WorkerFound, self._state.step, worker=None))
+            return
         if not (isinstance(cause, ApplicationError) and cause.type == errors.LLM_CONTEXT_TOO_LONG):
             detail = activity_calls.detail(err)
             await self._fail(FailureKind.LLM_ERROR, f"the LLM call of step {step} failed: {detail}")

@@ -217,6 +217,14 @@ class AgentTask(Contract):
         max_length=200,
         description="Tool names the model may call; None means every registered tool.",
     )
+    requires: list[str] | None = Field(
+        default=None,
+        max_length=500,
+        description="The tools and agent__<name> sub-agents a worker must offer to take the "
+        "task's model calls: clients fill in the tools it names, or every tool they offer. A "
+        "worker that lacks one leaves the call to another (the task shows `waiting_worker`). "
+        "None: any worker.",
+    )
     max_steps: int = Field(default=20, ge=1, le=100_000, description="Most LLM calls for the task.")
     token_budget: int | None = Field(
         default=None,
@@ -425,6 +433,15 @@ class LlmRequest(Contract):
         "attempt of a call of the same step that a message interrupted, so their void text "
         "is told apart.",
     )
+    requires: list[str] | None = Field(
+        default=None, description="The task's `requires`: what the worker must offer."
+    )
+    wait_for_capable_worker: bool = Field(
+        default=False,
+        description="The task waits for a worker that has what it needs: one that lacks it "
+        "fails the attempt to be retried; the one that has it makes the call once (its "
+        "failure ends the wait, and the call is made again as usual).",
+    )
 
 
 class SummaryRequest(Contract):
@@ -457,6 +474,9 @@ class ConversationSnapshot(Contract):
 class LlmResult(Contract):
     """The assistant's message for one step, assembled from the stream."""
 
+    worker: str | None = Field(
+        default=None, description="Who made a call that waited for a capable worker."
+    )
     content: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)

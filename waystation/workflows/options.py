@@ -76,6 +76,21 @@ def model_call(task: AgentTask, model: ModelSettings | None = None) -> workflow.
     )
 
 
+# A model call made while a task waits for a worker that has what it needs: attempts on
+# workers that lack it fail at once and are tried again soon after, however long none comes
+# (no attempt adds to history); the call that a capable worker makes is not retried here.
+CAPABLE_WORKER_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,
+)
+
+
+def capable_worker_search() -> workflow.ActivityConfig:
+    return workflow.ActivityConfig(retry_policy=CAPABLE_WORKER_RETRY)
+
+
 def tool_call(
     task: AgentTask, retry_safe: bool, runs_for: timedelta | None = None
 ) -> workflow.ActivityConfig:

@@ -101,6 +101,8 @@ async def check_workspace(storage: Storage, workspace: Path) -> WorkspaceMarker:
 
 
 STORAGE_TAG = " storage="
+# After the storage tag: the digest of what the worker offers (activities/worker_offer.py).
+OFFER_TAG = " offer="
 # How often a worker on SQLite looks again at who serves its task queue: tool calls run on
 # a worker that shares the queue with another ledger at most this long before it stops.
 QUEUE_CHECK_SECONDS = 10.0
@@ -129,7 +131,7 @@ def host_of(identity: str) -> str | None:
 
 
 def poller_of(identity: str) -> Poller:
-    base, tag, kind = identity.rpartition(STORAGE_TAG)
+    base, tag, kind = identity.partition(OFFER_TAG)[0].rpartition(STORAGE_TAG)
     if not tag or not kind:
         return Poller(identity, host_of(identity), None)
     return Poller(identity, host_of(base), kind)

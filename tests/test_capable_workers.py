@@ -1,0 +1,119 @@
+"""No task runs on a worker that cannot serve it: a worker that lacks a task's sub-agent,
+tool or model endpoint leaves its model call to one that has it (the task shows
+`waiting_worker` meanwhile), a task no live worker can serve is refused before it starts,
+and workers and `ws doctor` say how their settings differ."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from tests.helpers import agent_task, of_type, wait_for_state
+from tests.test_cli import starter
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.serving_workers import offers_of
+from waystation.client.task_rights import TaskRefusedError
+from waystation.settings import Settings
+from waystation.testing.workers import running_worker
+from waystation.vocabulary import OFFLINE_MODEL
+
+MATH = json.dumps(
+    [{"name": "math", "description": "Works out arithmetic.", "tools": ["calculator"]}]
+)
+DELEGATING = "Have the math agent work out (12 + 30) * 7"
+
+
+async def started_tasks(env: WorkflowEnvironment, settings: Settings) -> int:
+    count = await env.client.count_workflows(f"TaskQueue = '{settings.task_queue}'")
+    return count.count
+
+
+async def test_a_task_whose_worker_lacks_its_agent_waits_until_a_worker_that_has_it_comes(
+    dev_env: WorkflowEnvironment, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_agent = settings.model_copy(update={"agents": MATH})
+    runtime = AgentRuntime(dev_env.client, with_agent)
+    # No worker polls yet, so nothing refuses the start: the task waits for one.
+    handle = await runtime.run(agent_task(OFFLINE_MODEL, DELEGATING))
+    async with running_worker(dev_env.client, settings):  # started before the agent existed
+        state = await wait_for_state(handle, lambda s: s.status == "waiting_worker")
+        assert state.missing == ["agent__math"]
+        [waiting] = of_type(await handle.events(), "waiting_worker")
+        assert waiting.missing == ["agent__math"] and "lacks agent__math" in waiting.message
+        code, out, _ = await starter(dev_env, settings, "status", handle.id, "--no-worker")
+        assert code == 0, out
+        assert "status    waiting_worker" in out
+        assert "waiting   for a worker that offers agent__math" in out
+        # A worker with the agent comes while the one without it still polls.
+        # Another connection: the SDK takes one worker per queue and client.
+        base = dev_env.client
+        other = await Client.connect(
+            base.service_client.config.target_host, data_converter=base.data_converter
+        )
+        with caplog.at_level(logging.WARNING, logger="waystation.worker"):
+            async with running_worker(other, with_agent):
+                result = await handle.result()
+                events = await handle.events()
+    assert "294" in result.result
+    assert [e.agent for e in of_type(events, "agent_started")] == ["math"]
+    assert len(of_type(events, "worker_found")) >= 1
+    differing = [
+        r.getMessage() for r in caplog.records if "differs from this one" in r.getMessage()
+    ]
+    assert any("without agent__math" in line for line in differing), differing
+
+
+async def until_polled(env: WorkflowEnvironment, settings: Settings) -> None:
+    """Until Temporal lists a worker polling the settings' queue, with a known offer."""
+    async with asyncio.timeout(60):
+        while (
+            not (offers := await offers_of(env.client, settings)) or None in dict(offers).values()
+        ):
+            await asyncio.sleep(0.1)
+
+
+async def test_a_task_no_live_worker_can_serve_is_refused_before_it_starts(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    offline_only = settings.model_copy(update={"openai_api_key": None, "openai_base_url": None})
+    with_agent = settings.model_copy(update={"agents": MATH})
+    async with running_worker(dev_env.client, offline_only):
+        await until_polled(dev_env, offline_only)
+        runtime = AgentRuntime(dev_env.client, offline_only)
+        with pytest.raises(TaskRefusedError, match="a model endpoint for 'gpt-4o-mini'") as model:
+            await runtime.run(agent_task("gpt-4o-mini"))
+        assert model.value.kind == "no_capable_worker" and model.value.status == 409
+        with pytest.raises(TaskRefusedError, match="lacks agent__math"):
+            await AgentRuntime(dev_env.client, with_agent).run(
+                agent_task(OFFLINE_MODEL, DELEGATING)
+            )
+        assert await started_tasks(dev_env, settings) == 0
+        # What it can serve starts as ever.
+        handle = await runtime.run(agent_task(OFFLINE_MODEL, "What is 2 + 3?"))
+        assert (await handle.result()).result
+        # The CLI says the same in one sentence; `ws doctor` names the difference.
+        agents = {"WAYSTATION_AGENTS": MATH}
+        code, _, err = await starter(
+            dev_env, settings, "run", DELEGATING, "--no-worker", extra_env=agents
+        )
+        assert code == 2 and err.count("\n") == 1 and "lacks agent__math" in err, err
+        code, out, err = await starter(dev_env, settings, "doctor", extra_env=agents)
+        assert code == 1, (out, err)
+        assert f"task queue  {settings.task_queue}" in out
+        assert "differs" in out and "without agent__math" in out, out
+
+
+async def test_ws_status_without_an_id_names_the_project_queue_and_workers(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    async with running_worker(dev_env.client, settings):
+        code, out, err = await starter(dev_env, settings, "status")
+    assert code == 0, err
+    assert f"project     {settings.project}" in out
+    assert f"task queue  {settings.task_queue}" in out
+    assert "worker      " in out and "model endpoint http://" in out, out

@@ -1,0 +1,96 @@
+"""Which live workers can serve a task, from what each offers (activities/worker_offer.py):
+a task none of them can serve is refused before it starts, and a client says how its own
+settings differ from the workers'.
+
+Temporal lists the workers polling a queue with their identities, which name their offers;
+the offers themselves are in the deployment's storage. A worker that names no offer (another
+program, another version) or whose offer this side cannot read may serve anything: a task
+is refused only when every live worker's offer is known and none serves it.
+"""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from waystation.activities.storage import Storage, StorageError
+from waystation.activities.worker_offer import (
+    WorkerOffer,
+    offer_digest_in,
+    read_offers,
+    without_offer,
+)
+from waystation.client.pollers import polling_workers
+from waystation.client.task_rights import TaskRefusedError
+from waystation.settings import Settings
+from waystation.settings.commands import command
+from waystation.workflows.models import AgentTask
+
+# Offers by digest: content-addressed, so one read serves this process for good.
+_known: dict[str, WorkerOffer] = {}
+
+
+async def live_offers(
+    client: Client, task_queue: str, storage: Storage | None
+) -> list[tuple[str, WorkerOffer | None]]:
+    """Each worker polling `task_queue` for model and tool calls lately, with its offer
+    (None: it names none, or it cannot be read here). `storage` (opened) is read for the
+    offers this process has not seen; None: only those it has."""
+    identities = await polling_workers(client, task_queue, "activity", this_process=True)
+    unseen = [d for i in identities if (d := offer_digest_in(i)) and d not in _known]
+    if unseen and storage is not None:
+        _known.update(await read_offers(storage, unseen))
+    return [(i, _known.get(offer_digest_in(i) or "")) for i in identities]
+
+
+async def offers_of(client: Client, settings: Settings) -> list[tuple[str, WorkerOffer | None]]:
+    """`live_offers` of the settings' queue; the settings' storage is opened only for
+    offers not seen yet. A server that cannot list pollers: no worker is known."""
+    try:
+        identities = await polling_workers(
+            client, settings.task_queue, "activity", this_process=True
+        )
+    except RPCError:
+        return []
+    if all(d in _known for i in identities if (d := offer_digest_in(i))):
+        return [(i, _known.get(offer_digest_in(i) or "")) for i in identities]
+    storage = Storage.from_settings(settings)
+    try:
+        await storage.open()
+    except StorageError:
+        return await live_offers(client, settings.task_queue, None)
+    try:
+        return await live_offers(client, settings.task_queue, storage)
+    finally:
+        await storage.close()
+
+
+def check_servable(
+    task: AgentTask, task_queue: str, offers: list[tuple[str, WorkerOffer | None]]
+) -> None:
+    """Refuse (TaskRefusedError, 409) a task that no live worker can serve, when every live
+    worker's offer is known; with no worker at all the task is started, to wait for one."""
+    if not offers or any(offer is None for _, offer in offers):
+        return
+    lacking = [offer.missing(task.requires, task.model.name) for _, offer in offers if offer]
+    if any(not missing for missing in lacking):
+        return
+    first = min(lacking, key=len)
+    workers = "the worker" if len(lacking) == 1 else f"each of the {len(lacking)} workers"
+    raise TaskRefusedError(
+        "tools",
+        409,
+        "no_capable_worker",
+        f"no worker polling task queue {task_queue!r} can serve this task: {workers} lacks "
+        f"{', '.join(first)}; start a worker with the settings that offer it "
+        f"(WAYSTATION_TOOLS, WAYSTATION_AGENTS, the model endpoint): {command('worker')}",
+    )
+
+
+def differences_from(mine: WorkerOffer, offers: list[tuple[str, WorkerOffer | None]]) -> list[str]:
+    """One line per live worker whose settings differ from this side's, saying how."""
+    lines = []
+    for identity, offer in offers:
+        if offer is not None and offer.digest != mine.digest and (said := mine.differences(offer)):
+            lines.append(f"worker {without_offer(identity)}: {'; '.join(said)}")
+    return lines
