@@ -436,5 +436,11 @@ async def test_header_inbox_task_list_and_task_page_fit_a_phone_and_a_desktop(
     await expect(page.locator(".task-turns")).to_have_text("2 (1 follow-up)")
     await fits_the_window(page, width, f"a conversation's page at {width} px")
 
+    await page.get_by_role("link", name="New task", exact=True).first.click()
+    await expect(page.get_by_role("button", name="Start task")).to_be_visible()
+    await fits_the_window(page, width, f"the new task form at {width} px")
+    if width == PHONE:
+        await tappable(page, "the new task form")
+
 
 pytestmark = pytest.mark.timeout(180)
