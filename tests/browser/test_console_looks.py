@@ -27,12 +27,13 @@ from tests.browser.pages import (
     card,
     decided,
     long_word,
+    question_card,
     readable,
     said,
     start,
 )
 from tests.browser.stack import ALICE, ApiProcess, ConsoleStack
-from tests.helpers import pending_requests
+from tests.helpers import pending_requests, wait_for_state
 from waystation.client.agent_runtime import TaskHandle
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 from waystation.testing.proc import free_port
@@ -391,6 +392,15 @@ async def test_header_inbox_task_list_and_task_page_fit_a_phone_and_a_desktop(
     )
     await pending_requests(waiting)
 
+    def asking(body: dict[str, Any]) -> Reply:
+        if said(body):
+            return text(f"Deploying to {said(body)[-1]}.")
+        question = {"question": "Where do I deploy?", "choices": ["staging", "production"]}
+        return tools(("ask_person", question), content="I need to ask first.")
+
+    deploy = await start(stack, fake_openai.script(asking), "Deploy the release")
+    await wait_for_state(deploy, lambda state: bool(state.pending_questions))
+
     # The API lists them with their turns and when each last did something: a running one's
     # latest history event, a closed one's close.
     async with httpx.AsyncClient(
@@ -405,6 +415,7 @@ async def test_header_inbox_task_list_and_task_page_fit_a_phone_and_a_desktop(
     page = await open_console(ALICE, viewport={"width": width, "height": 844})
     approval = card(page, waiting.id)
     await expect(approval.get_by_role("button", name=re.compile("^Approve"))).to_be_visible()
+    await expect(question_card(page, deploy.id).locator("button.choice")).to_have_count(2)
     await header_reads(page, width)
     await fits_the_window(page, width, f"the inbox at {width} px")
     if width == PHONE:
