@@ -74,8 +74,9 @@ class TaskSummary(BaseModel):
     )
     last_activity_at: datetime | None = Field(
         default=None,
-        description="When the task last did something: its latest event in Temporal's "
-        "history (for a closed run, its close).",
+        description="When the task last did something: a closed run's close; a running "
+        "task's latest event in Temporal's history where the lister reads it (a call per "
+        "task: the HTTP API and the console do, AgentRuntime.list_tasks leaves it null).",
     )
 
 
