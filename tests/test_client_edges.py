@@ -147,7 +147,8 @@ async def test_a_repeated_approval_without_request_id_gets_the_same_answer(
     raw, _ = await process.communicate()
     assert process.returncode == 0, raw.decode()
     fields = json.loads(raw)["workflowExecutionInfo"]["memo"]["fields"]
-    assert fields == {search.MEMO_STATUS: "done"}, fields  # the CLI shows plain JSON decoded
+    # the CLI shows plain JSON decoded
+    assert fields == {search.MEMO_STATUS: "done", search.MEMO_TURNS: 1}, fields
 
 
 # --- "Workflow is busy" ------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def test_the_first_write_says_everything() -> None:
         "AgentModel": "gpt-4o",
         "AgentWaitingSince": None,
     }
-    assert memo == {search.MEMO_STATUS: "running", search.MEMO_PENDING: None}
+    assert memo == {search.MEMO_STATUS: "running", search.MEMO_PENDING: None, search.MEMO_TURNS: 1}
 
 
 def test_a_new_step_alone_is_written_once_the_refresh_interval_has_passed() -> None:
@@ -82,7 +82,16 @@ def test_a_status_change_is_written_at_once_with_its_step_and_the_memo() -> None
     done = AgentState(status="done", step=4)
     _, updates, memo = search.visibility_updates(done, "m", published, moment)
     assert written(updates) == {"AgentStatus": "done", "AgentWaitingSince": None}
-    assert memo == {search.MEMO_STATUS: "done", search.MEMO_PENDING: None}
+    assert memo == {search.MEMO_STATUS: "done", search.MEMO_PENDING: None, search.MEMO_TURNS: 1}
+
+
+def test_a_follow_up_rewrites_the_memo_with_the_conversation_s_turns() -> None:
+    """A follow-up begins a turn and changes the status with it: the memo a task list reads
+    counts the turns without a write of its own."""
+    published, _, _ = search.visibility_updates(AgentState(status="done", step=2), "m", None, T0)
+    follow_up = AgentState(status="running", step=2, turn=1)
+    _, _, memo = search.visibility_updates(follow_up, "m", published, T0 + timedelta(seconds=1))
+    assert memo is not None and memo[search.MEMO_TURNS] == 2
 
 
 def test_runs_recorded_before_the_refresh_write_everything_at_every_step() -> None:

@@ -46,8 +46,9 @@ def task_id_of(page: Page) -> str:
 
 
 async def shoot(page: Page, name: str, tmp_path: Path) -> None:
-    folder = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
-    await page.screenshot(path=folder / name, full_page=True, animations="disabled")
+    path = (Path(SCREENSHOTS) if SCREENSHOTS else tmp_path) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=path, full_page=True, animations="disabled")
 
 
 async def start(stack: ConsoleStack, model: str, task: str, **kw: Any) -> TaskHandle:

@@ -1,7 +1,8 @@
 """How the console reads, in a real browser against the real API and worker processes: long
 unbroken words, a finished task's answer, the inbox before its first answer, the dark theme,
 compact inbox cards, the task list's timestamps, a failed task's reason, the header without
-tokens. Every wait is on a state the page or the task shows, never on the clock."""
+tokens, every page on a phone (390 px wide) and on a desktop (1,280 px). Every wait is on a
+state the page or the task shows, never on the clock."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import httpx
 import pytest
 from playwright.async_api import Page, Route, expect
 
+from tests.browser import pages
 from tests.browser.conftest import OpenConsole, sign_in
 from tests.browser.pages import (
     answer,
@@ -25,12 +27,13 @@ from tests.browser.pages import (
     card,
     decided,
     long_word,
+    question_card,
     readable,
     said,
     start,
 )
 from tests.browser.stack import ALICE, ApiProcess, ConsoleStack
-from tests.helpers import pending_requests
+from tests.helpers import pending_requests, wait_for_state
 from waystation.client.agent_runtime import TaskHandle
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 from waystation.testing.proc import free_port
@@ -306,6 +309,152 @@ async def test_without_api_tokens_the_header_says_there_is_no_sign_in(
         await expect(note).to_have_attribute("title", explained)
     finally:
         open_api.kill()
+
+
+PHONE, DESKTOP = 390, 1280
+# The smallest box a finger hits reliably (Apple's 44 pt; WCAG 2.5.5's 44 CSS px).
+TAPPABLE_PX = 44
+
+# The lines each piece of the header's text takes (a word broken letter by letter takes many).
+HEADER_LINES = """() => {
+  const parts = document.querySelectorAll(
+    "header.top .brand, header.top nav a, .who-name, .who .badge, .who button");
+  return [...parts].filter((part) => part.getClientRects().length).map((part) => {
+    const range = document.createRange();
+    range.selectNodeContents(part);
+    const rects = [...range.getClientRects()].sort((a, b) => a.top - b.top);
+    let lines = 0;
+    let bottom = -Infinity;
+    for (const rect of rects) {
+      if (rect.top >= bottom - 1) lines += 1;
+      bottom = rect.top >= bottom - 1 ? rect.bottom : Math.max(bottom, rect.bottom);
+    }
+    return { text: part.textContent.trim(), lines };
+  });
+}"""
+
+# Every visible button and button-like link in the page, with its size.
+TAP_TARGETS = """() => [...document.querySelectorAll("button, a.button, header.top nav a")]
+  .filter((element) => element.getClientRects().length)
+  .map((element) => {
+    const box = element.getBoundingClientRect();
+    return { text: element.textContent.trim().slice(0, 30), width: box.width, height: box.height };
+  })"""
+
+
+async def fits_the_window(page: Page, width: int, where: str) -> None:
+    """Nothing wider than the window (nor than its own box) on the page."""
+    page_width = await page.evaluate("document.documentElement.scrollWidth")
+    assert page_width <= width, f"{where}: the page is {page_width} px wide in {width} px"
+    await assert_fits(page, where)
+
+
+async def header_reads(page: Page, width: int) -> None:
+    parts = await page.evaluate(HEADER_LINES)
+    assert {p["text"] for p in parts} >= {"waystation", "Tasks", "New task", "alice"}, parts
+    assert [p for p in parts if p["lines"] != 1] == [], f"header words wrap at {width} px"
+    header = await page.locator("header.top").bounding_box()
+    assert header and header["height"] <= 110, f"the header takes {header} at {width} px"
+
+
+async def tappable(page: Page, where: str) -> None:
+    targets = await page.evaluate(TAP_TARGETS)
+    assert targets, f"{where}: no buttons"
+    small = [t for t in targets if min(t["width"], t["height"]) < TAPPABLE_PX - 0.5]
+    assert small == [], f"{where}: buttons too small to tap"
+
+
+async def shown_at(page: Page, width: int, name: str, tmp_path: Path) -> None:
+    await pages.shoot(page, f"screenshots/console-{width}-{name}.png", tmp_path)
+
+
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+async def test_header_inbox_task_list_and_task_page_fit_a_phone_and_a_desktop(
+    width: int,
+    stack: ConsoleStack,
+    fake_openai: FakeOpenAI,
+    open_console: OpenConsole,
+    tmp_path: Path,
+) -> None:
+    # A conversation of two turns, finished; then a task waiting for an approval.
+    replies = iter([text("Paris is the capital of France."), text("Berlin, of Germany.")])
+    chat = await start(stack, fake_openai.script(lambda body: next(replies)), "Capital of France?")
+    await chat.result()
+    await (await chat.send("And Germany?", sender="alice")).result()
+
+    def shell(body: dict[str, Any]) -> Reply:
+        if said(body):
+            return text("Listed.")
+        return tools(("run_shell", {"command": "ls -la /srv/releases"}), content="Let me look.")
+
+    waiting = await start(
+        stack, fake_openai.script(shell), "List the releases on the server and say which is newest"
+    )
+    await pending_requests(waiting)
+
+    def asking(body: dict[str, Any]) -> Reply:
+        if said(body):
+            return text(f"Deploying to {said(body)[-1]}.")
+        question = {"question": "Where do I deploy?", "choices": ["staging", "production"]}
+        return tools(("ask_person", question), content="I need to ask first.")
+
+    deploy = await start(stack, fake_openai.script(asking), "Deploy the release")
+    await wait_for_state(deploy, lambda state: bool(state.pending_questions))
+
+    # The API lists them with their turns and when each last did something: a running one's
+    # latest history event, a closed one's close.
+    async with httpx.AsyncClient(
+        base_url=stack.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as http:
+        listed = {t["id"]: t for t in (await http.get("/tasks")).json()["tasks"]}
+    assert listed[chat.id]["turns"] == 2
+    assert listed[chat.id]["last_activity_at"] == listed[chat.id]["closed_at"]
+    assert listed[waiting.id]["turns"] == 1 and listed[waiting.id]["closed_at"] is None
+    assert listed[waiting.id]["last_activity_at"] >= listed[waiting.id]["started_at"]
+
+    page = await open_console(ALICE, viewport={"width": width, "height": 844})
+    approval = card(page, waiting.id)
+    await expect(approval.get_by_role("button", name=re.compile("^Approve"))).to_be_visible()
+    await expect(question_card(page, deploy.id).locator("button.choice")).to_have_count(2)
+    await header_reads(page, width)
+    await fits_the_window(page, width, f"the inbox at {width} px")
+    if width == PHONE:
+        await tappable(page, "the inbox")
+    await shown_at(page, width, "inbox", tmp_path)
+
+    await page.get_by_role("link", name="Tasks", exact=True).click()
+    row = page.locator(f'[data-task-id="{chat.id}"]')
+    await expect(row.locator(".turns")).to_have_text("2 turns")
+    latest = row.locator(".latest")
+    await expect(latest).to_have_text(re.compile(r"^(\d+ s|\d+ min) ago$"))
+    # The words follow the clock while the list stays open (the list itself is unchanged).
+    await expect(latest).not_to_have_text(await latest.text_content() or "")
+    await expect(page.locator(f'[data-task-id="{waiting.id}"] .turns')).to_have_text("1 turn")
+    await header_reads(page, width)
+    await fits_the_window(page, width, f"the task list at {width} px")
+    if width == PHONE:
+        await tappable(page, "the task list")
+    await shown_at(page, width, "tasks", tmp_path)
+
+    await page.locator(f'[data-task-id="{waiting.id}"] a').first.click()
+    await expect(page.locator(".task-status")).to_have_text("waiting approval")
+    await expect(page.locator("li.type-approval_requested")).to_be_visible()
+    await expect(page.get_by_label("Message to the task")).to_be_visible()
+    await header_reads(page, width)
+    await fits_the_window(page, width, f"a task page at {width} px")
+    if width == PHONE:
+        await tappable(page, "a task page")
+    await shown_at(page, width, "task", tmp_path)
+
+    await page.goto(f"{stack.url}/#/tasks/{chat.id}")
+    await expect(page.locator(".task-turns")).to_have_text("2 (1 follow-up)")
+    await fits_the_window(page, width, f"a conversation's page at {width} px")
+
+    await page.get_by_role("link", name="New task", exact=True).first.click()
+    await expect(page.get_by_role("button", name="Start task")).to_be_visible()
+    await fits_the_window(page, width, f"the new task form at {width} px")
+    if width == PHONE:
+        await tappable(page, "the new task form")
 
 
 pytestmark = pytest.mark.timeout(180)

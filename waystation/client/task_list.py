@@ -9,10 +9,16 @@ close order until none unread can have started later than the page's oldest (a r
 after it starts). The page token is the start time a page ended at: a task keeps its place
 in the pages while it closes, and a task is listed once, as its latest run (a resumed or
 repaired task's earlier run, and the runs a long task continued as new, are not listed).
+
+A listed task's turns come from its memo, which the listing carries; when it last did
+something is its close time once closed, and for a running task the time of its latest
+history event, read from Temporal by `with_latest_activity` (a call per running task, no
+worker), which callers that show it ask for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 from collections.abc import AsyncIterator
@@ -22,7 +28,10 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.common.v1 import SearchAttributes
 from temporalio.api.common.v1 import WorkflowExecution as ExecutionRef
-from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkflowExecutionRequest,
+    GetWorkflowExecutionHistoryReverseRequest,
+)
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.converter import decode_typed_search_attributes
@@ -44,6 +53,11 @@ _REPLACEABLE = frozenset(
 )
 
 
+# Running tasks whose latest event is read at once, and how long one read may take.
+ACTIVITY_READS_AT_ONCE = 8
+ACTIVITY_READ_SECONDS = 5.0
+
+
 class TaskSummary(BaseModel):
     """One task as Temporal's visibility lists it (no worker needed)."""
 
@@ -52,6 +66,18 @@ class TaskSummary(BaseModel):
     step: int | None = None
     started_at: datetime
     closed_at: datetime | None = None
+    turns: int | None = Field(
+        default=None,
+        description="The conversation's turns: 1 for the task, one more per follow-up (null "
+        "for a task that has not changed status since before waystation counted them, or "
+        "whose memo is encrypted with a key this side lacks).",
+    )
+    last_activity_at: datetime | None = Field(
+        default=None,
+        description="When the task last did something: a closed run's close; a running "
+        "task's latest event in Temporal's history where the lister reads it (a call per "
+        "task: the HTTP API and the console do, AgentRuntime.list_tasks leaves it null).",
+    )
 
 
 class InvalidPageTokenError(ValueError):
@@ -115,7 +141,7 @@ class _Listed:
         """Newest started first; tasks started at the same instant by id."""
         return (self.started, self.id)
 
-    def summary(self) -> TaskSummary:
+    async def summary(self, client: Client) -> TaskSummary:
         e = self.execution
         first_start = e.typed_search_attributes.get(search.AGENT_TASK_STARTED)
         return TaskSummary(
@@ -126,7 +152,20 @@ class _Listed:
             step=e.typed_search_attributes.get(search.AGENT_STEP),
             started_at=first_start or e.start_time,
             closed_at=e.close_time,
+            turns=await self._turns(client),
+            last_activity_at=e.close_time,
         )
+
+    async def _turns(self, client: Client) -> int | None:
+        """The memo's turn count, decoded alone (the rest of the memo is not needed)."""
+        payload = self.execution.raw_info.memo.fields.get(search.MEMO_TURNS)
+        if payload is None:
+            return None
+        try:
+            [turns] = await client.data_converter.decode([payload], [int])
+        except Exception:  # sealed with a key this side lacks: listed without a count
+            return None
+        return turns if isinstance(turns, int) else None
 
 
 class _Page:
@@ -272,11 +311,46 @@ async def list_page(
             by_id[listed.id] = listed
     ordered = sorted(by_id.values(), key=lambda listed: listed.order, reverse=True)
     shown = ordered[:page_size]
+    summaries = [await listed.summary(client) for listed in shown]
     if len(ordered) <= page_size:
-        return [listed.summary() for listed in shown], None
+        return summaries, None
     last = shown[-1].started
     listed_there = [listed.id for listed in shown if listed.started == last]
     if cursor is not None and cursor.instant == last:
         listed_there += cursor.listed
     after = _Cursor(seconds=last[0], nanos=last[1], listed=listed_there)
-    return [listed.summary() for listed in shown], after.model_dump_json().encode()
+    return summaries, after.model_dump_json().encode()
+
+
+async def with_latest_activity(client: Client, tasks: list[TaskSummary]) -> list[TaskSummary]:
+    """`tasks` with `last_activity_at` of each running one: the time of its latest history
+    event, one Temporal call each (a few at once). A task that cannot be read in time keeps
+    none; a closed one has its close time already."""
+    gate = asyncio.Semaphore(ACTIVITY_READS_AT_ONCE)
+
+    async def latest(task: TaskSummary) -> TaskSummary:
+        if task.closed_at is not None:
+            return task
+        async with gate:
+            try:
+                async with asyncio.timeout(ACTIVITY_READ_SECONDS):
+                    at = await _latest_event_at(client, task.id)
+            except (TimeoutError, RPCError):  # a nicety: the task is listed without it
+                return task
+        return task.model_copy(update={"last_activity_at": at})
+
+    return list(await asyncio.gather(*(latest(task) for task in tasks)))
+
+
+async def _latest_event_at(client: Client, task_id: str) -> datetime | None:
+    """When the latest run of `task_id` recorded its latest history event."""
+    request = GetWorkflowExecutionHistoryReverseRequest(
+        namespace=client.namespace,
+        execution=ExecutionRef(workflow_id=task_id),
+        maximum_page_size=1,
+    )
+    response = await reading(
+        lambda: client.workflow_service.get_workflow_execution_history_reverse(request)
+    )
+    events = response.history.events
+    return events[0].event_time.ToDatetime(tzinfo=UTC) if events else None

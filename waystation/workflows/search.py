@@ -51,6 +51,9 @@ def reports_stuck(attributes: Mapping[str, Sequence[Any]]) -> bool:
 MEMO_STATUS = "status"
 MEMO_PENDING = "pending"
 MEMO_PARENT = "parent"
+# The conversation's turns (the task's own, then one per follow-up): a follow-up changes the
+# status, so the memo is rewritten with it at no extra write.
+MEMO_TURNS = "turns"
 MEMO_ARGUMENT_CHARS = 300
 
 
@@ -129,7 +132,7 @@ class _Pending:
 def _memo(state: AgentState, pending: _Pending) -> dict[str, Any]:
     listed = [pending_memo(p) for p in pending.approvals]
     listed += [question_memo(q) for q in pending.questions]
-    return {MEMO_STATUS: state.status, MEMO_PENDING: listed or None}
+    return {MEMO_STATUS: state.status, MEMO_PENDING: listed or None, MEMO_TURNS: state.turn + 1}
 
 
 def _waiting_since(value: datetime | None) -> SearchAttributeUpdate[Any]:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from waystation.activities.run_history import read_run_input
 from waystation.client.agent_runtime import QUERY_TIMEOUT, AgentRuntime, TaskSummary
+from waystation.client.task_list import with_latest_activity
 from waystation.servers.api.auth import Reader, Runtime, settings_of
 from waystation.servers.api.paging import decode_page_token, encode_page_token
 from waystation.servers.api.paths import TASK
@@ -143,8 +144,9 @@ async def listed_tasks(
     page_size: Annotated[int, Query(ge=1, le=200)] = 25,
     page_token: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> ListedTaskPage:
-    """Tasks, newest first, with their text; `q` keeps those whose text contains it
-    (case-insensitive), reading on through up to 500 tasks for one page of matches."""
+    """Tasks, newest first, with their text, turns and latest activity; `q` keeps those whose
+    text contains it (case-insensitive), reading on through up to 500 tasks for one page of
+    matches."""
     token = decode_page_token(page_token) if page_token else None
     wanted = q.casefold().strip() if q else ""
     found: list[ListedTask] = []
@@ -162,6 +164,10 @@ async def listed_tasks(
             break
         if scanned >= SCANNED_PER_SEARCH:
             break
+    found = [
+        ListedTask(**t.model_dump())
+        for t in await with_latest_activity(runtime.client, list(found))
+    ]
     encoded = encode_page_token(token) if token else None
     return ListedTaskPage(tasks=found, next_page_token=encoded, scanned=scanned)
 

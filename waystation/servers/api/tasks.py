@@ -15,6 +15,7 @@ from temporalio.service import RPCError
 from waystation.client.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, TaskSummary
 from waystation.client.starting import default_model
 from waystation.client.task_errors import NoWorkerError, TaskStuckError
+from waystation.client.task_list import with_latest_activity
 from waystation.client.task_tree import TaskTree
 from waystation.client.tree_stream import (
     CURSOR_CHARS,
@@ -233,9 +234,11 @@ async def list_tasks(
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> TaskPage:
-    """Tasks, newest first, from Temporal's visibility (paginated)."""
+    """Tasks, newest first, from Temporal's visibility (paginated), with when each last did
+    something (a running one's latest history event, read from Temporal)."""
     token = decode_page_token(page_token) if page_token else None
     tasks, next_token = await runtime.list_tasks(status, page_size, token)
+    tasks = await with_latest_activity(runtime.client, tasks)
     encoded = encode_page_token(next_token) if next_token else None
     return TaskPage(tasks=tasks, next_page_token=encoded)
 

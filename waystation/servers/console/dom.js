@@ -63,6 +63,24 @@ export function moment(iso) {
   }, clock.format(date));
 }
 
+/** A <time> saying how long ago `iso` was ("3 min ago"), the moment in full in its title;
+ * `refreshAges` keeps its words in step with the clock. */
+export function ago(iso, className = "ago") {
+  const date = new Date(iso);
+  return h("time", {
+    class: className,
+    datetime: date.toISOString(),
+    title: `${clockInFull.format(date)} (${date.toISOString()})`,
+  }, `${since(iso)} ago`);
+}
+
+/** Rewrite the words of every `ago` time under `root` for the clock as it is now. */
+export function refreshAges(root, now = Date.now()) {
+  for (const time of root.querySelectorAll("time[datetime]")) {
+    if (time.textContent.endsWith(" ago")) time.textContent = `${since(time.dateTime, now)} ago`;
+  }
+}
+
 /** "4 s", "3 min", "2 h 5 min", "3 d 4 h": how long ago `iso` was. */
 export function since(iso, now = Date.now()) {
   return duration((now - new Date(iso).getTime()) / 1000);

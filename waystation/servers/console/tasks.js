@@ -1,7 +1,7 @@
 // The task list (status filter, search by task text, pages) and the start-task form.
 
 import { ApiError, api, idempotencyKey } from "./api.js";
-import { h, moment, replace, statusBadge } from "./dom.js";
+import { ago, h, moment, refreshAges, replace, statusBadge } from "./dom.js";
 
 const PAGE_SIZE = 25;
 const REFRESH_MS = 3000;
@@ -80,6 +80,7 @@ export function mountTaskList(main, { session }) {
       nextToken = result.next_page_token;
       const fingerprint = JSON.stringify(result.tasks);
       if (!quiet || fingerprint !== shown) show(result);
+      else refreshAges(rows);
       shown = fingerprint;
     } catch (error) {
       if (mine !== generation) return;
@@ -91,15 +92,19 @@ export function mountTaskList(main, { session }) {
     if (page === 0) timer = setTimeout(() => load(true), REFRESH_MS);
   }
 
+  // On a phone the table is a list of cards: each cell says what it is (data-label), and the
+  // Finished column is left out (the latest activity says when a task last did something).
   function show(result) {
     replace(rows, result.tasks.map((task) =>
       h("tr", { dataset: { taskId: task.id } },
-        h("td", {}, h("a", { href: `#/tasks/${encodeURIComponent(task.id)}` }, task.task || task.id),
+        h("td", { class: "task-cell" },
+          h("a", { class: "task-text", href: `#/tasks/${encodeURIComponent(task.id)}` }, task.task || task.id),
+          activity(task),
           h("div", { class: "muted id" }, task.id)),
-        h("td", {}, statusBadge(task.status)),
-        h("td", { class: "number" }, task.step ?? "—"),
-        h("td", {}, moment(task.started_at)),
-        h("td", {}, moment(task.closed_at)))));
+        h("td", { class: "status-cell", dataset: { label: "Status" } }, statusBadge(task.status)),
+        h("td", { class: "number", dataset: { label: "Step" } }, task.step ?? "—"),
+        h("td", { class: "started", dataset: { label: "Started" } }, moment(task.started_at)),
+        h("td", { class: "finished", dataset: { label: "Finished" } }, moment(task.closed_at)))));
     if (!result.tasks.length) rows.append(h("tr", {}, h("td", { colspan: "5", class: "muted" }, "No task here.")));
     const searching = search.value.trim() ? ` (searched ${result.scanned} tasks)` : "";
     note.textContent = `Page ${page + 1}: ${result.tasks.length} tasks${searching}.`;
@@ -112,6 +117,15 @@ export function mountTaskList(main, { session }) {
     clearTimeout(timer);
     clearTimeout(typingTimer);
   };
+}
+
+/** "2 turns · 3 min ago": a conversation's turns and when it last did something. */
+function activity(task) {
+  const parts = [];
+  if (task.turns) parts.push(h("span", { class: "turns" }, `${task.turns} turn${task.turns === 1 ? "" : "s"}`));
+  if (task.last_activity_at) parts.push(ago(task.last_activity_at, "latest"));
+  if (!parts.length) return null;
+  return h("div", { class: "task-activity muted" }, parts.flatMap((part, i) => (i ? [" · ", part] : [part])));
 }
 
 const RULES = ["always", "never", "outside_scratch"];
