@@ -24,7 +24,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, create_model
 from pydantic_core import to_json
@@ -42,6 +42,7 @@ class FunctionTool(Tool[BaseModel], Generic[P, R]):
     """A Tool made by `@tool`, callable as the function it was made from."""
 
     wrapped: Callable[P, R] = field(kw_only=True, repr=False, compare=False)
+    __name__: ClassVar[str]  # the function's, as __qualname__, __doc__ and __module__
 
     def __post_init__(self) -> None:
         super().__post_init__()
