@@ -26,7 +26,13 @@ from temporalio.service import RPCError
 
 from waystation.activities.storage.errors import StorageError
 from waystation.activities.tools import ToolDefinitionError
-from waystation.cli import admin_commands, arguments, reading_commands, task_commands
+from waystation.cli import (
+    admin_commands,
+    arguments,
+    init_command,
+    reading_commands,
+    task_commands,
+)
 from waystation.cli.terminal import EXIT_CANCELLED, EXIT_FAILED, UsageError, say
 from waystation.client.agent_runtime import (
     DecisionError,
@@ -51,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     arguments.conversation_commands(commands)
     arguments.reading_commands(commands)
     arguments.admin_commands(commands)
+    init_command.add_parser(commands)
     for command in commands.choices.values():
         command.add_argument(
             "-v",
@@ -82,6 +89,7 @@ COMMANDS = {
     "setup": admin_commands.cmd_setup,
     "server": admin_commands.cmd_server,
     "storage": admin_commands.cmd_storage,
+    "init": init_command.cmd_init,
 }
 
 
