@@ -34,8 +34,6 @@ from waystation.testing.workers import WorkerProcess
 if TYPE_CHECKING:
     from waystation.testing.pytest_plugin import ServedModel
 
-pytest_plugins = ["waystation.testing.pytest_plugin"]
-
 SEEN: list[dict[str, Any]] = []
 
 
@@ -113,7 +111,6 @@ async def test_test_model_calls_each_tool_with_fitting_arguments_then_answers(
     assert len(double.requests) == 2
 
 
-@pytest.mark.asyncio(loop_scope="session")
 async def test_test_model_gives_a_typed_answer_given_or_made_up(
     waystation_runtime: AgentRuntime, waystation_model: ServedModel
 ) -> None:
@@ -176,7 +173,6 @@ async def test_scripted_model_drives_an_approval_and_a_follow_up(
     assert script.requests[-1]["messages"][-1]["content"] == "What did you send, and to whom?"
 
 
-@pytest.mark.asyncio(loop_scope="session")
 async def test_a_scripted_model_out_of_replies_fails_the_task_saying_so(
     waystation_runtime: AgentRuntime, waystation_model: ServedModel
 ) -> None:
