@@ -22,6 +22,7 @@ from waystation.testing import (
     assert_called,
     assert_not_called,
     call,
+    calls,
     delay,
     error,
     fitting_value,
@@ -176,11 +177,15 @@ async def test_scripted_model_drives_an_approval_and_a_follow_up(
 async def test_a_scripted_model_out_of_replies_fails_the_task_saying_so(
     waystation_runtime: AgentRuntime, waystation_model: ServedModel
 ) -> None:
-    waystation_model.use(ScriptedModel([call("weather", {"city": "Rome"})]))
-    handle = await waystation_runtime.run("Weather in Rome?")
+    waystation_model.use(
+        ScriptedModel([calls(("weather", {"city": "Rome"}), ("weather", '{"city": "Oslo"}'))])
+    )
+    handle = await waystation_runtime.run("Weather in Rome and Oslo?")
     with pytest.raises(TaskFailedError) as failed:
         await handle.result()
     assert "ScriptedModel: request 2 came, but the script has 1 replies" in str(failed.value)
+    made = tool_calls(await handle.events(), "weather")
+    assert [c.arguments for c in made] == [{"city": "Rome"}, {"city": "Oslo"}]
 
 
 def test_assertions_on_events_say_which_calls_were_made() -> None:

@@ -14,6 +14,7 @@ Each is a function of the request's body to a Reply, and keeps the bodies it was
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import threading
@@ -35,7 +36,7 @@ WRAPPED = "value"  # the property a schema that is not an object is wrapped in (
 DOUBLE_ERROR_STATUS = 400
 
 
-class ModelDouble:
+class ModelDouble(abc.ABC):
     """What the doubles share: the bodies they were sent, in order."""
 
     __test__ = False  # a `Test...` class pytest must not collect
@@ -49,8 +50,9 @@ class ModelDouble:
             self.requests.append(body)
             return self.reply(body)
 
+    @abc.abstractmethod
     def reply(self, body: dict[str, Any]) -> Reply:
-        raise NotImplementedError
+        """The reply to a request's body (called with the double's lock held)."""
 
 
 class TestModel(ModelDouble):
