@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
@@ -18,6 +18,7 @@ from waystation import AgentRuntime, Settings, TaskFailedError, Tool, tool
 from waystation.testing import (
     ModelServer,
     ScriptedModel,
+    ServedModel,
     TestModel,
     assert_called,
     assert_not_called,
@@ -31,9 +32,6 @@ from waystation.testing import (
     until_status,
 )
 from waystation.testing.workers import WorkerProcess
-
-if TYPE_CHECKING:
-    from waystation.testing.pytest_plugin import ServedModel
 
 SEEN: list[dict[str, Any]] = []
 
@@ -83,6 +81,10 @@ def test_made_up_arguments_fit_the_schema_of_every_kind_of_parameter() -> None:
         {"type": "string", "format": "date-time"},
         {"type": "array", "items": {"type": "integer"}, "minItems": 3, "uniqueItems": True},
         {"type": "integer", "exclusiveMinimum": 7, "multipleOf": 4},
+        {"type": "integer", "minimum": 2.5, "maximum": 3.5},
+        {"type": "number", "exclusiveMinimum": 100, "exclusiveMaximum": 200, "multipleOf": 0.5},
+        {"type": "string", "pattern": "^[0-9]{3}$", "minLength": 3, "maxLength": 3},
+        {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 2, "uniqueItems": True},
         {"anyOf": [{"type": "null"}, {"type": "number", "maximum": -3}]},
         {"type": "object", "properties": {"k": {"const": "v"}}, "required": ["k"]},
     ):

@@ -17,6 +17,7 @@ from waystation.testing.fake_openai import FakeOpenAI as ModelServer
 from waystation.testing.models import (
     ModelDouble,
     ScriptedModel,
+    ServedModel,
     TestModel,
     call,
     calls,
@@ -30,6 +31,7 @@ __all__ = [
     "ModelDouble",
     "ModelServer",
     "ScriptedModel",
+    "ServedModel",
     "TestModel",
     "ToolCallSeen",
     "assert_called",

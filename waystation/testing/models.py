@@ -7,8 +7,10 @@ process and a worker in another process take the same path as with a real model.
   with a typed output when the task asks for one.
 - `ScriptedModel`: the replies of a list, one per request: text, tool calls, HTTP errors,
   delays.
+- `ServedModel`: a model name on a model server (FakeOpenAI) whose double can be swapped:
+  the pytest fixture `waystation_model`.
 
-Each is a function of the request's body to a Reply, and keeps the bodies it was sent
+A double is a function of the request's body to a Reply, and keeps the bodies it was sent
 (`requests`).
 """
 
@@ -18,15 +20,16 @@ import abc
 import dataclasses
 import json
 import threading
+import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from jsonschema.validators import validator_for
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from waystation.testing import fake_openai
-from waystation.testing.fake_openai import Reply
+from waystation.testing.fake_openai import FakeOpenAI, Reply
 from waystation.testing.schema_values import UnfittableSchemaError, fitting_value
 
 FINAL_ANSWER_TOOL = "final_answer"  # the tool a typed answer is given through (outputs.py)
@@ -192,3 +195,23 @@ def delay(seconds: float, reply: str | Reply) -> Reply:
     worker gives up on it and tries again)."""
     late = fake_openai.text(reply) if isinstance(reply, str) else reply
     return dataclasses.replace(late, delay_seconds=seconds)
+
+
+DoubleT = TypeVar("DoubleT", bound=ModelDouble)
+
+
+class ServedModel:
+    """This test's model on the model server: `name` is what a task names; the double
+    (`use`) answers its requests."""
+
+    def __init__(self, server: FakeOpenAI) -> None:
+        self.double: ModelDouble = TestModel()
+        self.name = server.serve(self._answer, f"test-model-{uuid.uuid4().hex[:10]}")
+
+    def use(self, double: DoubleT) -> DoubleT:
+        """Answer from now on with `double` (returned, to keep a handle on it)."""
+        self.double = double
+        return double
+
+    def _answer(self, body: dict[str, Any]) -> Reply:
+        return self.double(body)

@@ -24,7 +24,6 @@ its mark, and must name that loop scope itself).
 from __future__ import annotations
 
 import inspect
-import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +37,8 @@ if TYPE_CHECKING:
     from waystation.activities.tools import Tool, ToolRegistry
     from waystation.client.agent_runtime import AgentRuntime
     from waystation.settings import Settings
-    from waystation.testing.fake_openai import FakeOpenAI, Reply
-    from waystation.testing.models import ModelDouble
+    from waystation.testing.fake_openai import FakeOpenAI
+    from waystation.testing.models import ServedModel
     from waystation.worker import AgentWorker
 
 try:
@@ -87,25 +86,6 @@ def pytest_pycollect_makeitem(
             item.add_marker(pytest.mark.asyncio(loop_scope="session"))
 
 
-class ServedModel:
-    """This test's model on the model server: `name` is what a task names; the double
-    (`use`) answers its requests."""
-
-    def __init__(self, server: FakeOpenAI) -> None:
-        from waystation.testing.models import TestModel
-
-        self.double: ModelDouble = TestModel()
-        self.name = server.serve(self._answer, f"test-model-{uuid.uuid4().hex[:10]}")
-
-    def use(self, double: ModelDouble) -> ModelDouble:
-        """Answer from now on with `double` (returned, to keep a handle on it)."""
-        self.double = double
-        return double
-
-    def _answer(self, body: dict[str, Any]) -> Reply:
-        return self.double(body)
-
-
 @_async_fixture(scope="session")
 async def waystation_env() -> AsyncIterator[WorkflowEnvironment]:
     """Temporal's time-skipping test server, for the session."""
@@ -132,6 +112,8 @@ def waystation_model_server() -> Iterator[FakeOpenAI]:
 @pytest.fixture
 def waystation_model(waystation_model_server: FakeOpenAI) -> ServedModel:
     """This test's default model: a TestModel() unless the test `use`s another double."""
+    from waystation.testing.models import ServedModel
+
     return ServedModel(waystation_model_server)
 
 

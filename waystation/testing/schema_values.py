@@ -147,7 +147,9 @@ def _bounds(schema: dict[str, Any], step: float) -> tuple[float | None, float | 
 
 def _integer(schema: dict[str, Any], root: dict[str, Any], seed: int) -> int:
     low, high = _bounds(schema, 1)
-    value = _within(low, high, seed)
+    value = _within(
+        None if low is None else math.ceil(low), None if high is None else math.floor(high), seed
+    )
     step = schema.get("multipleOf")
     if step:
         value = math.ceil(value / step) * step
