@@ -99,6 +99,32 @@ def test_options_are_keywords_and_tool_is_also_a_function() -> None:
     assert (add.retry_safe, add.local, add.description) == (True, True, "Add two numbers.")
 
 
+async def test_a_tool_is_still_the_function_it_was_made_from() -> None:
+    from tests import user_tools
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @tool(name="fetch_page", retry_safe=True)
+    async def fetch(url: str) -> str:
+        """Fetch a page."""
+        await asyncio.sleep(0)
+        return f"<html>{url}</html>"
+
+    assert add(2, 3) == 5 and add(a=1, b=1) == 2
+    assert await fetch("a.org") == "<html>a.org</html>"
+    assert isinstance(add, Tool) and isinstance(fetch, Tool)
+    assert (add.__name__, add.__doc__, fetch.name) == ("add", "Add two integers.", "fetch_page")
+    assert user_tools.basket_total(items=[user_tools.Item(name="tea", price_cents=450)]) == (
+        "1 items: 4.50"
+    )
+    # The registry and a tools module still take it as a Tool.
+    assert ToolRegistry([add]).get("add") is add
+    assert "basket_total" in load_tools(["tests.user_tools"]).names()
+
+
 class Opaque:
     """A class pydantic has no schema for."""
 

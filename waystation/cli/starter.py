@@ -29,6 +29,7 @@ from waystation.activities.tools import ToolDefinitionError
 from waystation.cli import (
     admin_commands,
     arguments,
+    init_command,
     project_commands,
     reading_commands,
     task_commands,
@@ -57,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     arguments.conversation_commands(commands)
     arguments.reading_commands(commands)
     arguments.admin_commands(commands)
+    init_command.add_parser(commands)
     for command in commands.choices.values():
         command.add_argument(
             "-v",
@@ -89,6 +91,7 @@ COMMANDS = {
     "setup": admin_commands.cmd_setup,
     "server": admin_commands.cmd_server,
     "storage": admin_commands.cmd_storage,
+    "init": init_command.cmd_init,
 }
 
 

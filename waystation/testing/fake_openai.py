@@ -33,6 +33,7 @@ class Reply:
     echo_request: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     hang_seconds: float = 0.0  # before the response's headers
+    delay_seconds: float = 0.0  # a slow model: the whole reply, this much later
     stall_before_chunk: int | None = None  # headers sent: wait before this chunk (0: first)
     stall_seconds: float = 0.0
     cut_after_chunks: int | None = None  # drop the connection after this many chunks
@@ -122,6 +123,11 @@ class FakeOpenAI:
             if not record:
                 self._unrecorded.add(model)
         return model
+
+    def serve(self, double: Callable[[dict[str, Any]], Reply], name: str | None = None) -> str:
+        """Serve a model double (waystation.testing.models: TestModel, ScriptedModel) under a
+        new model name, returned: a task that names it is answered by the double."""
+        return self.script(double, name)
 
     def calls(self, model: str) -> int:
         with self._lock:
@@ -218,6 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.hang_seconds:
             time.sleep(reply.hang_seconds)
             return
+        time.sleep(reply.delay_seconds)
         if reply.status != 200:
             message = reply.error_message
             if reply.echo_request:

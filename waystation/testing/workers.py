@@ -20,7 +20,10 @@ from waystation.settings import BUILTIN_TOOLS_MODULE, Settings
 from waystation.testing.settings import USER_ENV_PREFIXES
 from waystation.worker import AgentWorker, build_worker
 
-REPO = Path(__file__).resolve().parents[2]  # the checkout this kit runs from
+# The checkout this kit runs from, when it runs from one (its tests start its worker.py); an
+# installed kit starts `python -m waystation.worker` instead.
+REPO = Path(__file__).resolve().parents[2]
+CHECKOUT_WORKER = REPO / "worker.py"
 # A worker process imports everything and connects; with both cores busy that can take a while.
 READY_WITHIN_SECONDS = 120.0
 
@@ -62,9 +65,11 @@ def worker_environment(
 
 
 class WorkerProcess:
-    """`python worker.py` as a real subprocess on the settings' task queue (or `python -m
-    module`, a test's own build of the worker). `root` and `python`: another checkout of
-    waystation and its own interpreter (a benchmark's baseline), instead of this one."""
+    """`python worker.py` of the checkout (installed: `python -m waystation.worker`) as a
+    real subprocess on the settings' task queue (or `python -m module`, a test's own build
+    of the worker). `root` and `python`: another checkout of waystation and its own
+    interpreter (a benchmark's baseline), instead of this one. `cwd`: where it runs (default
+    the checkout, installed the current folder), where WAYSTATION_TOOLS' modules are found."""
 
     def __init__(
         self,
@@ -73,16 +78,24 @@ class WorkerProcess:
         extra_env: dict[str, str] | None = None,
         *,
         module: str | None = None,
-        root: Path = REPO,
+        root: Path | None = None,
         python: Path | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.log = settings.data_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        program = ["-m", module] if module else [str(root / "worker.py")]
+        if root is None and CHECKOUT_WORKER.is_file():
+            root = REPO
+        if module:
+            program = ["-m", module]
+        elif root is not None:
+            program = [str(root / "worker.py")]
+        else:
+            program = ["-m", "waystation.worker"]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
                 [str(python or sys.executable), *program],
-                cwd=root,
+                cwd=cwd or root or Path.cwd(),
                 env=worker_environment(address, settings, extra_env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
