@@ -1,15 +1,19 @@
 """The errors a newcomer meets first, each one sentence with no traceback and no library
 text (issue 39): a wrong TEMPORAL_ADDRESS, a port held by a program that is not Temporal,
-a model endpoint that cannot be reached, a model name the endpoint does not offer."""
+a model endpoint that cannot be reached, a model name the endpoint does not offer. And the
+Makefile a newcomer starts with: two cold `make demo` at once, the ports it prints."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
+import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
@@ -23,6 +27,7 @@ from waystation.client.task_rights import TaskRefusedError
 from waystation.client.temporal import _reason
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text
+from waystation.testing.workers import REPO
 from waystation.workflows.models import AgentTask, ModelSettings
 
 
@@ -224,3 +229,91 @@ async def test_ws_run_with_a_mistyped_model_is_one_sentence_and_starts_nothing(
     ]
     with pytest.raises(TaskNotFoundError):
         await AgentRuntime(dev_env.client, settings).find("typo-cli")
+
+
+# Stands for python3 in a copy of the Makefile: `-m venv DIR` (the slow part of a cold
+# set-up) is logged and waits for the test's go-ahead, then makes a venv whose pip and ws
+# only log; anything else is the real Python (the Makefile's lock, the ports line).
+FAKE_PYTHON = """#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    echo "venv $3" >> "$SETUP_LOG"
+    while [ ! -e "$SETUP_GO" ]; do sleep 0.05; done
+    mkdir -p "$3/bin"
+    printf '#!/bin/sh\nexec "{python}" "$@"\n' > "$3/bin/python"
+    printf '#!/bin/sh\\necho "pip $*" >> "$SETUP_LOG"\\n' > "$3/bin/pip"
+    printf '#!/bin/sh\\necho "ws $*" >> "$SETUP_LOG"\\n' > "$3/bin/ws"
+    chmod +x "$3/bin/python" "$3/bin/pip" "$3/bin/ws"
+    exit 0
+fi
+exec "{python}" "$@"
+"""
+
+
+def until(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_two_cold_make_setups_at_once_both_work(tmp_path: Path) -> None:
+    """The second waits for the first's venv (it said so), then finds it ready: one venv,
+    one install, and both exit 0 (issue 39: the second failed on a missing .venv/bin/pip)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, repo / name)
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    log, go = tmp_path / "setup.log", tmp_path / "go"
+    log.touch()
+    env = {**os.environ, "SETUP_LOG": str(log), "SETUP_GO": str(go)}
+    make = ["make", "--no-print-directory", "setup", f"PYTHON={fake}"]
+
+    def started(out: Path) -> subprocess.Popen[bytes]:
+        with out.open("wb") as sink:
+            return subprocess.Popen(make, cwd=repo, env=env, stdout=sink, stderr=sink)
+
+    first = started(tmp_path / "first.out")
+    until(lambda: "venv" in log.read_text(), "the first make to create the venv")
+    second = started(tmp_path / "second.out")
+    until(lambda: "waiting for it" in (tmp_path / "second.out").read_text(), "the second to wait")
+    go.touch()
+    assert (first.wait(60), second.wait(60)) == (0, 0), (tmp_path / "second.out").read_text()
+    assert log.read_text().splitlines() == [
+        "venv .venv",
+        "pip install --quiet --upgrade pip",
+        "pip install --quiet --editable .[dev]",
+    ]
+
+
+def test_make_demo_says_the_ports_the_settings_give(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, repo / name)
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    (tmp_path / "go").touch()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("WAYSTATION_")},
+        "SETUP_LOG": str(tmp_path / "setup.log"),
+        "SETUP_GO": str(tmp_path / "go"),
+        "WAYSTATION_DEV_SERVER_PORT": "17233",
+        "WAYSTATION_DEV_SERVER_UI_PORT": "18233",
+    }
+    done = subprocess.run(
+        ["make", "--no-print-directory", "demo", f"PYTHON={fake}"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "==> running an agent task on the embedded Temporal dev server "
+        "(Temporal on localhost:17233, Web UI: http://localhost:18233)"
+    ) in done.stdout.splitlines()
