@@ -16,16 +16,19 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from tests.helpers import serving_api
 from waystation.activities.openai_chat import classify_provider_error
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.task_errors import TaskNotFoundError
 from waystation.client.task_rights import TaskRefusedError
 from waystation.client.temporal import _reason
-from waystation.settings import Settings
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
 from waystation.testing.fake_openai import FakeOpenAI, text
 from waystation.testing.workers import REPO
 from waystation.workflows.models import AgentTask, ModelSettings
@@ -206,6 +209,32 @@ async def test_an_endpoint_that_cannot_list_its_models_starts_the_task_as_before
     task = AgentTask(task="a", model=ModelSettings(name="never-scripted"))
     await runtime.run(task, task_id="unlisted-model")
     assert (await runtime.find("unlisted-model")) is not None
+
+
+async def test_the_http_api_refuses_an_unknown_model_with_a_400(
+    dev_env: WorkflowEnvironment, settings: Settings, listing_endpoint: FakeOpenAI
+) -> None:
+    listing_endpoint.script([text("hi")], model="gpt-4")
+    settings = settings.model_copy(
+        update={
+            "openai_base_url": listing_endpoint.url,
+            "api_tokens": {"approver-token-1234": ApiToken(role="approver", name="alice")},
+        }
+    )
+    app = create_app(settings, AgentRuntime(dev_env.client, settings))
+    async with (
+        serving_api(app) as port,
+        httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": "Bearer approver-token-1234"},
+        ) as api,
+    ):
+        answer = await api.post("/tasks", json={"task": "hi", "model": {"name": "gpt4"}})
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["error"] == "unknown_model"
+    assert body["detail"].startswith("unknown model 'gpt4' (did you mean 'gpt-4'?)")
+    assert body["fields"][0]["loc"] == ["body", "model", "name"]
 
 
 async def test_ws_run_with_a_mistyped_model_is_one_sentence_and_starts_nothing(

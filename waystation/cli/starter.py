@@ -21,9 +21,12 @@ import difflib
 import importlib
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from waystation.cli import arguments
+
+if TYPE_CHECKING:
+    from waystation.settings import Settings
 
 # What `ws --help`, a command's `--help` and an argument error load is argparse and the
 # arguments: no Temporal, pydantic or openai (tests/test_cli_startup.py). A command's module,
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(args, settings)
 
 
-def run_command(args: argparse.Namespace, settings: Any) -> int:
+def run_command(args: argparse.Namespace, settings: Settings) -> int:
     """The command's function, its errors said in one sentence with their exit code."""
     import asyncio
 

@@ -405,15 +405,16 @@ async def connect(
         )
     if settings.embedded_server and host in LOCAL_HOSTS and int(port) == settings.dev_server_port:
         server = DevServer(settings)
-        if server.running() and not await asyncio.to_thread(server.serves_temporal):
-            raise TemporalUnavailableError(
+        running = server.running()
+        if running and not await asyncio.to_thread(server.serves_temporal):
+            raise TemporalUnavailableError(  # at once, rather than after Client.connect's timeout
                 held_port_sentence(
                     server.settings.dev_server_port,
                     "dev_server_port",
                     "a program that is not a Temporal server",
                 )
             )
-        if not server.running():
+        if not running:
             if not start_server:
                 raise TemporalUnavailableError(
                     f"the embedded Temporal dev server is not running ({server.address}), and "
