@@ -4,19 +4,44 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TASK   ?= What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt
 
-.PHONY: setup system-packages demo test test-stress lint bench worker clean
+.PHONY: setup venv-locked system-packages demo test test-stress lint bench worker clean
+
+# The set-up runs under a lock ($(VENV).lock, which the kernel lets go when its holder ends,
+# however it ends): of two `make demo` started at once in a fresh clone, the second waits
+# for the first's venv, then finds it ready.
+define RUN_LOCKED
+import fcntl, subprocess, sys
+with open(sys.argv[1], "w") as lock:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("==> another make is setting up $(VENV): waiting for it", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    sys.exit(subprocess.call(sys.argv[2:]))
+endef
+export RUN_LOCKED
 
 $(BIN)/.installed: pyproject.toml
-	@echo "==> creating $(VENV) and installing waystation with its dev tools (pip, a minute at most)"
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --editable '.[dev]'
-	@touch $@
+	@$(PYTHON) -c "$$RUN_LOCKED" $(VENV).lock $(MAKE) --no-print-directory venv-locked
+
+# Only under the lock (above): whoever got it first may have set everything up meanwhile.
+venv-locked:
+	@if [ $(BIN)/.installed -nt pyproject.toml ]; then exit 0; fi; \
+	echo "==> creating $(VENV) and installing waystation with its dev tools (pip, a minute at most)"; \
+	set -ex; \
+	$(PYTHON) -m venv $(VENV); \
+	$(BIN)/pip install --quiet --upgrade pip; \
+	$(BIN)/pip install --quiet --editable '.[dev]'; \
+	touch $(BIN)/.installed
 
 setup: $(BIN)/.installed
 
+# The ports the dev server uses, as the settings say (WAYSTATION_DEV_SERVER_PORT, _UI_PORT).
+PORTS = $(BIN)/python -c 'from waystation.settings import Settings; s = Settings(); \
+	print(f"Temporal on localhost:{s.dev_server_port}, Web UI: http://localhost:{s.dev_server_ui_port}")'
+
 demo: setup
-	@echo "==> running an agent task on the embedded Temporal dev server (Web UI: http://localhost:8233)"
+	@echo "==> running an agent task on the embedded Temporal dev server ($$($(PORTS) 2>/dev/null || echo 'see ws config'))"
 	$(BIN)/ws run "$(TASK)"
 
 lint: setup
@@ -48,8 +73,9 @@ bench: setup
 	$(BIN)/python -m bench
 
 worker: setup
+	@echo "==> a worker in the foreground ($$($(PORTS) 2>/dev/null || echo 'see ws config'))"
 	$(BIN)/ws worker
 
 clean:
 	-$(BIN)/ws server stop
-	rm -rf $(VENV) .waystation *.egg-info
+	rm -rf $(VENV) $(VENV).lock .waystation *.egg-info

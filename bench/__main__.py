@@ -27,6 +27,7 @@ import time
 
 from bench import (
     approval,
+    cli_startup,
     conversation,
     durable_bytes,
     heartbeats,
@@ -57,6 +58,7 @@ SECTIONS: dict[str, Measure] = {
     "webhook_latency": webhook_latency.measure,
     "worker_memory": worker_memory.measure,
     "recovery": recovery.measure,
+    "cli_startup": cli_startup.measure,
     "peers_temporal": peers_temporal.measure,
 }
 # Minutes each (an hour for many_tasks), two CPU burners in heartbeats: measured only when

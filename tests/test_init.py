@@ -78,7 +78,7 @@ def test_the_image_extends_waystations_with_the_projects_tools_and_compose_runs_
     assert services["setup"]["command"] == ["ws", "setup"]
     environment = services["worker"]["environment"]
     assert environment["TEMPORAL_ADDRESS"] == "temporal:7233"
-    assert environment["WAYSTATION_TASK_QUEUE"] == "${WAYSTATION_TASK_QUEUE:-shop}"
+    assert environment["WAYSTATION_PROJECT"] == "${WAYSTATION_PROJECT:-shop}"
     assert services["temporal"]["command"][:3] == ["temporal", "server", "start-dev"]
 
     # .env.example's settings, as `set -a; . ./.env` gives them: the project's tools and
@@ -88,7 +88,7 @@ def test_the_image_extends_waystations_with_the_projects_tools_and_compose_runs_
         for line in (project / ".env.example").read_text().splitlines()
         if line and not line.startswith("#")
     )
-    assert settings["WAYSTATION_TASK_QUEUE"] == "shop"
+    assert settings["WAYSTATION_PROJECT"] == "shop"
     listed = ws("tools", cwd=project, env={**os.environ, **settings})
     assert listed.returncode == 0, listed.stderr
     assert {"shipping_days", "agent__shipping_clerk", "run_shell"} <= {

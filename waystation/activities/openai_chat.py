@@ -19,6 +19,7 @@ import openai
 from temporalio.exceptions import ApplicationError
 
 from waystation.activities.chat import ChatDelta, to_openai_messages, tool_choice_option
+from waystation.activities.redaction import url_without_credentials
 from waystation.workflows import errors
 from waystation.workflows.models import ChatMessage, ModelSettings, Usage
 
@@ -91,14 +92,35 @@ def classify_provider_error(err: Exception) -> ApplicationError:
         detail = str(err) if str(err) != "Request timed out." else "model endpoint timed out"
         return ApplicationError(detail, type=errors.LLM_UNAVAILABLE)
     if isinstance(err, openai.APIConnectionError):
-        return ApplicationError(
-            f"cannot reach the model endpoint: {err.__cause__ or err}", type=errors.LLM_UNAVAILABLE
-        )
+        return ApplicationError(unreachable_sentence(err), type=errors.LLM_UNAVAILABLE)
     if isinstance(err, openai.APIResponseValidationError | openai.APIError):
         return ApplicationError(
             f"malformed answer from the model endpoint: {err}", type=errors.LLM_MALFORMED_RESPONSE
         )
     raise err
+
+
+# What an unreachable endpoint's connection error means, by a piece of httpx's text.
+_UNREACHABLE_REASONS = (
+    ("name or service not known", "no host has that name"),
+    ("nodename nor servname", "no host has that name"),
+    ("temporary failure in name resolution", "no host has that name"),
+    ("connection refused", "nothing answers there"),
+    ("all connection attempts failed", "nothing answers there"),
+    ("certificate", "its TLS certificate is not trusted"),
+)
+
+
+def unreachable_sentence(err: openai.APIConnectionError) -> str:
+    """The endpoint that cannot be reached, by its URL (credentials in it redacted), and
+    why in a few words: the person fixes OPENAI_BASE_URL, or starts the server it names."""
+    url = str(err.request.url).removesuffix("/chat/completions")
+    cause = str(err.__cause__ or err).lower()
+    reason = next((said for piece, said in _UNREACHABLE_REASONS if piece in cause), "no connection")
+    return (
+        f"cannot reach the model endpoint at {url_without_credentials(url)} "
+        f"(OPENAI_BASE_URL): {reason}"
+    )
 
 
 class StreamTimeoutError(openai.APITimeoutError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +26,16 @@ REDACTED = "[redacted secret]"
 # Shorter values are not secrets worth the noise: a 3-character password would blank out
 # every occurrence of those letters in every output.
 MIN_SECRET_CHARS = 4
+
+
+def url_without_credentials(url: str) -> str:
+    """`url` fit to print: a user name and password in it (`http://user:secret@host/v1`)
+    become REDACTED; a query string, where keys ride too (`?key=...`), is dropped."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 class Redactor:

@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from waystation.cli.terminal import EXIT_FAILED, say, session
-from waystation.client.temporal import DevServer, connect
-from waystation.settings import Settings
+
+# Each command imports what it uses (`ws config` reaches no Temporal server).
+if TYPE_CHECKING:
+    from waystation.settings import Settings
 
 
 async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
@@ -103,7 +105,7 @@ def _masked_url(settings: Settings) -> str | None:
 
 
 async def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
-    from waystation.client.temporal import ensure_search_attributes
+    from waystation.client.temporal import connect, ensure_search_attributes
 
     client = await connect(settings)
     await ensure_search_attributes(client)
@@ -144,6 +146,8 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    from waystation.client.temporal import DevServer
+
     server = DevServer(settings)
     if args.action == "stop":
         say("stopped the embedded Temporal dev server" if server.stop() else "no server to stop")

@@ -7,18 +7,16 @@ import contextlib
 import getpass
 import sys
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from temporalio.client import Client
-
-from waystation.cli.render import visible
-from waystation.client.agent_runtime import (
-    AgentRuntime,
-    TaskNotFoundError,
-)
-from waystation.client.pollers import cli_worker_identity
-from waystation.client.temporal import connect
-from waystation.settings import Settings
 from waystation.vocabulary import TaskStatus
+
+# Every command imports this module: what only some use is imported where it is used.
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from waystation.client.agent_runtime import AgentRuntime
+    from waystation.settings import Settings
 
 
 class UsageError(Exception):
@@ -42,6 +40,8 @@ STATUS_EXIT_CODES: dict[TaskStatus, int] = {
 
 def say(message: str) -> None:
     """A line for the person at the terminal; what it quotes of a task is made `visible`."""
+    from waystation.cli.render import visible
+
     print(visible(message, indent=""), file=sys.stderr, flush=True)
 
 
@@ -52,6 +52,7 @@ async def hosted_worker(
     if not enabled:
         yield
         return
+    from waystation.client.pollers import cli_worker_identity
     from waystation.worker import build_worker
 
     identity = cli_worker_identity()  # it serves only while this command runs
@@ -64,12 +65,17 @@ async def session(
     settings: Settings, worker: bool, *, activities: bool = True
 ) -> AsyncIterator[AgentRuntime]:
     """A runtime on the configured Temporal, with a worker in this process if asked."""
+    from waystation.client.agent_runtime import AgentRuntime
+    from waystation.client.temporal import connect
+
     client = await connect(settings)
     async with hosted_worker(client, settings, worker, activities=activities):
         yield AgentRuntime(client, settings)
 
 
 async def exists(runtime: AgentRuntime, task_id: str) -> bool:
+    from waystation.client.task_errors import TaskNotFoundError
+
     try:
         await runtime.find(task_id)
     except TaskNotFoundError:

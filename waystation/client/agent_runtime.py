@@ -216,6 +216,7 @@ class AgentRuntime:
             schema = TypeAdapter(output_type).json_schema()
             task = task.model_copy(update={"output_schema": schema_problem(schema)})
         self.admit(task, role, task_id)
+        await starting.check_model(self.settings, task)  # a typo refused, not failed later
         await self.check_workers(task)
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         try:

@@ -4,15 +4,23 @@ that build tasks."""
 
 from __future__ import annotations
 
+import asyncio
+import difflib
+import json
+import time
+import urllib.request
 from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from waystation.activities.redaction import url_without_credentials
 from waystation.client.task_errors import UnknownToolsError
 from waystation.client.task_list import first_start
+from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
+from waystation.vocabulary import OFFLINE_MODEL
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.models import AgentTask, Message, ModelSettings
@@ -74,6 +82,73 @@ def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:
     )
     raise UnknownToolsError(
         unknown, f"unknown tool(s) in the task's tools: {named} (the tools are {offered}{mcp})"
+    )
+
+
+OPENAI_URL = "https://api.openai.com/v1"  # the openai client's default endpoint
+MODEL_LIST_SECONDS = 3.0  # a start waits no longer for the endpoint's list of models
+MODEL_LIST_RETRY_SECONDS = 60.0  # an endpoint that could not list is asked again after this
+MODELS_SHOWN = 12
+
+# The models each endpoint (by base URL) offers, and when it said so (None: it could not
+# list them), kept for this process: a start asks again only for a name not in the list.
+_offered: dict[str, tuple[float, frozenset[str] | None]] = {}
+
+
+def _fetch_models(base_url: str, api_key: str | None) -> frozenset[str] | None:
+    """The endpoint's `GET /models`: the model ids, or None when it cannot say."""
+    request = urllib.request.Request(base_url.rstrip("/") + "/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=MODEL_LIST_SECONDS) as answer:
+            listing = json.load(answer)
+        return frozenset(str(model["id"]) for model in listing["data"])
+    except (OSError, ValueError, KeyError, TypeError):  # unreachable, no route, not a list
+        return None
+
+
+async def offered_models(settings: Settings, *, fresh: bool = False) -> frozenset[str] | None:
+    """The models the configured endpoint offers (None: it cannot list them), cached for
+    this process; `fresh` asks the endpoint again."""
+    base_url = settings.openai_base_url or OPENAI_URL
+    known = _offered.get(base_url)
+    stale = known is None or (
+        known[1] is None and time.monotonic() - known[0] > MODEL_LIST_RETRY_SECONDS
+    )
+    if fresh or stale:
+        models = await asyncio.to_thread(_fetch_models, base_url, settings.api_key)
+        known = _offered[base_url] = (time.monotonic(), models)
+    assert known is not None
+    return known[1]
+
+
+async def check_model(settings: Settings, task: AgentTask) -> None:
+    """Refuse (TaskRefusedError, before anything starts) a task whose model the endpoint does
+    not offer, naming the ones it does. The offline model is always there; a deployment
+    with no endpoint, or an endpoint that cannot list its models, starts the task as before
+    (its worker's model call says what is wrong)."""
+    name = task.model.name
+    if name == OFFLINE_MODEL or not settings.endpoint_configured:
+        return
+    offered = await offered_models(settings)
+    if offered is None or name in offered:
+        return
+    offered = await offered_models(settings, fresh=True)  # a model served since we asked
+    if offered is None or name in offered:
+        return
+    names = sorted(offered)
+    close = difflib.get_close_matches(name, names, n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    shown = ", ".join(names[:MODELS_SHOWN])
+    more = f" and {len(names) - MODELS_SHOWN} more" if len(names) > MODELS_SHOWN else ""
+    where = url_without_credentials(settings.openai_base_url or OPENAI_URL)
+    raise TaskRefusedError(
+        "model.name",
+        400,
+        "unknown_model",
+        f"unknown model {name!r}{guess}: the endpoint {where} (OPENAI_BASE_URL) offers "
+        f"{shown or 'none'}{more}, and {OFFLINE_MODEL!r} is always there",
     )
 
 

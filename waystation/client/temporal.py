@@ -38,6 +38,7 @@ from waystation.activities.payload_codec import Side, data_converter, payload_co
 from waystation.client.tracing import tracing_interceptors
 from waystation.settings import Settings
 from waystation.settings.commands import command
+from waystation.settings.errors import variable_of
 from waystation.workflows import search
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -100,6 +101,37 @@ def _port_open(host: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
         return True
     return False
+
+
+# A client's HTTP/2 preface and an empty SETTINGS frame: an HTTP/2 server (Temporal's gRPC
+# frontend) answers with a SETTINGS frame of its own (frame type 4, the header's 4th byte).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS_FRAME = 4
+HTTP2_PROBE_SECONDS = 3.0  # a gRPC server answers in milliseconds
+
+
+def speaks_http2(host: str, port: int, timeout: float = HTTP2_PROBE_SECONDS) -> bool:
+    """Whether what listens at host:port answers as an HTTP/2 server: a gRPC server does; a
+    web server, a database or a bare listener does not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as connection:
+            connection.sendall(_HTTP2_PREFACE)
+            header = b""
+            while len(header) < 9:
+                chunk = connection.recv(9 - len(header))
+                if not chunk:
+                    return False
+                header += chunk
+    except OSError:  # refused, reset or silent until the timeout
+        return False
+    return header[3] == _SETTINGS_FRAME
+
+
+def held_port_sentence(port: int, setting: str, held_by: str) -> str:
+    return (
+        f"port {port} is held by {held_by}: set {variable_of(setting)} to a free port, "
+        "or stop that program"
+    )
 
 
 class DevServer:
@@ -175,7 +207,23 @@ class DevServer:
             self._spawn(timeout)
             return True
 
+    def serves_temporal(self) -> bool:
+        """Whether what listens on the server's port is a Temporal server: the one this data
+        dir's pid file names, or one that answers as gRPC does (another project's, say)."""
+        if self._recorded_pid() is not None:
+            return True
+        return speaks_http2("127.0.0.1", self.settings.dev_server_port)
+
     def _spawn(self, timeout: float) -> None:
+        ui_port = self.settings.dev_server_ui_port
+        if _port_open("127.0.0.1", ui_port):  # the server would exit at once, saying only that
+            raise TemporalUnavailableError(
+                held_port_sentence(
+                    ui_port,
+                    "dev_server_ui_port",
+                    "another program, so the dev server's Web UI cannot listen there",
+                )
+            )
         with open(self.log_file, "ab") as log:
             process = subprocess.Popen(
                 self.command(),
@@ -273,10 +321,31 @@ async def ensure_search_attributes(client: Client) -> None:
 SERVER_STARTUP_GRACE_SECONDS = 30.0
 
 
+# What Client.connect's errors mean, by a piece of their text: the text itself is Rust's
+# debug form of the transport error (`tonic::transport::Error(Transport, ...)`).
+_REASONS = (
+    ("dns error", "no host has that name"),
+    ("Timeout expired", "no answer in time"),
+    ("timed out", "no answer in time"),
+    ("h2 protocol error", "what answers there is not a Temporal server"),
+    ("grpc-status header missing", "what answers there is not a Temporal server"),
+    ("InvalidCertificate", "its TLS certificate is not trusted"),
+    ("tls handshake", "the TLS handshake failed"),
+)
+
+
 def _reason(error: str) -> str:
-    """The readable end of a connection error ("Connection refused"), else all of it."""
+    """A connection error in a few words for a person ("Connection refused", "no host has
+    that name"), never the library's raw text."""
     found = re.search(r'message: "([^"]+)"', error)
-    return found.group(1) if found else error
+    if found:
+        return found.group(1)
+    for piece, reason in _REASONS:
+        if piece.lower() in error.lower():
+            return reason
+    if "::" in error or "Error(" in error:
+        return "the connection failed"
+    return error
 
 
 # How Client.connect says that nothing answers at the address (yet): refused, reset, no route.
@@ -328,10 +397,24 @@ async def connect(
     restarts), saying so once on stderr."""
     config = connect_config(settings)
     target = str(config["target_host"])
+    named = " (TEMPORAL_ADDRESS)" if os.environ.get("TEMPORAL_ADDRESS") == target else ""
     host, _, port = target.rpartition(":")
+    if not port.isdigit():
+        raise TemporalUnavailableError(
+            f"the Temporal address {target!r}{named} has no port: write it as host:port"
+        )
     if settings.embedded_server and host in LOCAL_HOSTS and int(port) == settings.dev_server_port:
         server = DevServer(settings)
-        if not server.running():
+        running = server.running()
+        if running and not await asyncio.to_thread(server.serves_temporal):
+            raise TemporalUnavailableError(  # at once, rather than after Client.connect's timeout
+                held_port_sentence(
+                    server.settings.dev_server_port,
+                    "dev_server_port",
+                    "a program that is not a Temporal server",
+                )
+            )
+        if not running:
             if not start_server:
                 raise TemporalUnavailableError(
                     f"the embedded Temporal dev server is not running ({server.address}), and "
@@ -361,8 +444,8 @@ async def connect(
     except RuntimeError as err:
         waited = f" (waited {wait_seconds:g} s)" if wait_seconds else ""
         raise TemporalUnavailableError(
-            f"cannot connect to Temporal at {target}{waited}: {_reason(str(err))}"
-        ) from err
+            f"cannot connect to Temporal at {target}{named}{waited}: {_reason(str(err))}"
+        ) from None  # the sentence says it all: no library text after it
     with contextlib.suppress(RPCError):  # Temporal Cloud registers them through its own API
         await ensure_search_attributes(client)
     return client

@@ -84,9 +84,14 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class FakeOpenAI:
-    """The server and its scripts. `url` is the base URL for OPENAI_BASE_URL."""
+    """The server and its scripts. `url` is the base URL for OPENAI_BASE_URL.
 
-    def __init__(self) -> None:
+    With `lists_models`, `GET /models` lists the scripted models (as a real endpoint lists
+    its own, so a start refuses a name it does not offer); without, it answers 404, as an
+    endpoint that cannot list them, and a task with any model name starts."""
+
+    def __init__(self, *, lists_models: bool = False) -> None:
+        self.lists_models = lists_models
         self._lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self.requests: dict[str, list[dict[str, Any]]] = {}
@@ -128,6 +133,10 @@ class FakeOpenAI:
         """Serve a model double (waystation.testing.models: TestModel, ScriptedModel) under a
         new model name, returned: a task that names it is answered by the double."""
         return self.script(double, name)
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return sorted(self._scripts)
 
     def calls(self, model: str) -> int:
         with self._lock:
@@ -208,6 +217,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def do_GET(self) -> None:
+        if not (self.path.endswith("/models") and self.fake.lists_models):
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        listed = [
+            {"id": name, "object": "model", "owned_by": "fake"} for name in self.fake.models()
+        ]
+        self._json(200, {"object": "list", "data": listed})
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
