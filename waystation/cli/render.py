@@ -30,6 +30,8 @@ from waystation.workflows.events import (
     TaskStarted,
     Thought,
     UserMessage,
+    WaitingWorker,
+    WorkerFound,
 )
 from waystation.workflows.stream import LlmAttemptStarted, TokenDelta
 
@@ -230,6 +232,12 @@ class LiveView:
                 self._line(f"▶ {who}: {_short(data.content, 200)}", "1")
             case ErrorEvent():
                 self._line(f"! {data.kind}: {data.message}", "33")
+            case WaitingWorker():
+                self._line(f"… waiting for a worker that offers {', '.join(data.missing)}", "33")
+            case WorkerFound():
+                self._line(
+                    f"  a worker that offers it took the step: {data.worker or 'another'}", "2"
+                )
             case Done():
                 self._line(f"✔ done after {data.step} step(s): {data.result}", "1;32")
             case Failed():

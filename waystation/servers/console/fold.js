@@ -32,6 +32,7 @@ export class TaskFold {
     this.resultSeq = null; // the `done` event of the latest answer
     this.failure = null;
     this.failureKind = null;
+    this.missing = []; // with status waiting_worker: what the worker that took it lacked
   }
 
   apply(e) {
@@ -111,6 +112,14 @@ export class TaskFold {
         this.status = "failed";
         this.failure = e.reason;
         this.failureKind = e.kind;
+        break;
+      case "waiting_worker":
+        this.status = "waiting_worker";
+        this.missing = e.missing;
+        break;
+      case "worker_found":
+        this.status = "running";
+        this.missing = [];
         break;
       case "cancelled":
         this.status = "cancelled";

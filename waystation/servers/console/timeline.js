@@ -192,6 +192,11 @@ const BODIES = {
   done: (e) => [e.output !== null && e.output !== undefined
     ? h("div", { class: "answer-data" }, dataView(e.output))
     : h("div", { class: "answer-text text" }, e.result)],
+  waiting_worker: (e) => [
+    h("p", { class: "text" }, h("strong", {}, "Waiting for a worker that offers: "), e.missing.join(", ")),
+    h("p", { class: "muted" }, e.message),
+  ],
+  worker_found: (e) => [h("p", { class: "muted" }, e.worker ? `taken up by ${e.worker}` : "a worker that offers it took the call")],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
   cancelled: (e) => [h("p", { class: "text" }, e.reason)],
 };
