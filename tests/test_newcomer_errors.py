@@ -285,9 +285,8 @@ def until(condition: Callable[[], bool], what: str, seconds: float = 60) -> None
         time.sleep(0.05)
 
 
-def test_two_cold_make_setups_at_once_both_work(tmp_path: Path) -> None:
-    """The second waits for the first's venv (it said so), then finds it ready: one venv,
-    one install, and both exit 0 (issue 39: the second failed on a missing .venv/bin/pip)."""
+def makefile_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """The Makefile and pyproject.toml in a folder of their own, and a stand-in python3."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("Makefile", "pyproject.toml"):
@@ -295,6 +294,13 @@ def test_two_cold_make_setups_at_once_both_work(tmp_path: Path) -> None:
     fake = tmp_path / "python3"
     fake.write_text(FAKE_PYTHON.format(python=sys.executable))
     fake.chmod(0o755)
+    return repo, fake
+
+
+def test_two_cold_make_setups_at_once_both_work(tmp_path: Path) -> None:
+    """The second waits for the first's venv (it said so), then finds it ready: one venv,
+    one install, and both exit 0 (issue 39: the second failed on a missing .venv/bin/pip)."""
+    repo, fake = makefile_copy(tmp_path)
     log, go = tmp_path / "setup.log", tmp_path / "go"
     log.touch()
     env = {**os.environ, "SETUP_LOG": str(log), "SETUP_GO": str(go)}
@@ -318,13 +324,7 @@ def test_two_cold_make_setups_at_once_both_work(tmp_path: Path) -> None:
 
 
 def test_make_demo_says_the_ports_the_settings_give(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("Makefile", "pyproject.toml"):
-        shutil.copy(REPO / name, repo / name)
-    fake = tmp_path / "python3"
-    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
-    fake.chmod(0o755)
+    repo, fake = makefile_copy(tmp_path)
     (tmp_path / "go").touch()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("WAYSTATION_")},
