@@ -15,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
+from tests.test_resume_fork_edges import api_over
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.serving_workers import offers_of
 from waystation.client.task_rights import TaskRefusedError
@@ -92,6 +93,14 @@ async def test_a_task_no_live_worker_can_serve_is_refused_before_it_starts(
             await AgentRuntime(dev_env.client, with_agent).run(
                 agent_task(OFFLINE_MODEL, DELEGATING)
             )
+        # The API answers 409 with the same sentence, and starts nothing either.
+        async with api_over(AgentRuntime(dev_env.client, with_agent)) as api:
+            answer = await api.post(
+                "/tasks", json={"task": DELEGATING, "model": {"name": "offline"}}
+            )
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["error"] == "no_capable_worker"
+        assert "lacks agent__math" in answer.json()["detail"]
         assert await started_tasks(dev_env, settings) == 0
         # What it can serve starts as ever.
         handle = await runtime.run(agent_task(OFFLINE_MODEL, "What is 2 + 3?"))
