@@ -344,8 +344,9 @@ def _setting_variables() -> dict[str, list[str]]:
     return variables
 
 
-# Read by a script, not by Settings (scripts/real_model.py).
-OTHER_VARIABLES = {"WAYSTATION_MODEL_CACHE"}
+# Read by a script, not by Settings (scripts/real_model.py); the image `ws init`'s Dockerfile
+# and compose file build on (waystation/project_template/).
+OTHER_VARIABLES = {"WAYSTATION_MODEL_CACHE", "WAYSTATION_IMAGE"}
 
 
 def test_the_configuration_table_has_every_setting() -> None:

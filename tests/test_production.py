@@ -305,6 +305,9 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
             env["TEMPORAL_ADDRESS"] == "temporal:7233"
             and env["WAYSTATION_EMBEDDED_SERVER"] == "false"
         )
+        # The project names the task queue (waystation-<project>), as for `ws` on the host.
+        assert env["WAYSTATION_PROJECT"] == "${WAYSTATION_PROJECT:-waystation}", name
+        assert "WAYSTATION_TASK_QUEUE" not in env, name
     # Workers on any number of machines share the storage (waystation's own database on the
     # compose PostgreSQL) and the workspace volume; no data volume.
     worker_env = services["worker"]["environment"]
