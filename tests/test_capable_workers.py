@@ -57,7 +57,8 @@ async def test_a_task_whose_worker_lacks_its_agent_waits_until_a_worker_that_has
             base.service_client.config.target_host, data_converter=base.data_converter
         )
         with caplog.at_level(logging.WARNING, logger="waystation.worker"):
-            async with running_worker(other, with_agent):
+            async with running_worker(other, with_agent) as capable:
+                await capable.say_how_others_differ()  # as `ws worker` does when it starts
                 result = await handle.result()
                 events = await handle.events()
     assert "294" in result.result

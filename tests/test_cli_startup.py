@@ -45,7 +45,7 @@ def test_help_and_argument_errors_load_nothing_heavy() -> None:
         ["--help"],
         [],
         ["stauts", "x"],
-        ["status"],
+        ["events"],
         ["run", "--max-steps", "many", "x"],
         *([command, "--help"] for command in commands),
     ]

@@ -350,6 +350,9 @@ async def test_a_worker_whose_server_never_answers_gives_up_in_one_line(
         worker.kill()
     log = worker.log.read_text()
     assert code == 1, log
-    gave_up = f"worker cannot start: cannot connect to Temporal at {address} (waited 0.5 s): "
+    gave_up = (
+        f"worker cannot start: cannot connect to Temporal at {address} (TEMPORAL_ADDRESS) "
+        "(waited 0.5 s): "
+    )
     assert f"{gave_up}Connection refused\n" in log, log
     assert "Traceback" not in log, log

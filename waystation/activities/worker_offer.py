@@ -14,7 +14,9 @@ import json
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, ValidationError
+from temporalio.converter import PayloadCodec
 
+from waystation.activities.sealed_blobs import SealedBlobs
 from waystation.activities.storage import Storage, StorageError
 from waystation.activities.storage.deployment import OFFER_TAG
 from waystation.activities.tools import ToolRegistry
@@ -123,15 +125,21 @@ def without_offer(identity: str) -> str:
     return identity.partition(OFFER_TAG)[0]
 
 
-async def publish(storage: Storage, offer: WorkerOffer) -> None:
-    await storage.blobs.put_many({_BLOB_PREFIX + offer.digest: offer.model_dump_json().encode()})
+async def publish(storage: Storage, offer: WorkerOffer, codec: PayloadCodec | None) -> None:
+    """Keep the offer under its digest, encrypted like every blob when encryption is on."""
+    sealed = SealedBlobs(storage.blobs, codec)
+    await sealed.put({_BLOB_PREFIX + offer.digest: offer.model_dump_json().encode()})
 
 
-async def read_offers(storage: Storage, digests: list[str]) -> dict[str, WorkerOffer]:
+async def read_offers(
+    storage: Storage, digests: list[str], codec: PayloadCodec | None
+) -> dict[str, WorkerOffer]:
     """The offers found under `digests` (an unreadable storage or offer: left out)."""
     try:
-        found = await storage.blobs.get_many([_BLOB_PREFIX + d for d in digests])
+        found = await SealedBlobs(storage.blobs, codec).get([_BLOB_PREFIX + d for d in digests])
     except StorageError:
+        return {}
+    except Exception:  # sealed with a key this side lacks, or not a payload: not known here
         return {}
     offers: dict[str, WorkerOffer] = {}
     for key, content in found.items():

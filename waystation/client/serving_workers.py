@@ -11,8 +11,10 @@ is refused only when every live worker's offer is known and none serves it.
 from __future__ import annotations
 
 from temporalio.client import Client
+from temporalio.converter import PayloadCodec
 from temporalio.service import RPCError
 
+from waystation.activities.payload_codec import codec_for
 from waystation.activities.storage import Storage, StorageError
 from waystation.activities.worker_offer import (
     WorkerOffer,
@@ -31,7 +33,7 @@ _known: dict[str, WorkerOffer] = {}
 
 
 async def live_offers(
-    client: Client, task_queue: str, storage: Storage | None
+    client: Client, task_queue: str, storage: Storage | None, codec: PayloadCodec | None
 ) -> list[tuple[str, WorkerOffer | None]]:
     """Each worker polling `task_queue` for model and tool calls lately, with its offer
     (None: it names none, or it cannot be read here). `storage` (opened) is read for the
@@ -39,7 +41,7 @@ async def live_offers(
     identities = await polling_workers(client, task_queue, "activity", this_process=True)
     unseen = [d for i in identities if (d := offer_digest_in(i)) and d not in _known]
     if unseen and storage is not None:
-        _known.update(await read_offers(storage, unseen))
+        _known.update(await read_offers(storage, unseen, codec))
     return [(i, _known.get(offer_digest_in(i) or "")) for i in identities]
 
 
@@ -58,9 +60,10 @@ async def offers_of(client: Client, settings: Settings) -> list[tuple[str, Worke
     try:
         await storage.open()
     except StorageError:
-        return await live_offers(client, settings.task_queue, None)
+        return await live_offers(client, settings.task_queue, None, None)
     try:
-        return await live_offers(client, settings.task_queue, storage)
+        codec = codec_for(settings, "client")
+        return await live_offers(client, settings.task_queue, storage, codec)
     finally:
         await storage.close()
 

@@ -134,19 +134,20 @@ class AgentWorker(Worker):
             # The task queue first: a refused worker leaves no marker in the workspace.
             await check_task_queue(self.storage, self._temporal, self._queue)
             await check_workspace(self.storage, self._settings.workspace_dir)
-            await publish(self.storage, self.offer)
+            await publish(self.storage, self.offer, codec_for(self._settings, "worker"))
         except BaseException:
             if self._owns_storage:
                 await self.storage.close()
             raise
         self._prepared = True
-        await self._say_how_others_differ()
 
-    async def _say_how_others_differ(self) -> None:
+    async def say_how_others_differ(self) -> None:
         """Log how the other live workers of this queue are set up otherwise (a worker
-        started before a setting changed, or another project's on the same queue)."""
+        started before a setting changed, or another project's on the same queue). For a
+        worker that serves a queue for good (`ws worker`), not one a command hosts."""
         try:
-            others = await live_offers(self._temporal, self._queue, self.storage)
+            codec = codec_for(self._settings, "client")
+            others = await live_offers(self._temporal, self._queue, self.storage, codec)
         except RPCError:  # a server that cannot list pollers (the time-skipping one)
             return
         for identity, offer in others:
@@ -399,6 +400,7 @@ async def main() -> int:
     try:
         worker = build_worker(client, settings)
         await worker.prepare()
+        await worker.say_how_others_differ()
     except (StorageError, ToolDefinitionError, WebhookConfigError) as err:
         print(f"worker cannot start: {err}", file=sys.stderr, flush=True)
         return 1
