@@ -458,19 +458,36 @@ class LlmActivities:
         self._check_capable(request)
         with failures_name_step(request.step):
             if not request.wait_for_capable_worker:
-                return await self._call(request)
-            try:
-                result = await self._call(request)
-            except ApplicationError as err:
-                # Once, here: the workflow makes the call again with its usual retries.
-                raise ApplicationError(
-                    err.message, *err.details, type=err.type, non_retryable=True
-                ) from err
-            except Exception as err:
-                raise ApplicationError(
-                    str(err), type=errors.LLM_UNAVAILABLE, non_retryable=True
-                ) from err
-            return result.model_copy(update={"worker": activity.client().identity})
+                # Numbered past the attempts of any call of this step a message interrupted.
+                return await self._call(
+                    request, request.first_attempt - 1 + activity.info().attempt
+                )
+            return await self._call_after_waiting(request)
+
+    async def _call_after_waiting(self, request: LlmRequest) -> LlmResult:
+        """The call of a task that waited for this worker: attempts on workers that lacked
+        what it needs do not count, so its own are numbered and bounded here (max_attempts,
+        kept in the heartbeat details across attempts), as the usual retry policy would."""
+        tried = _capable_tries()
+        try:
+            result = await self._call(request, request.first_attempt + tried)
+        except Exception as err:
+            failure = err if isinstance(err, ApplicationError) else None
+            kind = failure.type if failure is not None else errors.LLM_UNAVAILABLE
+            last = (
+                (failure is not None and failure.non_retryable)
+                or kind in errors.NON_RETRYABLE_LLM_ERRORS
+                or tried + 1 >= request.model.max_attempts
+            )
+            activity.heartbeat({CAPABLE_TRIES: tried + 1})
+            raise ApplicationError(
+                failure.message if failure is not None else str(err),
+                *(failure.details if failure is not None else ()),
+                type=kind,
+                non_retryable=last,
+                next_retry_delay=failure.next_retry_delay if failure is not None else None,
+            ) from err
+        return result.model_copy(update={"worker": activity.client().identity})
 
     def lacks(self, requires: list[str] | None, model: str) -> list[str]:
         """What a task that needs the tools `requires` and calls `model` lacks here."""
@@ -483,6 +500,8 @@ class LlmActivities:
     def _check_capable(self, request: LlmRequest) -> None:
         if not (missing := self.lacks(request.requires, request.model.name)):
             return
+        if request.wait_for_capable_worker and (tried := _capable_tries()):
+            activity.heartbeat({CAPABLE_TRIES: tried})  # kept for the next attempt
         them = "it" if len(missing) == 1 else "them"
         raise ApplicationError(
             f"a worker of task queue {activity.info().task_queue!r} lacks "
@@ -494,9 +513,7 @@ class LlmActivities:
             category=ApplicationErrorCategory.BENIGN,  # no traceback in the worker's log
         )
 
-    async def _call(self, request: LlmRequest) -> LlmResult:
-        # Numbered past the attempts of any call of this step a message interrupted.
-        attempt = request.first_attempt - 1 + activity.info().attempt
+    async def _call(self, request: LlmRequest, attempt: int) -> LlmResult:
         conversation, message, way = await self._streamed(request, attempt)
         if message.finish_reason is None:
             raise ApplicationError(
@@ -613,6 +630,16 @@ class LlmActivities:
             for call_id, name, arguments in written[MAX_CALLS_PER_MESSAGE:]
         ]
         return calls, from_text
+
+
+# The heartbeat detail that counts a waited-for call's own attempts (see _call_after_waiting).
+CAPABLE_TRIES = "capable_tries"
+
+
+def _capable_tries() -> int:
+    details = activity.info().heartbeat_details
+    last = details[-1] if details else None
+    return int(last.get(CAPABLE_TRIES, 0)) if isinstance(last, dict) else 0
 
 
 async def _held_by(workflow_id: str, run_id: str, wanted: list[str]) -> dict[str, ChatMessage]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from waystation.activities.conversation_cache import ConversationCache
 from waystation.activities.heartbeat import keep_heartbeating
@@ -30,6 +31,7 @@ from waystation.activities.tools import (
     ToolRegistry,
 )
 from waystation.settings.validation import validation_sentence
+from waystation.workflows import errors
 from waystation.workflows.models import ToolRequest, ToolResult
 
 
@@ -77,7 +79,15 @@ class ToolActivities:
             )
         tool = self._registry.get(request.tool)
         if tool is None:
-            return ToolResult(output=f"unknown tool {request.tool!r}", is_error=True)
+            # The model was offered it by a worker that has it (the model call checks the
+            # names it calls): this one lacks it, and leaves the call to one that has it.
+            raise ApplicationError(
+                f"a worker of task queue {activity.info().task_queue!r} lacks {request.tool}",
+                [request.tool],
+                type=errors.WORKER_LACKS,
+                non_retryable=True,
+                category=ApplicationErrorCategory.BENIGN,
+            )
         try:
             arguments = tool.arguments.model_validate(request.arguments)
         except ValidationError as err:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.converter import PayloadCodec
 
+from waystation.activities.redaction import Redactor, url_without_credentials
 from waystation.activities.sealed_blobs import SealedBlobs
 from waystation.activities.storage import Storage, StorageError
 from waystation.activities.storage.deployment import OFFER_TAG
@@ -86,15 +86,11 @@ def model_need(model: str) -> str:
 
 
 def shown_endpoint(url: str | None, configured: bool) -> str | None:
-    """An endpoint URL as an offer shows it: no user, password, query or fragment."""
+    """An endpoint URL as an offer shows it (redaction.url_without_credentials: no user,
+    password or query)."""
     if not configured:
         return None
-    if url is None:
-        return "https://api.openai.com/v1"
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    return url_without_credentials(url.rstrip("/")) if url else "https://api.openai.com/v1"
 
 
 def offer_of(
@@ -105,7 +101,10 @@ def offer_of(
         task_queue=task_queue,
         tools=sorted(registry.names()),
         models=sorted(models),
-        endpoint=shown_endpoint(settings.openai_base_url, settings.endpoint_configured),
+        endpoint=Redactor([settings.api_key or ""]).redact(
+            shown_endpoint(settings.openai_base_url, settings.endpoint_configured) or ""
+        )
+        or None,  # a key some proxies put in the path goes too
         mcp_servers=sorted(settings.mcp_server_configs()),
     )
 

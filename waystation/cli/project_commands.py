@@ -4,9 +4,13 @@ which also says how the live workers' settings differ from this side's."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from waystation.cli.terminal import EXIT_FAILED, say
 from waystation.settings import Settings
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 
 async def cmd_where(args: argparse.Namespace, settings: Settings) -> int:
@@ -41,6 +45,12 @@ async def _report(settings: Settings, *, diagnose: bool) -> int:
     offers = await offers_of(client, settings)
     if not offers:
         print("workers     none polls the task queue: start one with `ws worker`")
+        if await _legacy_queue_served(client, settings):
+            say(
+                f"workers poll the task queue {LEGACY_QUEUE!r}, every project's before "
+                "WAYSTATION_PROJECT: set WAYSTATION_TASK_QUEUE=waystation to serve the tasks "
+                "started there, or restart those workers in their project"
+            )
         return EXIT_FAILED if diagnose else 0
     for identity, offer in offers:
         shown = without_offer(identity)
@@ -63,3 +73,20 @@ async def _report(settings: Settings, *, diagnose: bool) -> int:
         return EXIT_FAILED
     print("settings    every live worker offers what this side does")
     return 0
+
+
+# The default task queue of every project before projects had their own.
+LEGACY_QUEUE = "waystation"
+
+
+async def _legacy_queue_served(client: Client, settings: Settings) -> bool:
+    from temporalio.service import RPCError
+
+    from waystation.client.pollers import polling_workers
+
+    if settings.task_queue == LEGACY_QUEUE:
+        return False
+    try:
+        return bool(await polling_workers(client, LEGACY_QUEUE, "activity"))
+    except RPCError:
+        return False

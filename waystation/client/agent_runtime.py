@@ -98,7 +98,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-WORKER_LISTING_GRACE = timedelta(seconds=2)
+WORKER_LISTING_GRACE = timedelta(seconds=5)
 
 
 class AgentRuntime:
@@ -170,17 +170,18 @@ class AgentRuntime:
     async def check_workers(self, task: AgentTask) -> None:
         """Refuse a task no live worker of the queue can serve (TaskRefusedError, kind
         no_capable_worker), when every one says what it offers (client/serving_workers.py)."""
-        try:
-            check_servable(
-                task, self.settings.task_queue, await offers_of(self.client, self.settings)
-            )
-        except TaskRefusedError:
-            # Temporal lists a worker only once it polls, and one that stopped for a while
-            # after: a worker started a moment ago (say, to replace that one) gets a moment.
-            await asyncio.sleep(WORKER_LISTING_GRACE.total_seconds())
-            check_servable(
-                task, self.settings.task_queue, await offers_of(self.client, self.settings)
-            )
+        # Temporal lists a worker only once it polls, and one that stopped for a while
+        # after: a worker started a moment ago (say, to replace that one) gets a moment.
+        deadline = asyncio.get_running_loop().time() + WORKER_LISTING_GRACE.total_seconds()
+        while True:
+            offers = await offers_of(self.client, self.settings)
+            try:
+                check_servable(task, self.settings.task_queue, offers)
+                return
+            except TaskRefusedError:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+            await asyncio.sleep(0.5)
 
     @overload
     async def run(

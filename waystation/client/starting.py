@@ -29,6 +29,8 @@ from waystation.workflows.tool_catalog import split_name
 
 WORKFLOW_TASK_TIMEOUT = options.WORKFLOW_TASK_TIMEOUT  # (workflows/options.py)
 SUMMARY_CHARS = 200
+# The most names AgentTask.requires holds.
+REQUIRES_RECORDED = 500
 
 
 def default_model(settings: Settings, name: str | None = None, **options: Any) -> ModelSettings:
@@ -52,7 +54,10 @@ def with_defaults(
     defaults: dict[str, Any] = {}
     if task.requires is None:
         named = task.tools if task.tools is not None else sorted(tool_names)
-        defaults["requires"] = [name for name in named if name in tool_names]
+        needed = [name for name in named if name in tool_names]
+        # More than a task may record: any worker may take it (as a task started without).
+        if len(needed) <= REQUIRES_RECORDED:
+            defaults["requires"] = needed
     if task.mcp_servers is None:
         defaults["mcp_servers"] = list(settings.mcp_server_configs())
     heartbeat = settings.heartbeat_timeout_seconds

@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 from waystation.workflows import activity_contracts as contracts
-from waystation.workflows import options
+from waystation.workflows import errors, options
 from waystation.workflows.calls import Run, lost_call
 from waystation.workflows.models import (
     AgentTask,
@@ -104,6 +104,11 @@ async def summarize(task: AgentTask, request: SummaryRequest) -> SummaryResult:
         )
 
 
+# How often a tool call that met a worker without the tool is tried again (about 15 minutes
+# in all, each try a few events of history) before the model is told it did not run.
+TOOL_WORKER_SEARCHES = 35
+
+
 async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> ToolResult:
     """A tool call: pure local tools as local activities, the rest as activities (an MCP
     tool's for as long as its server's call timeout). A call that failed for good is an
@@ -111,19 +116,34 @@ async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> To
     spec = catalog.get(run.request.tool) if catalog else None
     runs_for = timedelta(seconds=spec.timeout_seconds) if spec else None
     request = run.request
-    try:
-        with cancel_wins():
-            if run.local:
-                config = options.local_tool_call()
-                result = await workflow.execute_local_activity(
-                    contracts.run_tool, request, **config
-                )
-            else:
-                retried = options.tool_call(task, run.retry_safe, runs_for)
-                result = await workflow.execute_activity(contracts.run_tool, request, **retried)
-    except ActivityError as err:
-        return lost_call(request.tool, detail(err))
-    return result.model_copy(update={"output": result.output + run.note})
+    for search in range(TOOL_WORKER_SEARCHES + 1):
+        try:
+            with cancel_wins():
+                if run.local:
+                    config = options.local_tool_call()
+                    result = await workflow.execute_local_activity(
+                        contracts.run_tool, request, **config
+                    )
+                else:
+                    retried = options.tool_call(task, run.retry_safe, runs_for)
+                    result = await workflow.execute_activity(contracts.run_tool, request, **retried)
+        except ActivityError as err:
+            if not worker_lacks(err):
+                return lost_call(request.tool, detail(err))
+            if search == TOOL_WORKER_SEARCHES:
+                said = f"{request.tool} was not run: no worker that took it has it ({detail(err)})"
+                return ToolResult(output=said, is_error=True)
+            # Nothing ran: the worker that took it lacks the tool. Another is asked after a
+            # pause (a fleet mid-deploy: a worker that has it takes it soon).
+            await workflow.sleep(min(2.0**search, 30.0))
+            continue
+        return result.model_copy(update={"output": result.output + run.note})
+    raise AssertionError("unreachable: the last search returns")
+
+
+def worker_lacks(err: ActivityError) -> bool:
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == errors.WORKER_LACKS
 
 
 async def list_tools(task: AgentTask, servers: list[str]) -> ToolCatalog:

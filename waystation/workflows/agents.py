@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from waystation.vocabulary import AGENT_TOOL_PREFIX
 from waystation.workflows.models import (
     AgentSpec,
     AgentTask,
@@ -30,6 +31,7 @@ from waystation.workflows.models import (
     ToolResult,
 )
 from waystation.workflows.run import ChildOutcome
+from waystation.workflows.tool_catalog import SEPARATOR
 
 # A parent that meets an existing child asks how it stands this often, doubling.
 REJOIN_FIRST_PAUSE = timedelta(seconds=5)
@@ -119,10 +121,11 @@ def child_task(
 
 
 def own_needs(parent: AgentTask, spec: AgentSpec) -> list[str] | None:
-    """What a worker must offer the child: its caller's needs, narrowed to its own tools."""
+    """What a worker must offer the child: its own tools (an MCP server's excepted: those
+    come with the server), or its caller's needs when it names none."""
     if spec.tools is None or parent.requires is None:
         return parent.requires
-    return [name for name in spec.tools if name in parent.requires]
+    return [n for n in spec.tools if SEPARATOR not in n or n.startswith(AGENT_TOOL_PREFIX)]
 
 
 def refusal(task: AgentTask, call: ToolCall, index: int) -> ToolResult | None:

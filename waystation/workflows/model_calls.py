@@ -121,10 +121,9 @@ class ModelCalls(RunCore):
             self._append(draft(WaitingWorker, at, missing=missing, message=cause.message))
             return
         if request.wait_for_capable_worker:
-            # A worker that has what the task needs made the call, which failed: the wait
-            # is over, and the loop makes the call again with its usual retries.
+            # A worker that has what the task needs made the call, which failed past its
+            # attempts: the wait is over, and the failure is the call's, as any other.
             self._append(draft(WorkerFound, self._state.step, worker=None))
-            return
         if not (isinstance(cause, ApplicationError) and cause.type == errors.LLM_CONTEXT_TOO_LONG):
             detail = activity_calls.detail(err)
             await self._fail(FailureKind.LLM_ERROR, f"the LLM call of step {step} failed: {detail}")
