@@ -11,17 +11,24 @@ import logging
 
 import pytest
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
 from tests.test_resume_fork_edges import api_over
-from waystation.client.agent_runtime import AgentRuntime
+from waystation.activities.storage import Storage
+from waystation.activities.tool_activities import ToolActivities
+from waystation.activities.tools import ToolRegistry
+from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.serving_workers import offers_of
 from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
+from waystation.testing.fake_openai import FakeOpenAI, error
 from waystation.testing.workers import running_worker
 from waystation.vocabulary import OFFLINE_MODEL
+from waystation.workflows import errors
+from waystation.workflows.models import ToolRequest
 
 MATH = json.dumps(
     [{"name": "math", "description": "Works out arithmetic.", "tools": ["calculator"]}]
@@ -127,3 +134,50 @@ async def test_ws_status_without_an_id_names_the_project_queue_and_workers(
     assert f"project     {settings.project}" in out
     assert f"task queue  {settings.task_queue}" in out
     assert "worker      " in out and "model endpoint http://" in out, out
+
+
+async def test_a_waited_for_call_that_keeps_failing_fails_the_task_after_its_attempts(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    """The worker that has what the task needs makes the call as often as max_attempts
+    says, however many attempts met a worker without it; then the task fails as any other."""
+    with_agent = settings.model_copy(update={"agents": MATH})
+    model = fake_openai.script(lambda body: error(500, "the endpoint is down"))
+    task = agent_task(model, "anything").model_copy(
+        update={"model": agent_task(model).model.model_copy(update={"max_attempts": 2})}
+    )
+    handle = await AgentRuntime(dev_env.client, with_agent).run(task)
+    async with running_worker(dev_env.client, settings):
+        await wait_for_state(handle, lambda s: s.status == "waiting_worker")
+        base = dev_env.client
+        other = await Client.connect(
+            base.service_client.config.target_host, data_converter=base.data_converter
+        )
+        async with running_worker(other, with_agent):
+            with pytest.raises(TaskFailedError, match="the endpoint is down"):
+                await handle.result()
+            events = await handle.events()
+    assert len(fake_openai.requests[model]) == 2
+    assert [e.type for e in events if e.type in ("waiting_worker", "worker_found", "failed")] == [
+        "waiting_worker",
+        "worker_found",
+        "failed",
+    ]
+
+
+async def test_a_tool_call_on_a_worker_without_the_tool_runs_nothing_and_says_so(
+    settings: Settings,
+) -> None:
+    """A call that reaches a worker lacking its tool fails as WorkerLacks (the workflow asks
+    another worker), never as an observation that the tool is unknown."""
+    storage = Storage.from_settings(settings)
+    await storage.open()
+    activities = ToolActivities(ToolRegistry([]), settings.workspace_dir, storage.ledger)
+    request = ToolRequest(call_id="c", tool="shopper_tool", arguments={}, idempotency_key="t/1/c")
+    try:
+        with pytest.raises(ApplicationError) as lacking:
+            await ActivityEnvironment().run(activities.run_tool, request)
+    finally:
+        await storage.close()
+    assert lacking.value.type == errors.WORKER_LACKS and lacking.value.non_retryable
+    assert "lacks shopper_tool" in lacking.value.message
