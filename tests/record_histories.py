@@ -26,6 +26,7 @@ from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecut
 from temporalio.common import WorkflowIDConflictPolicy
 
 from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
+from waystation.client.starting import start_agent
 from waystation.settings.mcp_servers import McpServerConfig
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from waystation.testing.mcp import CallLog, demo_stdio
@@ -490,8 +491,36 @@ async def duplicate_call_ids(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def waited_for_a_capable_worker(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task that requires a sub-agent the recorder's worker lacks: its model call fails
+    there (`waiting_worker`), and a worker that has it, started after, takes the next."""
+    math = AgentSpec(name="math", description="works out arithmetic", tools=["calculator"])
+    settings = runtime.settings.model_copy(
+        update={"agents": json.dumps([math.model_dump(mode="json", exclude_defaults=True)])}
+    )
+    task = AgentTask(task="Have the math agent work out (12 + 30) * 7", requires=["agent__math"])
+    # Started as it is, past the client's check, so the lacking worker takes the first call.
+    handle = await start_agent(
+        runtime.client,
+        "waited-for-a-capable-worker",
+        AgentRun(task=task),
+        task_queue=settings.task_queue,
+        text=task.task,
+    )
+    waiting = runtime.get(handle.id)
+    await until(waiting, lambda s: s.status == "waiting_worker")
+    base = runtime.client
+    other = await Client.connect(
+        base.service_client.config.target_host, data_converter=base.data_converter
+    )
+    async with build_worker(other, settings):
+        await waiting.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
+    "waited_for_a_capable_worker": waited_for_a_capable_worker,
     "approvals_update_and_signal": approvals_update_and_signal,
     "max_steps_then_resume": max_steps_then_resume,
     "continue_as_new_with_approval": continue_as_new_with_approval,
@@ -527,7 +556,7 @@ async def save_runs(client: Client, runtime: AgentRuntime, task_id: str, stem: s
         print(f"recorded {path.name}: {len(history.events)} events")
 
 
-async def record(replace: bool) -> None:
+async def record(replace: bool, only: list[str]) -> None:
     fake = FakeOpenAI()
     env = await start_dev_env()
     time_server = McpServerConfig(
@@ -543,6 +572,8 @@ async def record(replace: bool) -> None:
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)
         for name, scenario in SCENARIOS.items():
+            if only and name not in only:
+                continue
             task_id = await scenario(runtime, fake)
             if any(HISTORIES.glob(f"{name}*.json")) and not replace:
                 continue  # a recorded history stands for tasks already running: keep it
@@ -559,4 +590,6 @@ async def record(replace: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--replace", action="store_true", help="re-record existing files")
-    asyncio.run(record(parser.parse_args().replace))
+    parser.add_argument("--only", nargs="*", default=[], help="these scenarios alone")
+    arguments = parser.parse_args()
+    asyncio.run(record(arguments.replace, arguments.only))
