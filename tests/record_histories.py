@@ -502,7 +502,7 @@ async def waited_for_a_capable_worker(runtime: AgentRuntime, fake: FakeOpenAI) -
     # Started as it is, past the client's check, so the lacking worker takes the first call.
     handle = await start_agent(
         runtime.client,
-        "waited-for-a-capable-worker",
+        "waited_for_a_capable_worker",  # the replay test names the run after its file
         AgentRun(task=task),
         task_queue=settings.task_queue,
         text=task.task,
