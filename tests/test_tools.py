@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.exceptions import ApplicationError
 
 from waystation.activities.builtin_tools import (
     CalculatorArgs,
@@ -354,10 +355,11 @@ async def test_run_tool_turns_failures_into_error_results(
     context: ToolContext, storage: Storage
 ) -> None:
     activities = ToolActivities(builtin_registry(), context.workspace, storage.ledger)
-    unknown = await activities.run_tool(
-        ToolRequest(call_id="c", tool="nope", arguments={}, idempotency_key="k")
-    )
-    assert unknown.is_error and "unknown tool" in unknown.output
+    # A tool this worker lacks is not an observation: another worker takes the call.
+    with pytest.raises(ApplicationError, match="this worker lacks nope"):
+        await activities.run_tool(
+            ToolRequest(call_id="c", tool="nope", arguments={}, idempotency_key="k")
+        )
     bad = await activities.run_tool(
         ToolRequest(
             call_id="c", tool="calculator", arguments={"expression": 5}, idempotency_key="k"

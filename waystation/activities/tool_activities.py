@@ -82,7 +82,7 @@ class ToolActivities:
             # The model was offered it by a worker that has it (the model call checks the
             # names it calls): this one lacks it, and leaves the call to one that has it.
             raise ApplicationError(
-                f"a worker of task queue {activity.info().task_queue!r} lacks {request.tool}",
+                f"this worker lacks {request.tool}: one that has it takes the call",
                 [request.tool],
                 type=errors.WORKER_LACKS,
                 non_retryable=True,
