@@ -39,6 +39,12 @@ async def live_offers(
     (None: it names none, or it cannot be read here). `storage` (opened) is read for the
     offers this process has not seen; None: only those it has."""
     identities = await polling_workers(client, task_queue, "activity", this_process=True)
+    return await _with_offers(identities, storage, codec)
+
+
+async def _with_offers(
+    identities: list[str], storage: Storage | None, codec: PayloadCodec | None
+) -> list[tuple[str, WorkerOffer | None]]:
     unseen = [d for i in identities if (d := offer_digest_in(i)) and d not in _known]
     if unseen and storage is not None:
         _known.update(await read_offers(storage, unseen, codec))
@@ -55,15 +61,14 @@ async def offers_of(client: Client, settings: Settings) -> list[tuple[str, Worke
     except RPCError:
         return []
     if all(d in _known for i in identities if (d := offer_digest_in(i))):
-        return [(i, _known.get(offer_digest_in(i) or "")) for i in identities]
+        return await _with_offers(identities, None, None)
     storage = Storage.from_settings(settings)
     try:
         await storage.open()
     except StorageError:
-        return await live_offers(client, settings.task_queue, None, None)
+        return await _with_offers(identities, None, None)
     try:
-        codec = codec_for(settings, "client")
-        return await live_offers(client, settings.task_queue, storage, codec)
+        return await _with_offers(identities, storage, codec_for(settings, "client"))
     finally:
         await storage.close()
 
