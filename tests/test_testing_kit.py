@@ -6,7 +6,11 @@ assertions on events. Also a model double served to a worker in another process.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
@@ -214,3 +218,52 @@ async def test_a_model_double_answers_a_worker_in_another_process(
     handle = await AgentRuntime(dev_env.client, settings).run(agent_task(model, "Compute"))
     assert (await handle.result()).result == "done"
     assert assert_called(await handle.events(), "calculator").output is not None
+
+
+LEFT_WAITING = """
+import asyncio
+
+from waystation import AgentTask, ModelSettings, QuestionSettings
+from waystation.testing import ScriptedModel, call, until_status
+
+
+def asking(model, timeout_seconds):
+    return AgentTask(
+        task="Ask, then answer",
+        model=ModelSettings(name=model.name),
+        questions=QuestionSettings(timeout_seconds=timeout_seconds),
+    )
+
+
+async def test_one_leaves_a_question_waiting(waystation_runtime, waystation_model):
+    waystation_model.use(ScriptedModel([call("ask_person", {"question": "Anyone?"}), "x"]))
+    handle = await waystation_runtime.run(asking(waystation_model, 60))
+    await until_status(handle, "waiting_input")
+
+
+async def test_two_waits_an_hour_at_once(waystation_runtime, waystation_model):
+    waystation_model.use(ScriptedModel([call("ask_person", {"question": "Hello?"}), "told"]))
+    handle = await waystation_runtime.run(asking(waystation_model, 3600))
+    outcome = await asyncio.wait_for(handle.result(), 60)
+    assert outcome.result == "told"
+"""
+
+
+def test_a_task_one_test_leaves_waiting_does_not_stop_the_next_tests_clock(
+    tmp_path: Path,
+) -> None:
+    """The time-skipping server stops skipping while any workflow task waits for a worker: the
+    first test's question times out (a minute) in the second test's skipped hour, with the
+    first test's worker gone. Each test has its own server, so the second still passes."""
+    (tmp_path / "test_order.py").write_text(LEFT_WAITING)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    tested = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "2 passed" in tested.stdout

