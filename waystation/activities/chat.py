@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from waystation.workflows.models import ChatMessage, ModelSettings, Usage
+from waystation.workflows.models import ChatMessage, ModelSettings, ReasoningItem, Usage
 
 
 @dataclass
@@ -27,6 +27,8 @@ class ChatDelta:
     finish_reason: str | None = None
     usage: Usage | None = None
     model: str | None = None
+    # A reasoning item or thinking block, complete: sent back with the message next call.
+    reasoning: ReasoningItem | None = None
 
 
 class ChatBackend(Protocol):

@@ -47,6 +47,7 @@ from waystation.workflows.models import (
     LlmRequest,
     LlmResult,
     ModelSettings,
+    ReasoningItem,
     SummaryRequest,
     SummaryResult,
     ToolCall,
@@ -95,6 +96,7 @@ class AssembledMessage:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     model: str = ""
+    reasoning: list[ReasoningItem] = field(default_factory=list)
 
     def add(self, delta: ChatDelta) -> None:
         if delta.text:
@@ -112,6 +114,8 @@ class AssembledMessage:
             self.usage = delta.usage
         if delta.model:
             self.model = delta.model
+        if delta.reasoning is not None:
+            self.reasoning.append(delta.reasoning)
 
 
 class TokenPublisher:
@@ -542,8 +546,9 @@ class LlmActivities:
             stale_servers=stale,
             output=output,
             output_problem=output_problem,
+            reasoning=message.reasoning,
         )
-        reply = assistant_message(result.content, calls)
+        reply = assistant_message(result.content, calls, result.reasoning)
         self._conversations.remember_call(
             activity.info().workflow_id or "", request.step, conversation, reply
         )

@@ -110,6 +110,11 @@ class FakeOpenAI:
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
         self._thread.start()
 
+    @property
+    def anthropic_url(self) -> str:
+        """The base URL for ANTHROPIC_BASE_URL (the client adds `/v1/messages`)."""
+        return self.url.removesuffix("/v1")
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -230,6 +235,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(length) or b"{}")
+        # The other protocols' fakes share the scripts: each shows a script the request in
+        # chat-completions shape and sends the reply in its own.
+        if self.path.endswith("/v1/messages"):
+            from waystation.testing.fake_anthropic import serve_messages
+
+            serve_messages(self, body)
+            return
+        if self.path.endswith("/responses"):
+            from waystation.testing.fake_responses import serve_responses
+
+            serve_responses(self, body)
+            return
         if not self.path.endswith("/chat/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}"}})
             return

@@ -11,12 +11,14 @@ activities alike.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Literal
 
 from waystation.workflows.models import (
     ChatMessage,
     Contract,
     ModelSettings,
+    ReasoningItem,
     ToolCall,
     ToolCallRequest,
 )
@@ -65,8 +67,11 @@ class MessageRef(Contract):
 
 
 def message_digest(message: ChatMessage) -> str:
-    """The content address of a message: the same content, the same digest, anywhere."""
-    encoded = message.model_dump_json().encode()
+    """The content address of a message: the same content, the same digest, anywhere. A
+    message without reasoning is addressed as before reasoning was kept, so the messages
+    of tasks already running keep their digests."""
+    left_out = None if message.reasoning else {"reasoning"}
+    encoded = message.model_dump_json(exclude=left_out).encode()
     return hashlib.sha256(encoded).hexdigest()[:DIGEST_CHARS]
 
 
@@ -90,7 +95,9 @@ def task_messages(system_prompt: str, task: str) -> list[ChatMessage]:
     ]
 
 
-def assistant_message(content: str, calls: list[ToolCall]) -> ChatMessage:
+def assistant_message(
+    content: str, calls: list[ToolCall], reasoning: Sequence[ReasoningItem] = ()
+) -> ChatMessage:
     """The assistant's message as the model is sent it back: the one home of this shape
     (the workflow's digest and a worker's rebuilt conversation must agree on it)."""
     return ChatMessage(
@@ -99,6 +106,7 @@ def assistant_message(content: str, calls: list[ToolCall]) -> ChatMessage:
         tool_calls=[
             ToolCallRequest(id=c.call_id, name=c.tool, arguments=c.raw_arguments) for c in calls
         ],
+        reasoning=list(reasoning),
     )
 
 

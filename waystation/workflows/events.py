@@ -34,6 +34,7 @@ from waystation.workflows.models import (
     Contract,
     DecisionOutcome,
     LlmResult,
+    ReasoningItem,
     RecordedFailureKind,
     ToolCall,
     Usage,
@@ -79,6 +80,11 @@ class Thought(EventBase):
     attempt: int = 1
     calls_from_text: bool = Field(
         default=False, description="The tool calls were recovered from the model's text."
+    )
+    reasoning: list[ReasoningItem] = Field(
+        default_factory=list,
+        description="The provider's reasoning items or thinking blocks, sent back with the "
+        "message on the next call to the same model.",
     )
 
 
@@ -264,6 +270,22 @@ class WorkerFound(EventBase):
     )
 
 
+class ModelSwitched(EventBase):
+    """The step's model kept failing with an outage past the task's fallback_after_seconds:
+    the step goes on with the next model of its fallback_models (the next turn starts at
+    the first model again)."""
+
+    type: Literal["model_switched"] = "model_switched"
+    from_model: str
+    to_model: str
+    reason: str = Field(description="The last failure of the model left, in one sentence.")
+    reasoning_dropped: int = Field(
+        default=0,
+        description="Reasoning items of the conversation the new model's provider cannot "
+        "be sent (another protocol or model): left out of its requests.",
+    )
+
+
 class Failed(EventBase):
     type: Literal["failed"] = "failed"
     kind: RecordedFailureKind = Field(description="A FailureKind.")
@@ -295,6 +317,7 @@ AgentEvent = Annotated[
     | OutputRejected
     | WaitingWorker
     | WorkerFound
+    | ModelSwitched
     | Failed
     | Cancelled,
     Field(discriminator="type"),
@@ -338,7 +361,7 @@ def messages_of(event: AgentEvent) -> list[ChatMessage]:
         case TaskStarted():
             return task_messages(event.task.system_prompt, event.task.task)
         case Thought():
-            return [assistant_message(event.content, event.tool_calls)]
+            return [assistant_message(event.content, event.tool_calls, event.reasoning)]
         case Observation():
             return [tool_message(event.call_id, event.output)]
         case UserMessage():

@@ -82,8 +82,35 @@ class ModelSettings(Contract):
         default=OFFLINE_MODEL,
         min_length=1,
         max_length=200,
-        description="Model name at the OpenAI-compatible endpoint, or 'offline' for the "
-        "built-in deterministic offline model.",
+        description="`ENDPOINT:MODEL` (openai, openai-responses, anthropic, or an endpoint "
+        "of WAYSTATION_MODEL_ENDPOINTS), a bare model name at the OpenAI-compatible "
+        "endpoint, or 'offline' for the built-in deterministic offline model.",
+    )
+    fallback_models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Models a step moves to, in order, when the one before keeps failing "
+        "with an outage (5xx, overloaded, no connection, timeouts, a 429 that asks for a "
+        "longer wait than fallback_after_seconds); each turn starts again at `name`.",
+    )
+    fallback_after_seconds: float = Field(
+        default=60,
+        ge=1,
+        le=24 * 3600,
+        description="How long a step keeps retrying a model through an outage before it "
+        "moves to the next of fallback_models.",
+    )
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        default=None,
+        description="A reasoning model's effort (Responses `reasoning.effort`); unset: the "
+        "endpoint's default.",
+    )
+    thinking_budget_tokens: int | None = Field(
+        default=None,
+        ge=1024,
+        le=1_000_000,
+        description="Anthropic extended thinking: the tokens a step may think with (unset: "
+        "no thinking).",
     )
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -310,27 +337,58 @@ class ToolCallRequest(Contract):
     arguments: str
 
 
+ReasoningProtocol = Literal["responses", "anthropic"]
+
+
+class ReasoningItem(Contract):
+    """A model's reasoning as its provider gave it, to be sent back unchanged on the next
+    call of the loop: a Responses `reasoning` item (its encrypted content, as `store=false`
+    returns it) or an Anthropic `thinking`/`redacted_thinking` block with its signature.
+    Only an endpoint of the same protocol, for the same model, is sent it back."""
+
+    protocol: ReasoningProtocol
+    model: str = Field(description="The model (as the endpoint named it) that reasoned.")
+    data: dict[str, Any] = Field(description="The provider's item or block, as it came.")
+
+
 class ChatMessage(Contract):
-    """One message of the conversation in OpenAI chat format."""
+    """One message of the conversation in OpenAI chat format, with the reasoning that came
+    with an assistant message (sent back to the provider that gave it)."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     tool_calls: list[ToolCallRequest] = Field(default_factory=list)
     tool_call_id: str | None = None
+    reasoning: list[ReasoningItem] = Field(default_factory=list)
 
 
 class Usage(Contract):
+    """Tokens of one call or many. `input_tokens` counts every input token, those read from
+    or written to the provider's prompt cache included (`cache_read_tokens` and
+    `cache_write_tokens` say how many); `reasoning_tokens` are among `output_tokens`."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    @property
+    def cache_hit_ratio(self) -> float | None:
+        """The share of input tokens served from the prompt cache (None: no input yet)."""
+        return self.cache_read_tokens / self.input_tokens if self.input_tokens else None
+
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
         )
 
 
@@ -496,6 +554,9 @@ class LlmResult(Contract):
     output_problem: str | None = Field(
         default=None,
         description="A final answer that does not fit the task's output schema: why.",
+    )
+    reasoning: list[ReasoningItem] = Field(
+        default_factory=list, description="The reasoning that came with the message."
     )
 
 
