@@ -48,6 +48,9 @@ class Reply:
     # `call_<step>_<index>`. A malformed model's ids: repeated, empty, missing.
     call_ids: list[str | None] | None = None
     argument_piece_chars: int = 7  # tool arguments stream in fragments of this size
+    # What a reasoning model thinks before it answers: an Anthropic thinking block, a
+    # Responses reasoning item (the chat completions fake sends none).
+    reasoning: str = ""
 
 
 def text(content: str, **kw: Any) -> Reply:

@@ -347,7 +347,10 @@ class ReasoningItem(Contract):
     Only an endpoint of the same protocol, for the same model, is sent it back."""
 
     protocol: ReasoningProtocol
-    model: str = Field(description="The model (as the endpoint named it) that reasoned.")
+    model: str = Field(
+        description="The model that reasoned, as the task names it (`anthropic:claude-...`): "
+        "a request to another model leaves the item out."
+    )
     data: dict[str, Any] = Field(description="The provider's item or block, as it came.")
 
 
