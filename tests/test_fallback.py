@@ -5,6 +5,7 @@ starts again at the first model. On the time-skipping server, against the fake e
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text
 from waystation.vocabulary import FailureKind
 from waystation.workflows.events import (
     AgentState,
+    Interrupted,
     ModelSwitched,
     UserMessage,
     draft,
@@ -113,6 +115,27 @@ async def test_a_429_with_a_short_wait_is_retried_on_the_same_model(
     assert fake_openai.calls(first) == 2 and fake_openai.calls(second) == 0
     assert await switches(handle) == []
     assert (await handle.state()).model is None
+
+
+async def test_a_message_that_interrupts_cuts_the_pause_before_a_retry(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    # Real time: the pause the 429 asks for would last 30 s; the message ends it at once.
+    first = fake_openai.script(
+        [error(429, "Rate limit reached", {"Retry-After": "30"}), text("hi")]
+    )
+    second = fake_openai.script([text("never asked")])
+    handle = await dev_runtime.run(with_fallback(first, second, after=3600))
+    async with asyncio.timeout(20):
+        while fake_openai.calls(first) < 1:
+            await asyncio.sleep(0.05)
+        await handle.send("never mind, just say hi", interrupt=True)
+        assert (await handle.result()).result == "hi"
+    events = await handle.events()
+    assert [e for e in events if isinstance(e, Interrupted)]
+    assert any(isinstance(e, UserMessage) and e.interrupted for e in events)
+    assert fake_openai.calls(first) == 2 and fake_openai.calls(second) == 0
+    assert await switches(handle) == []
 
 
 async def test_the_last_model_failing_fails_the_task(
