@@ -15,12 +15,13 @@ from waystation.client.agent_runtime import AgentRuntime, TaskFailedError, TaskH
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text
 from waystation.vocabulary import FailureKind
 from waystation.workflows.events import (
+    AgentEvent,
     AgentState,
     Interrupted,
     ModelSwitched,
     UserMessage,
+    apply,
     draft,
-    fold,
 )
 from waystation.workflows.models import AgentTask
 
@@ -153,15 +154,15 @@ async def test_the_last_model_failing_fails_the_task(
 
 
 def test_the_state_names_the_model_in_use_until_the_next_turn() -> None:
-    events = [
+    events: list[AgentEvent] = [
         draft(ModelSwitched, 1, from_model="a", to_model="b", reason="a kept failing"),
         draft(UserMessage, 1, content="steer", turn=0),
         draft(ModelSwitched, 1, from_model="b", to_model="c", reason="b kept failing"),
         draft(UserMessage, 2, content="again", turn=1),
     ]
-    states = []
+    states: list[str | None] = []
     state = AgentState()
     for seq, event in enumerate(events):
-        state = fold([event.model_copy(update={"seq": seq})], state)
+        state = apply(state, event.model_copy(update={"seq": seq}))
         states.append(state.model)
     assert states == ["b", "b", "c", None]
