@@ -5,8 +5,9 @@ API's rules: no `max_tokens`; roles that do not alternate or do not start with t
 `tool_use` not answered by a `tool_result` at the start of the next user message (or a
 result for no call); a thinking block changed on its way back (each one the fake sends is
 signed with an HMAC of its text); with thinking on, a temperature, a forced tool choice,
-or a tool-use turn sent back without its thinking; more than 4 `cache_control` blocks. An
-`x-api-key: wrong-key` gets 401 `authentication_error`.
+or a tool-use turn sent back without its thinking; more than 4 `cache_control` blocks. The
+key `wrong-key` (as `x-api-key`, or the bearer token current clients send) gets 401
+`authentication_error`.
 
 A script sees the request in chat-completions shape (`messages`, `tools` as OpenAI's, with
 `protocol: "anthropic"` and the request itself as `raw`), so the chat fake's scripts serve
@@ -310,7 +311,8 @@ def _error_body(status: int, message: str) -> dict[str, Any]:
 
 def serve_messages(handler: _Handler, body: dict[str, Any]) -> None:
     """Answer one Messages request on the fake endpoint."""
-    if handler.headers.get("x-api-key") == "wrong-key":
+    keys = (handler.headers.get("x-api-key"), handler.headers.get("Authorization"))
+    if "wrong-key" in keys or "Bearer wrong-key" in keys:
         handler._json(401, _error_body(401, "invalid x-api-key"))
         return
     if problem := request_problem(body):
