@@ -5,6 +5,7 @@ worker's named backend for the test's model."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -173,12 +174,11 @@ async def test_cached_tokens_grow_step_by_step_on_a_twenty_step_task(
     # The first step writes the prefix; each later one reads the last one's whole request.
     assert usages[0].cache_read_tokens == 0 and usages[0].cache_write_tokens > 1024
     reads = [u.cache_read_tokens for u in usages]
-    assert all(later > earlier for earlier, later in zip(reads, reads[1:], strict=False))
-    for before, after in zip(usages, usages[1:], strict=False):
+    assert all(later > earlier for earlier, later in itertools.pairwise(reads))
+    for before, after in itertools.pairwise(usages):
         assert after.cache_read_tokens == before.cache_read_tokens + before.cache_write_tokens
     share = sum(u.cache_read_tokens for u in usages) / sum(u.input_tokens for u in usages)
-    print(f"cache share over 20 steps: {share:.3f}", [(u.input_tokens, u.cache_read_tokens, u.cache_write_tokens) for u in usages])
-    assert share > 0.85, share
+    assert share > 0.9, share  # 0.94: a 1,800-token prompt growing by ~40 tokens a step
 
 
 # --- the request ---------------------------------------------------------------------------
@@ -321,7 +321,9 @@ async def test_refusals_are_rejected_with_the_providers_message(
 async def test_a_wrong_key_is_rejected(fake_openai: FakeOpenAI) -> None:
     err = await failure(fake_openai, text("never"), key="wrong-key")
     assert err.type == errors.LLM_REQUEST_REJECTED
-    assert err.message == "the Anthropic endpoint answered 401 authentication_error: invalid x-api-key"
+    assert (
+        err.message == "the Anthropic endpoint answered 401 authentication_error: invalid x-api-key"
+    )
 
 
 async def test_an_unreachable_endpoint_is_named_without_its_credentials(
@@ -343,6 +345,11 @@ async def test_a_silent_or_stalled_endpoint_runs_out_its_clocks(fake_openai: Fak
     assert "stream stalled for 0.3 s" in str(stalled)
 
 
+async def test_a_stream_cut_off_mid_answer_is_retried(fake_openai: FakeOpenAI) -> None:
+    err = await failure(fake_openai, Reply(content="a b c d", cut_after_chunks=5))
+    assert err.type == errors.LLM_UNAVAILABLE and "ended before message_stop" in err.message
+
+
 async def test_a_response_format_is_refused_for_the_final_answer_tool(
     fake_openai: FakeOpenAI,
 ) -> None:
@@ -353,12 +360,12 @@ async def test_a_response_format_is_refused_for_the_final_answer_tool(
 # --- the fake refuses what the API refuses -------------------------------------------------
 
 
-USER = {"role": "user", "content": "hi"}
-USE = {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {}}
-RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1"}
-THOUGHT = {"type": "thinking", "thinking": "Hm.", "signature": signature("Hm.")}
-MARK = {"cache_control": {"type": "ephemeral"}}
-THINKING = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2048}
+USER: Any = {"role": "user", "content": "hi"}
+USE: Any = {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {}}
+RESULT: Any = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1"}
+THOUGHT: Any = {"type": "thinking", "thinking": "Hm.", "signature": signature("Hm.")}
+MARK: Any = {"cache_control": {"type": "ephemeral"}}
+THINKING: Any = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2048}
 
 
 @pytest.mark.parametrize(
@@ -410,7 +417,10 @@ THINKING = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens"
                 "max_tokens": 9,
                 "system": [{"type": "text", "text": "s", **MARK}],
                 "messages": [
-                    {"role": "user", "content": [{"type": "text", "text": t, **MARK} for t in "abcd"]}
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": t, **MARK} for t in "abcd"],
+                    }
                 ],
             },
             "A maximum of 4 blocks with cache_control may be provided. Found 5.",
@@ -438,8 +448,8 @@ def test_the_fake_takes_thinking_sent_back_unchanged(fake_openai: FakeOpenAI) ->
         thinking={"type": "enabled", "budget_tokens": 1024},
         messages=[
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [THOUGHT, USE]},  # type: ignore[list-item]
-            {"role": "user", "content": [RESULT]},  # type: ignore[list-item]
+            {"role": "assistant", "content": [THOUGHT, USE]},
+            {"role": "user", "content": [RESULT]},
         ],
     )
     assert [b.type for b in message.content] == ["thinking", "text"]
@@ -449,4 +459,4 @@ def test_the_fake_takes_thinking_sent_back_unchanged(fake_openai: FakeOpenAI) ->
 def test_the_fake_refuses_a_wrong_key(fake_openai: FakeOpenAI) -> None:
     client = anthropic.Anthropic(api_key="wrong-key", base_url=fake_openai.anthropic_url)
     with pytest.raises(anthropic.AuthenticationError):
-        client.messages.create(model="claude-x", max_tokens=9, messages=[USER])  # type: ignore[list-item]
+        client.messages.create(model="claude-x", max_tokens=9, messages=[USER])

@@ -309,6 +309,7 @@ class _StreamReader:
         self._tool_index: dict[int, int] = {}
         self._tool_arguments_sent: set[int] = set()
         self._thinking: dict[int, dict[str, Any]] = {}
+        self.stopped = False  # message_stop came: the answer is whole
 
     def deltas(self, event: Any) -> list[ChatDelta]:
         kind = event.type
@@ -321,6 +322,8 @@ class _StreamReader:
             return self._block_delta(event.index, event.delta)
         elif kind == "content_block_stop":
             return self._block_stop(event.index)
+        elif kind == "message_stop":
+            self.stopped = True
         elif kind == "message_delta":
             reason = event.delta.stop_reason
             return [
@@ -471,6 +474,12 @@ class AnthropicMessages:
                         f"the Anthropic endpoint's stream stalled for {idle_wait:g} s",
                         type=errors.LLM_UNAVAILABLE,
                     ) from None
+            if not reader.stopped:
+                # A connection closed mid-answer ends the stream as if it were done.
+                raise ApplicationError(
+                    "the Anthropic endpoint's stream ended before message_stop",
+                    type=errors.LLM_UNAVAILABLE,
+                )
         finally:
             if response is not None:
                 await response.close()
