@@ -34,13 +34,16 @@ import json
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from waystation.testing.fake_openai import GATE_TIMEOUT_SECONDS, Reply
+# The chat fake (waystation.testing.fake_openai) imports this module to serve /v1/messages:
+# its handler, server and Reply come in as arguments (typed Any), never imported back.
+Handler = Any
+Reply = Any
+FakeOpenAI = Any
 
-if TYPE_CHECKING:
-    from waystation.testing.fake_openai import FakeOpenAI, _Handler
-
+# As the chat fake's: a gate nobody opens must not hold a server thread forever.
+GATE_TIMEOUT_SECONDS = 120.0
 MIN_CACHEABLE_TOKENS = 1024
 CACHE_LOOKBACK_BLOCKS = 20
 MAX_CACHE_BREAKPOINTS = 4
@@ -94,7 +97,7 @@ class PromptCache:
         return total - written_to, read, written_to - read
 
 
-_caches: weakref.WeakKeyDictionary[FakeOpenAI, PromptCache] = weakref.WeakKeyDictionary()
+_caches: weakref.WeakKeyDictionary[Any, PromptCache] = weakref.WeakKeyDictionary()
 _caches_lock = threading.Lock()
 
 
@@ -309,7 +312,7 @@ def _error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def serve_messages(handler: _Handler, body: dict[str, Any]) -> None:
+def serve_messages(handler: Handler, body: dict[str, Any]) -> None:
     """Answer one Messages request on the fake endpoint."""
     keys = (handler.headers.get("x-api-key"), handler.headers.get("Authorization"))
     if "wrong-key" in keys or "Bearer wrong-key" in keys:
@@ -464,7 +467,7 @@ def _events(
 
 
 def _send_events(
-    handler: _Handler,
+    handler: Handler,
     model: str,
     reply: Reply,
     request: int,
