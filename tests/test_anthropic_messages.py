@@ -224,6 +224,34 @@ def test_the_request_is_byte_stable_and_each_step_repeats_the_last_as_its_prefix
     assert marked == [len(earlier["messages"]) - 1, len(later["messages"]) - 1]
 
 
+def test_roles_alternate_from_the_user_and_every_call_is_answered() -> None:
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(
+            role="assistant",
+            content="Hello.",
+            tool_calls=[
+                ToolCallRequest(id="a", name="calc", arguments="{}"),
+                ToolCallRequest(id="b", name="calc", arguments="{}"),
+            ],
+        ),
+        ChatMessage(role="user", content="  "),
+        ChatMessage(role="tool", tool_call_id="a", content="1"),
+        ChatMessage(role="tool", tool_call_id="z", content="stray"),
+    ]
+    body = request_body(messages, [], ModelSettings(name="claude-x"))
+    opening, asked, answered = body["messages"]
+    assert opening["role"] == "user"
+    assert unmarked(opening["content"]) == [{"type": "text", "text": "(empty)"}]
+    assert asked["role"] == "assistant"
+    assert unmarked(answered["content"]) == [
+        {"type": "tool_result", "tool_use_id": "a", "content": "1"},
+        {"type": "tool_result", "tool_use_id": "b", "content": "(no result)", "is_error": True},
+        {"type": "text", "text": "(empty)"},
+        {"type": "text", "text": "(result of tool call z: stray)"},
+    ]
+
+
 def test_unparsable_arguments_go_as_an_empty_input_with_the_text_kept() -> None:
     messages = [
         ChatMessage(role="user", content="go"),

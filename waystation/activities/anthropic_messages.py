@@ -106,7 +106,8 @@ def _turns(messages: list[ChatMessage], model_name: str) -> list[dict[str, Any]]
         elif message.role == "tool":
             role, blocks = "user", [_tool_result(message)]
         else:
-            role, blocks = "user", [_text_block(message.content or EMPTY_TEXT)]
+            said = message.content if message.content and message.content.strip() else None
+            role, blocks = "user", [_text_block(said or EMPTY_TEXT)]
         if not blocks:
             continue
         if turns and turns[-1]["role"] == role:
