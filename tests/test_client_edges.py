@@ -16,6 +16,7 @@ from temporalio.client import (
     QueryWorkflowInput,
     SignalWorkflowInput,
     WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
@@ -89,6 +90,26 @@ async def test_a_query_the_server_gives_up_on_is_unanswered_not_a_raw_rpc_error(
     async with running_worker(dev_env.client, settings):
         runtime = AgentRuntime(
             ClientHooks(before_query=server_gives_up).client(dev_env.client), settings
+        )
+        handle = await runtime.run(agent_task("offline"))
+        with pytest.raises(NoWorkerError, match="no worker answered the state query"):
+            await handle.state(within=timedelta(seconds=1))
+
+
+async def test_a_query_its_worker_was_too_busy_to_answer_is_unanswered(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A worker on a starved machine fails a query whose replay did not yield in time (the
+    SDK's deadlock detector); the caller is told no worker answered, and may ask again."""
+
+    async def worker_too_slow(_: QueryWorkflowInput) -> None:
+        raise WorkflowQueryFailedError(
+            "[TMPRL1101] Potential deadlock detected: workflow didn't yield within 2 second(s)."
+        )
+
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(
+            ClientHooks(before_query=worker_too_slow).client(dev_env.client), settings
         )
         handle = await runtime.run(agent_task("offline"))
         with pytest.raises(NoWorkerError, match="no worker answered the state query"):

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, Literal, overload
 
 from pydantic import TypeAdapter
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -34,7 +34,7 @@ from waystation.client.messaging import Delivery, deliver
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
 from waystation.client.serving_workers import check_servable, offers_of
 from waystation.client.starting import WORKFLOW_TASK_TIMEOUT, start_agent
-from waystation.client.streaming import UNANSWERED, StreamHub, StreamItem
+from waystation.client.streaming import UNANSWERED, StreamHub, StreamItem, worker_too_busy
 from waystation.client.task_errors import (
     DecisionError,
     MessageRefusedError,
@@ -126,6 +126,12 @@ class AgentRuntime:
             try:
                 return await asyncio.wait_for(work, limit.total_seconds())
             except TimeoutError:
+                raise await self.no_worker(task_id, what, limit) from None
+            except WorkflowQueryFailedError as err:
+                if not worker_too_busy(err):
+                    raise
+                # The worker took too long to replay the task for it (an overloaded machine):
+                # as unanswered as a query no worker took, and as worth asking again.
                 raise await self.no_worker(task_id, what, limit) from None
             except RPCError as err:
                 if err.status in UNANSWERED:

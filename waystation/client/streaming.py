@@ -47,6 +47,14 @@ POLL_TIMEOUT = timedelta(seconds=10)
 LONGEST_POLL = timedelta(minutes=2)
 # How the SDK and the server report a query that got no answer before its deadline.
 UNANSWERED = frozenset({RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED})
+# How a worker says it could not run the task's code in time to answer (the SDK's deadlock
+# detector: a workflow activation that did not yield within 2 s, as on a starved machine).
+WORKER_TOO_BUSY = "[TMPRL1101]"
+
+
+def worker_too_busy(err: WorkflowQueryFailedError) -> bool:
+    """Whether a failed query failed because its worker was too slow, not the query."""
+    return WORKER_TOO_BUSY in str(err)
 
 
 class StreamGap(BaseModel):
