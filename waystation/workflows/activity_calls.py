@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from waystation.workflows import activity_contracts as contracts
 from waystation.workflows import errors, options
@@ -57,12 +58,38 @@ def cancel_wins() -> Iterator[None]:
         raise
 
 
-def start_model_call(task: AgentTask, request: LlmRequest) -> workflow.ActivityHandle[LlmResult]:
+def start_model_call(
+    task: AgentTask, request: LlmRequest, *, retried_by_workflow: bool = False
+) -> workflow.ActivityHandle[LlmResult]:
     """The model call as a handle the loop can cancel (a message that interrupts it)."""
-    config = options.model_call(task)
+    config = options.model_call(task, request.model, retried_by_workflow=retried_by_workflow)
     if request.wait_for_capable_worker:
         config = {**config, **options.capable_worker_search()}
     return workflow.start_activity(contracts.call_llm, request, **config)
+
+
+def retryable(err: ActivityError) -> bool:
+    """A model call's failure that another attempt may not meet (not a refusal, nor a worker
+    that lacks what the task needs)."""
+    cause = err.cause
+    if not isinstance(cause, ApplicationError):
+        return True
+    stops = [*errors.NON_RETRYABLE_LLM_ERRORS, errors.WORKER_LACKS]
+    return not cause.non_retryable and cause.type not in stops
+
+
+def outage(err: ActivityError) -> bool:
+    """A model call that failed because the model is down, overloaded or not answering."""
+    cause = err.cause
+    if isinstance(cause, ActivityTimeout):
+        return True
+    return isinstance(cause, ApplicationError) and cause.type in errors.OUTAGE_LLM_ERRORS
+
+
+def retry_after(err: ActivityError) -> timedelta | None:
+    """How long the endpoint asked to wait before the next attempt (Retry-After)."""
+    cause = err.cause
+    return cause.next_retry_delay if isinstance(cause, ApplicationError) else None
 
 
 def task_cancelling() -> bool:
@@ -100,7 +127,7 @@ async def claim_turn(task: AgentTask, claim: TurnClaim) -> ClaimedTurn:
 async def summarize(task: AgentTask, request: SummaryRequest) -> SummaryResult:
     with cancel_wins():
         return await workflow.execute_activity(
-            contracts.summarize_context, request, **options.model_call(task)
+            contracts.summarize_context, request, **options.model_call(task, request.model)
         )
 
 

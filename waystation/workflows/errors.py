@@ -44,6 +44,10 @@ NON_RETRYABLE_LLM_ERRORS = [
     CONVERSATION_LOST,
 ]
 
+# A model that keeps failing with one of these (or timing out) is down or overloaded: a step
+# moves on to the task's next fallback model. A refusal (LLM_REQUEST_REJECTED) never does.
+OUTAGE_LLM_ERRORS = [LLM_UNAVAILABLE]
+
 # Webhook deliveries (activities/notify/): the endpoint refused the notice (a 4xx other than
 # 408/429, a redirect): retrying cannot help.
 WEBHOOK_REJECTED = "WebhookRejected"

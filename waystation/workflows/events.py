@@ -535,6 +535,11 @@ class AgentState(Contract):
         default_factory=list,
         description="With status waiting_worker: what the worker that took the task lacked.",
     )
+    model: str | None = Field(
+        default=None,
+        description="The model the task's steps call since a fallback took over "
+        "(model_switched); None: the task's own model. Each turn starts again at that one.",
+    )
 
     @property
     def finished(self) -> bool:
@@ -740,6 +745,8 @@ def _resumed(state: AgentState, event: Resumed) -> Changes:
         "repeated_steps": 0,
         "output_rejections": 0,
         "open_step": step.model_copy(update={"timed_out": False}) if step else None,
+        # A person said go on: the models that failed are worth trying again, first first.
+        "model": None,
     }
 
 
@@ -766,6 +773,7 @@ def _user_message(state: AgentState, event: UserMessage) -> Changes:
         changes["output"] = None
         # A person asked again: a call like one of the last turn's is theirs to have run.
         changes["recent_calls"] = {}
+        changes["model"] = None  # a new turn tries the task's own model first
     if event.message_id is not None:
         changes["message_ids"] = [*state.message_ids, event.message_id][-MESSAGE_IDS_KEPT:]
     return changes
@@ -799,6 +807,10 @@ def _waiting_worker(state: AgentState, event: WaitingWorker) -> Changes:
 
 def _worker_found(state: AgentState, event: WorkerFound) -> Changes:
     return {"status": "running", "missing": []}
+
+
+def _model_switched(state: AgentState, event: ModelSwitched) -> Changes:
+    return {"model": event.to_model}
 
 
 def _failed(state: AgentState, event: Failed) -> Changes:
@@ -839,6 +851,7 @@ APPLY_RULES: dict[str, Callable[[AgentState, Any], Changes]] = {
     "output_rejected": _output_rejected,
     "waiting_worker": _waiting_worker,
     "worker_found": _worker_found,
+    "model_switched": _model_switched,
     "failed": _failed,
     "cancelled": _cancelled,
 }

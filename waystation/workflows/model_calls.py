@@ -6,6 +6,7 @@ is offered.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import (
@@ -18,13 +19,16 @@ from waystation.workflows import (
     activity_calls,
     errors,
     messages,
+    options,
     outputs,
 )
 from waystation.workflows.events import (
     ContextCompacted,
     ErrorEvent,
     Interrupted,
+    ModelSwitched,
     OutputRejected,
+    Thought,
     WaitingWorker,
     WorkerFound,
     draft,
@@ -33,6 +37,7 @@ from waystation.workflows.events import (
 from waystation.workflows.models import (
     LlmRequest,
     LlmResult,
+    ModelSettings,
     SummaryRequest,
 )
 from waystation.workflows.plan import Fail
@@ -42,6 +47,13 @@ from waystation.workflows.tool_catalog import catalog_digest
 
 # Before it, a server's notice that its tools changed was not acted on.
 RELIST_PATCH = "mcp-relist-changed"
+# Before it, a task's fallback_models were not acted on.
+FALLBACK_PATCH = "model-fallback"
+
+
+def model_chain(model: ModelSettings) -> list[str]:
+    """The models a turn's steps may call, in order (each once)."""
+    return list(dict.fromkeys([model.name, *model.fallback_models]))
 
 
 class ModelCalls(RunCore):
@@ -49,39 +61,61 @@ class ModelCalls(RunCore):
 
     async def _call_model(self, step: int) -> None:
         """One model call; an answer ends the turn, tool calls open a step. A message that
-        asks to interrupt cancels the call, and the step starts again with it."""
-        request = LlmRequest(
-            step=step,
-            message_count=len(self._state.conversation),
-            model=self._task.model,
-            conversation_digest=self._conversation_digest(),
-            catalog_digest=catalog_digest(self._catalog) if self._catalog else None,
-            first_attempt=1 + self._state.interrupts * self._task.model.max_attempts,
-            requires=self._task.requires,
-            wait_for_capable_worker=self._state.status == "waiting_worker",
-        )
-        call = activity_calls.start_model_call(self._task, request)
-        try:
-            await workflow.wait_condition(
-                lambda: call.done() or messages.interrupting(self._incoming)
+        asks to interrupt cancels the call, and the step starts again with it. A model the
+        task can fall back from is retried here until fallback_after_seconds; if it is down
+        all that while, the step goes on with the next model."""
+        chain = model_chain(self._task.model)
+        index = self._model_index(chain)
+        model = self._model_in_use()
+        # Tasks that name no fallback never ask, and make the commands they always made.
+        falls_back = index + 1 < len(chain) and workflow.patched(FALLBACK_PATCH)
+        since = workflow.now()
+        failures = 0
+        while True:
+            # Numbered past every attempt of this step's earlier models and interrupted calls.
+            blocks = self._state.interrupts + index
+            request = LlmRequest(
+                step=step,
+                message_count=len(self._state.conversation),
+                model=model,
+                conversation_digest=self._conversation_digest(),
+                catalog_digest=catalog_digest(self._catalog) if self._catalog else None,
+                first_attempt=1 + blocks * model.max_attempts + failures,
+                requires=self._task.requires,
+                wait_for_capable_worker=self._state.status == "waiting_worker",
             )
-        except asyncio.CancelledError:
-            await activity_calls.cancelled_call(call)
-            raise
-        interrupting = not call.done()
-        if interrupting:
-            call.cancel()
-        try:
-            result: LlmResult = await call
-        except ActivityError as err:
-            self._clock = sample_clock()
-            if interrupting and activity_calls.cancelled_by_request(err):
-                self._interrupted(step, request)
+            retried_here = falls_back and not request.wait_for_capable_worker
+            call = activity_calls.start_model_call(
+                self._task, request, retried_by_workflow=retried_here
+            )
+            interrupting = await self._until_done_or_interrupted(call)
+            try:
+                result: LlmResult = await call
+            except ActivityError as err:
+                self._clock = sample_clock()
+                if interrupting and activity_calls.cancelled_by_request(err):
+                    self._interrupted(step, request)
+                    return
+                if activity_calls.cancelled(err):
+                    raise asyncio.CancelledError() from None
+                if retried_here and activity_calls.retryable(err):
+                    failures += 1
+                    delay = options.model_retry_delay(failures, activity_calls.retry_after(err))
+                    within = workflow.now() + delay - since <= self._fallback_after()
+                    outage = activity_calls.outage(err)
+                    if failures < model.max_attempts and (within or not outage):
+                        if await self._pause_before_retry(delay):
+                            continue
+                        self._interrupted(step, request)
+                        return
+                if falls_back and activity_calls.outage(err):
+                    if request.wait_for_capable_worker:
+                        self._append(draft(WorkerFound, self._state.step, worker=None))
+                    self._switch_model(chain[index], chain[index + 1], err)
+                    return
+                await self._model_failed(step, request, err)
                 return
-            if activity_calls.cancelled(err):
-                raise asyncio.CancelledError() from None
-            await self._model_failed(step, request, err)
-            return
+            break
         self._clock = sample_clock()
         if request.wait_for_capable_worker:
             self._append(draft(WorkerFound, self._state.step, worker=result.worker))
@@ -96,6 +130,67 @@ class ModelCalls(RunCore):
         else:
             told = outputs.rejection(result.output_problem, outputs.mode(self._task.model))
             self._append(draft(OutputRejected, step, problem=result.output_problem, message=told))
+
+    async def _until_done_or_interrupted(self, call: workflow.ActivityHandle[LlmResult]) -> bool:
+        """Wait for the call, or cancel it for a message that interrupts: whether one did."""
+        try:
+            await workflow.wait_condition(
+                lambda: call.done() or messages.interrupting(self._incoming)
+            )
+        except asyncio.CancelledError:
+            await activity_calls.cancelled_call(call)
+            raise
+        if call.done():
+            return False
+        call.cancel()
+        return True
+
+    def _fallback_after(self) -> timedelta:
+        return timedelta(seconds=self._task.model.fallback_after_seconds)
+
+    async def _pause_before_retry(self, delay: timedelta) -> bool:
+        """Wait before the model is called again; False if a message interrupts meanwhile."""
+        try:
+            await workflow.wait_condition(
+                lambda: messages.interrupting(self._incoming), timeout=delay
+            )
+        except TimeoutError:
+            self._clock = sample_clock()
+            return True
+        self._clock = sample_clock()
+        return False
+
+    def _switch_model(self, from_model: str, to_model: str, err: ActivityError) -> None:
+        """The step goes on with the next model; reasoning another model gave is not sent."""
+        dropped = sum(
+            1
+            for event in self._log
+            if isinstance(event, Thought)
+            for item in event.reasoning
+            if item.model != to_model
+        )
+        reason = f"{from_model} kept failing: {activity_calls.detail(err)}"
+        self._append(
+            draft(
+                ModelSwitched,
+                self._state.step,
+                from_model=from_model,
+                to_model=to_model,
+                reason=reason,
+                reasoning_dropped=dropped,
+            )
+        )
+
+    def _model_index(self, chain: list[str]) -> int:
+        name = self._state.model
+        return chain.index(name) if name is not None and name in chain else 0
+
+    def _model_in_use(self) -> ModelSettings:
+        """The task's model settings, named for the model this turn's steps call now."""
+        index = self._model_index(model_chain(self._task.model))
+        if not index:
+            return self._task.model
+        return self._task.model.model_copy(update={"name": self._state.model})
 
     def _interrupted(self, step: int, request: LlmRequest) -> None:
         """The model call was cancelled for a message: its streamed text is void."""
@@ -140,7 +235,7 @@ class ModelCalls(RunCore):
             message_count=len(self._state.conversation),
             start=start,
             end=end,
-            model=self._task.model,
+            model=self._model_in_use(),
             conversation_digest=self._conversation_digest(),
         )
         try:

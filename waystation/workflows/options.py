@@ -56,9 +56,21 @@ def heartbeat_timeout(task: AgentTask) -> timedelta:
     return timedelta(seconds=task.heartbeat_timeout_seconds)
 
 
-def model_call(task: AgentTask, model: ModelSettings | None = None) -> workflow.ActivityConfig:
+MODEL_RETRY_INITIAL = timedelta(seconds=1)
+MODEL_RETRY_COEFFICIENT = 2.0
+MODEL_RETRY_MAX_INTERVAL = timedelta(seconds=60)
+
+
+def model_call(
+    task: AgentTask, model: ModelSettings | None = None, *, retried_by_workflow: bool = False
+) -> workflow.ActivityConfig:
     """An activity that calls the model: retried with backoff, Retry-After honoured (the
-    activity sets next_retry_delay), requests the endpoint refused are not retried."""
+    activity sets next_retry_delay), requests the endpoint refused are not retried.
+
+    A model the task can fall back from is tried once per activity: the workflow retries it
+    itself (model_retry_delay), as it must see each failure's Retry-After and the time spent
+    to move on after fallback_after_seconds. A schedule-to-close timeout would cut a long
+    but healthy answer instead."""
     model = model or task.model
     return workflow.ActivityConfig(
         start_to_close_timeout=timedelta(
@@ -67,13 +79,22 @@ def model_call(task: AgentTask, model: ModelSettings | None = None) -> workflow.
         heartbeat_timeout=heartbeat_timeout(task),
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         retry_policy=RetryPolicy(
-            initial_interval=timedelta(seconds=1),
-            backoff_coefficient=2.0,
-            maximum_interval=timedelta(seconds=60),
-            maximum_attempts=model.max_attempts,
+            initial_interval=MODEL_RETRY_INITIAL,
+            backoff_coefficient=MODEL_RETRY_COEFFICIENT,
+            maximum_interval=MODEL_RETRY_MAX_INTERVAL,
+            maximum_attempts=1 if retried_by_workflow else model.max_attempts,
             non_retryable_error_types=errors.NON_RETRYABLE_LLM_ERRORS,
         ),
     )
+
+
+def model_retry_delay(failures: int, asked: timedelta | None) -> timedelta:
+    """The pause before a model call the workflow retries itself, after `failures` failed
+    attempts: the endpoint's Retry-After when it gave one, else the retry policy's backoff."""
+    if asked is not None:
+        return asked
+    backoff = MODEL_RETRY_INITIAL * MODEL_RETRY_COEFFICIENT ** (failures - 1)
+    return min(backoff, MODEL_RETRY_MAX_INTERVAL)
 
 
 # A model call made while a task waits for a worker that has what it needs: attempts on
