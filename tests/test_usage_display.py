@@ -24,7 +24,6 @@ from waystation.workflows.events import (
     AgentState,
     ModelSwitched,
     TaskStarted,
-    UserMessage,
     draft,
 )
 from waystation.workflows.models import AgentTask, ModelSettings, Usage
@@ -85,7 +84,7 @@ async def test_cached_and_reasoning_tokens_reach_the_live_view_status_and_the_ap
     assert "  tokens 2,000 in (1,900 cached) · 10 out" in lines
 
     state = await handle.state()
-    status = render_state(state, task_id, model=model_in_use(events)).splitlines()
+    status = render_state(state, task_id, model=model_in_use(state, events)).splitlines()
     assert "tokens    3,234 in (3,000 cached) / 66 out (20 reasoning) · cache hit 93%" in status
     assert f"model     {model}" in status
 
@@ -128,12 +127,8 @@ def test_a_model_switch_is_one_line_naming_both_models_and_the_reasoning_left_be
     assert lines[-1].endswith("going on with openai:m2")
 
 
-def test_the_model_in_use_is_the_turns_latest_switch_and_a_new_turn_starts_at_the_first() -> None:
-    switch = draft(ModelSwitched, 1, from_model="a:1", to_model="b:2", reason="down")
-    assert model_in_use([]) is None
-    assert model_in_use([started("a:1")]) == "a:1"
-    assert model_in_use([started("a:1"), switch]) == "b:2"
-    steer = draft(UserMessage, 1, content="also this", turn=0)
-    assert model_in_use([started("a:1"), switch, steer]) == "b:2"
-    follow_up = draft(UserMessage, 2, content="and now?", turn=1)
-    assert model_in_use([started("a:1"), switch, follow_up]) == "a:1"
+def test_the_model_in_use_is_the_fallbacks_once_one_took_over_else_the_tasks_own() -> None:
+    first = [started("a:1")]
+    assert model_in_use(AgentState(), first) == "a:1"
+    assert model_in_use(AgentState(model="b:2"), first) == "b:2"
+    assert model_in_use(AgentState(), []) is None

@@ -69,13 +69,13 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         state = await handle.state(within=timedelta(seconds=args.timeout))
         running = not state.finished
         queued = await handle.queued_messages(timedelta(seconds=args.timeout)) if running else []
-        # The model in use is the events' to say (a fallback switched to another one).
-        events = [] if args.json else await handle.events(within=timedelta(seconds=args.timeout))
+        # The task's own model, for when no fallback has taken over (state.model is None).
+        first = [] if args.json else await handle.events(0, 1, timedelta(seconds=args.timeout))
     if args.json:
         print(visible_json(state.model_dump_json(indent=2)))
     else:
         tree = await handle.tree(state)
-        print(render_state(state, args.id, tree, model_in_use(events)))
+        print(render_state(state, args.id, tree, model_in_use(state, first)))
         for message in queued:
             who = f" from {message.sender}" if message.sender else ""
             said = visible(f"[{message.message_id}]{who}: {message.content}")

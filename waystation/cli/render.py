@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -139,21 +140,13 @@ def switch_text(event: ModelSwitched) -> str:
     return text
 
 
-def model_in_use(events: list[AgentEvent]) -> str | None:
-    """The model the task's current turn calls: the latest model_switched of the turn, else
-    the task's own model (None without its task_started). A new turn starts again at the
-    task's first model."""
-    first: str | None = None
-    model: str | None = None
-    turn = 0
-    for event in events:
-        if isinstance(event, TaskStarted):
-            first = model = event.task.model.name
-        elif isinstance(event, UserMessage) and event.turn > turn:
-            turn, model = event.turn, first
-        elif isinstance(event, ModelSwitched):
-            model = event.to_model
-    return model
+def model_in_use(state: AgentState, first_events: Sequence[AgentEvent]) -> str | None:
+    """The model the task's steps call: the one a fallback took over with (the state's, from
+    model_switched), else the task's own, named by its task_started among `first_events`."""
+    if state.model is not None:
+        return state.model
+    started = next((e for e in first_events if isinstance(e, TaskStarted)), None)
+    return started.task.model.name if started is not None else None
 
 
 def format_call(tool: str, arguments: dict[str, Any] | None) -> str:

@@ -94,6 +94,7 @@ export class TaskFold {
         this.failure = this.failureKind = this.result = this.resultSeq = this.output = null;
         this.maxSteps = e.max_steps ?? this.maxSteps;
         this.tokenBudget = e.token_budget ?? this.tokenBudget;
+        this.model = this.task?.model.name ?? this.model; // a resume tries the first model again
         break;
       case "user_message":
         this.status = "running";
