@@ -215,6 +215,28 @@ async def test_tasks_are_listed_with_their_text_and_found_by_it(
     assert (await http.get("/console/api/tasks", params={"status": "nope"})).status_code == 422
 
 
+async def test_a_listed_task_carries_its_tokens_and_cache_hit_ratio(
+    http: httpx.AsyncClient, fake_openai: FakeOpenAI, console_runtime: AgentRuntime
+) -> None:
+    name = fake_openai.script([text("done", usage=(400, 20), cached_tokens=300)])
+    handle = await console_runtime.run(agent_task(name, "Count my tokens"))
+    await handle.result()
+    row: dict[str, Any] = {}
+    async with asyncio.timeout(60):
+        while not row.get("usage"):  # until visibility lists it and its worker answers
+            listed = (await http.get("/console/api/tasks")).json()["tasks"]
+            row = next((t for t in listed if t["id"] == handle.id), {})
+            await asyncio.sleep(0.1)
+    assert row["usage"] == {
+        "input_tokens": 400,
+        "output_tokens": 20,
+        "cache_read_tokens": 300,
+        "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
+        "cache_hit_ratio": 0.75,
+    }
+
+
 async def test_a_followed_up_task_is_listed_by_its_own_text_and_first_start_in_any_process(
     dev_env: WorkflowEnvironment,
     http: httpx.AsyncClient,

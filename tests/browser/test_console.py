@@ -444,3 +444,31 @@ async def test_a_task_of_a_thousand_events_pages_its_timeline(
 
 
 pytestmark = pytest.mark.timeout(180)
+
+
+async def test_tokens_cached_and_reasoning_show_on_the_task_page_its_timeline_and_list_row(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(
+                ("calculator", {"expression": "2 + 2"}),
+                usage=(1234, 56),
+                cached_tokens=1100,
+                reasoning_tokens=20,
+            ),
+            text("4", usage=(2000, 10), cached_tokens=1900),
+        ]
+    )
+    handle = await start(stack, model, "Add with a cache")
+    await handle.result()
+    page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+    first = page.locator('li.type-thought[data-step="1"] .usage')
+    await expect(first).to_have_text("tokens 1,234 in (1,100 cached) · 56 out · 20 reasoning")
+    await expect(page.locator(".task-usage")).to_contain_text(
+        "3,234 in (3,000 cached) · 66 out (20 reasoning)"
+    )
+    await expect(page.locator(".task-cache-hit")).to_have_text("93%")
+    await page.goto(f"{stack.url}/#/tasks")
+    row = page.locator(f'tr[data-task-id="{handle.id}"] .row-usage')
+    await expect(row).to_have_text("3,300 tokens · cache hit 93%")

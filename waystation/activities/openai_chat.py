@@ -235,9 +235,14 @@ def _deltas(chunk: Any) -> Iterator[ChatDelta]:
     """Our deltas from one streamed chunk of the OpenAI protocol."""
     usage = None
     if chunk.usage is not None:
+        # OpenAI counts cached prompt tokens and reasoning tokens in these details.
+        prompt = chunk.usage.prompt_tokens_details
+        completion = chunk.usage.completion_tokens_details
         usage = Usage(
             input_tokens=chunk.usage.prompt_tokens or 0,
             output_tokens=chunk.usage.completion_tokens or 0,
+            cache_read_tokens=(prompt.cached_tokens or 0) if prompt else 0,
+            reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
         )
     if not chunk.choices:
         if usage is not None:

@@ -6,7 +6,7 @@ import argparse
 from datetime import timedelta
 
 from waystation.cli.following import final_status, shows_failed_attempts
-from waystation.cli.render import LiveView, render_state, visible, visible_json
+from waystation.cli.render import LiveView, model_in_use, render_state, visible, visible_json
 from waystation.cli.terminal import (
     EXIT_ENDED,
     EXIT_FAILED,
@@ -69,10 +69,13 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         state = await handle.state(within=timedelta(seconds=args.timeout))
         running = not state.finished
         queued = await handle.queued_messages(timedelta(seconds=args.timeout)) if running else []
+        # The task's own model, for when no fallback has taken over (state.model is None).
+        first = [] if args.json else await handle.events(0, 1, timedelta(seconds=args.timeout))
     if args.json:
         print(visible_json(state.model_dump_json(indent=2)))
     else:
-        print(render_state(state, args.id, await handle.tree(state)))
+        tree = await handle.tree(state)
+        print(render_state(state, args.id, tree, model_in_use(state, first)))
         for message in queued:
             who = f" from {message.sender}" if message.sender else ""
             said = visible(f"[{message.message_id}]{who}: {message.content}")

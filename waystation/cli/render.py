@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -14,6 +15,7 @@ from waystation.settings.commands import command
 from waystation.worker.log import AttemptFailure
 from waystation.workflows.events import (
     Action,
+    AgentEvent,
     AgentStarted,
     AgentState,
     ApprovalRequested,
@@ -23,6 +25,7 @@ from waystation.workflows.events import (
     ErrorEvent,
     Failed,
     Interrupted,
+    ModelSwitched,
     Observation,
     QuestionAnswered,
     QuestionAsked,
@@ -33,6 +36,7 @@ from waystation.workflows.events import (
     WaitingWorker,
     WorkerFound,
 )
+from waystation.workflows.models import Usage
 from waystation.workflows.stream import LlmAttemptStarted, TokenDelta
 
 # Characters a terminal acts on instead of showing (C0 and C1 controls, DEL) and the ones
@@ -93,6 +97,56 @@ ATTEMPT_NAMES = {"call_llm": "model", "summarize_context": "summary", "run_tool"
 
 
 ARGUMENT_CHARS = 60  # an argument's length in a call's one-line summary
+
+
+def _cached(usage: Usage) -> str:
+    """What of the input the prompt cache served or took, in brackets ("" for none)."""
+    parts = [
+        f"{n:,} {what}"
+        for n, what in ((usage.cache_read_tokens, "cached"), (usage.cache_write_tokens, "to cache"))
+        if n
+    ]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def usage_text(usage: Usage) -> str:
+    """A step's tokens on one line, only the counts that are not zero:
+    "1,234 in (1,100 cached) · 56 out · 20 reasoning"."""
+    parts = []
+    if usage.input_tokens:
+        parts.append(f"{usage.input_tokens:,} in{_cached(usage)}")
+    if usage.output_tokens:
+        parts.append(f"{usage.output_tokens:,} out")
+    if usage.reasoning_tokens:
+        parts.append(f"{usage.reasoning_tokens:,} reasoning")
+    return " · ".join(parts)
+
+
+def cache_hit_text(usage: Usage) -> str | None:
+    """The share of input read from the prompt cache, as a percentage; None when the
+    provider reported no caching at all (an endpoint without a cache is not a 0% hit)."""
+    ratio = usage.cache_hit_ratio
+    if ratio is None or not (usage.cache_read_tokens or usage.cache_write_tokens):
+        return None
+    return f"{ratio:.0%}"
+
+
+def switch_text(event: ModelSwitched) -> str:
+    """A model_switched event on one line."""
+    text = f"model {event.from_model} failed ({event.reason}): going on with {event.to_model}"
+    if event.reasoning_dropped:
+        items = "item" if event.reasoning_dropped == 1 else "items"
+        text += f"; {event.reasoning_dropped} reasoning {items} could not carry over"
+    return text
+
+
+def model_in_use(state: AgentState, first_events: Sequence[AgentEvent]) -> str | None:
+    """The model the task's steps call: the one a fallback took over with (the state's, from
+    model_switched), else the task's own, named by its task_started among `first_events`."""
+    if state.model is not None:
+        return state.model
+    started = next((e for e in first_events if isinstance(e, TaskStarted)), None)
+    return started.task.model.name if started is not None else None
 
 
 def format_call(tool: str, arguments: dict[str, Any] | None) -> str:
@@ -204,6 +258,10 @@ class LiveView:
                 if self._streaming != (key, data.step, data.attempt) and data.content:
                     self._line(f"[step {data.step}] {data.content}")
                 self._end_tokens()
+                if spent := usage_text(data.usage):
+                    self._line(f"  tokens {spent}", "2")
+            case ModelSwitched():
+                self._line(f"⇄ {switch_text(data)}", "33")
             case Action():
                 self._line(f"  → {format_call(data.tool, data.arguments)}", "36")
             case AgentStarted():
@@ -374,13 +432,30 @@ def render_tree(tree: TaskTree) -> list[str]:
 _CONTINUED = " " * 10  # where a value of `ws status` goes on
 
 
-def render_state(state: AgentState, task_id: str, tree: TaskTree | None = None) -> str:
+def _tokens_line(usage: Usage) -> str:
+    """The task's tokens: "tokens    12,000 in (9,000 cached) / 300 out (40 reasoning) ·
+    cache hit 75%", the parts in brackets and the ratio only when not zero."""
+    line = f"tokens    {usage.input_tokens:,} in{_cached(usage)}"
+    line += f" / {usage.output_tokens:,} out"
+    if usage.reasoning_tokens:
+        line += f" ({usage.reasoning_tokens:,} reasoning)"
+    if (hit := cache_hit_text(usage)) is not None:
+        line += f" · cache hit {hit}"
+    return line
+
+
+def render_state(
+    state: AgentState, task_id: str, tree: TaskTree | None = None, model: str | None = None
+) -> str:
+    """`ws status`: `model` is the one the current turn calls (see `model_in_use`)."""
     lines = [
         f"task      {task_id}",
         f"status    {state.status}",
         f"step      {state.step}" + (f" (turn {state.turn})" if state.turn else ""),
-        f"tokens    {state.usage.input_tokens} in / {state.usage.output_tokens} out",
+        _tokens_line(state.usage),
     ]
+    if model is not None:
+        lines.insert(2, f"model     {model}")
     if state.output is not None:
         first, *rest = _data(state.output).splitlines() or [""]
         lines += ["output    " + first, *(_CONTINUED + line for line in rest)]

@@ -32,12 +32,12 @@ from waystation.client.starting import default_model
 from waystation.client.task_rights import TaskRefusedError
 from waystation.servers.api.auth import Caller, identify
 from waystation.servers.api.errors import ApiError, send_error
+from waystation.servers.usage import TaskUsage
 from waystation.settings import Settings
 from waystation.settings.commands import command
 from waystation.settings.validation import validation_sentence
 from waystation.vocabulary import TaskStatus
 from waystation.workflows.events import AgentState
-from waystation.workflows.models import Usage
 
 T = TypeVar("T")
 
@@ -86,7 +86,7 @@ class TaskStatusView(BaseModel):
     failure: str | None = None
     pending_approvals: list[PendingApprovalView] = Field(default_factory=list)
     pending_questions: list[PendingQuestionView] = Field(default_factory=list)
-    usage: Usage
+    usage: TaskUsage
 
 
 class AnswerView(BaseModel):
@@ -165,7 +165,7 @@ def _status_view(task_id: str, state: AgentState) -> TaskStatusView:
             )
             for q in state.pending_questions.values()
         ],
-        usage=state.usage,
+        usage=TaskUsage.of(state.usage),
     )
 
 

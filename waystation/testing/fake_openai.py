@@ -39,6 +39,10 @@ class Reply:
     cut_after_chunks: int | None = None  # drop the connection after this many chunks
     chunk_delay: float = 0.0
     usage: tuple[int, int] = (11, 7)
+    # Of the prompt tokens, those the endpoint's prompt cache served; of the completion
+    # tokens, those spent reasoning (sent in the usage's details only when not zero).
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
     stamp_chunks: bool = False  # replace each text chunk by the time it is sent (benchmarks)
     # Hold the stream open after this many chunks until `gate` is set (a test's handle on
     # "this request is provably mid-stream"); at most GATE_TIMEOUT_SECONDS.
@@ -334,13 +338,18 @@ def _id_field(reply: Reply, number: int, index: int) -> dict[str, str]:
     return {} if given is None else {"id": given}
 
 
-def _usage(reply: Reply) -> dict[str, int]:
+def _usage(reply: Reply) -> dict[str, Any]:
     prompt, completion = reply.usage
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if reply.cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+    if reply.reasoning_tokens:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+    return usage
 
 
 def _completion(model: str, reply: Reply, number: int) -> dict[str, Any]:

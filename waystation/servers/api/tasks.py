@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, computed_field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from temporalio.service import RPCError
 
@@ -27,6 +27,7 @@ from waystation.servers.api.auth import Approver, Caller, Reader, Runtime
 from waystation.servers.api.errors import ApiError
 from waystation.servers.api.paging import decode_page_token, encode_page_token
 from waystation.servers.api.paths import TASK
+from waystation.servers.usage import TaskUsage
 from waystation.vocabulary import StatusFilter, TaskStatus
 from waystation.workflows.events import AgentEvent, AgentState, TaskStarted
 from waystation.workflows.models import (
@@ -72,6 +73,11 @@ class TaskView(BaseModel):
         description="The sub-agents below the task, nested, each with its own status, and "
         "the task that called it (GET /tasks/{id}).",
     )
+
+    @computed_field(description="The task's tokens (state.usage) and its cache-hit ratio.")  # type: ignore[prop-decorator]
+    @property
+    def usage(self) -> TaskUsage:
+        return TaskUsage.of(self.state.usage)
 
 
 class ApprovalBody(BaseModel):

@@ -18,7 +18,8 @@ export class TaskFold {
     this.step = 0;
     this.turn = 0; // 0 is the task's own, then one per follow-up
     this.turnFirstStep = 0; // the step count when the turn began (max_steps is per turn)
-    this.usage = { input: 0, output: 0 };
+    this.usage = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, reasoning: 0 };
+    this.model = null; // the model the current turn calls (a fallback may have switched it)
     this.task = null;
     this.maxSteps = null;
     this.tokenBudget = null;
@@ -43,6 +44,7 @@ export class TaskFold {
         this.task = e.task;
         this.maxSteps = e.task.max_steps;
         this.tokenBudget = e.task.token_budget;
+        this.model = e.task.model.name;
         break;
       case "thought":
       case "context_compacted":
@@ -92,6 +94,7 @@ export class TaskFold {
         this.failure = this.failureKind = this.result = this.resultSeq = this.output = null;
         this.maxSteps = e.max_steps ?? this.maxSteps;
         this.tokenBudget = e.token_budget ?? this.tokenBudget;
+        this.model = this.task?.model.name ?? this.model; // a resume tries the first model again
         break;
       case "user_message":
         this.status = "running";
@@ -99,6 +102,7 @@ export class TaskFold {
         if (e.turn > this.turn) {
           this.turn = e.turn;
           this.turnFirstStep = this.step;
+          this.model = this.task?.model.name ?? this.model; // a new turn starts at the first model
         }
         this.maxSteps = e.max_steps ?? this.maxSteps;
         break;
@@ -121,6 +125,9 @@ export class TaskFold {
         this.status = "running";
         this.missing = [];
         break;
+      case "model_switched":
+        this.model = e.to_model;
+        break;
       case "cancelled":
         this.status = "cancelled";
         this.pending.clear();
@@ -134,6 +141,9 @@ export class TaskFold {
   countUsage(usage) {
     this.usage.input += usage?.input_tokens ?? 0;
     this.usage.output += usage?.output_tokens ?? 0;
+    this.usage.cacheRead += usage?.cache_read_tokens ?? 0;
+    this.usage.cacheWrite += usage?.cache_write_tokens ?? 0;
+    this.usage.reasoning += usage?.reasoning_tokens ?? 0;
   }
 
   /** The deadline of a pending question, from the task's question timeout. */

@@ -42,6 +42,19 @@ export function mountTask(main, { session }, taskId) {
   return () => page.stop();
 }
 
+/** What of the input the prompt cache served or took, in brackets ("" for none). */
+function cachedNote(usage) {
+  const parts = [
+    usage.cacheRead ? `${count(usage.cacheRead)} cached` : null,
+    usage.cacheWrite ? `${count(usage.cacheWrite)} to cache` : null,
+  ].filter(Boolean);
+  return parts.length ? ` (${parts.join(", ")})` : "";
+}
+
+function percent(ratio) {
+  return `${Math.round(ratio * 100)}%`;
+}
+
 class TaskPage {
   constructor(main, session, taskId) {
     this.main = main;
@@ -317,8 +330,17 @@ class TaskPage {
       h("div", {}, h("dt", {}, "Step"), h("dd", { class: "task-step" }, f.maxSteps ? turnSteps : String(f.step))),
       f.turn > 0 ? h("div", {}, h("dt", {}, "Turns"), h("dd", { class: "task-turns" }, `${f.turn + 1} (${f.turn} follow-up${f.turn > 1 ? "s" : ""})`)) : null,
       h("div", {}, h("dt", {}, "Tokens"), h("dd", { class: "task-usage" },
-        `${count(f.usage.input)} in · ${count(f.usage.output)} out · ${count(tokens)}` +
-        (f.tokenBudget ? ` of ${count(f.tokenBudget)}` : ""))),
+        `${count(f.usage.input)} in${cachedNote(f.usage)} · ${count(f.usage.output)} out` +
+        (f.usage.reasoning ? ` (${count(f.usage.reasoning)} reasoning)` : "") +
+        ` · ${count(tokens)}` + (f.tokenBudget ? ` of ${count(f.tokenBudget)}` : ""))),
+      // Only where the provider reported caching: an endpoint without a cache is no 0% hit.
+      f.usage.cacheRead || f.usage.cacheWrite
+        ? h("div", {}, h("dt", {}, "Cache hit"), h("dd", { class: "task-cache-hit" },
+          percent(f.usage.input ? f.usage.cacheRead / f.usage.input : 0)))
+        : null,
+      f.model && f.model !== f.task?.model.name
+        ? h("div", {}, h("dt", {}, "Model"), h("dd", { class: "task-model" }, f.model))
+        : null,
       h("div", {}, h("dt", {}, "Events"), h("dd", { class: "task-events" }, count(this.events.length))),
       h("div", {}, h("dt", {}, "Started"), h("dd", {}, moment(this.events[0]?.at))));
     this.renderChain();

@@ -1,7 +1,7 @@
 // The task list (status filter, search by task text, pages) and the start-task form.
 
 import { ApiError, api, idempotencyKey } from "./api.js";
-import { ago, h, moment, refreshAges, replace, statusBadge } from "./dom.js";
+import { ago, count, h, moment, refreshAges, replace, statusBadge } from "./dom.js";
 
 const PAGE_SIZE = 25;
 const REFRESH_MS = 3000;
@@ -119,11 +119,19 @@ export function mountTaskList(main, { session }) {
   };
 }
 
-/** "2 turns · 3 min ago": a conversation's turns and when it last did something. */
+/** "2 turns · 3 min ago · 1,234 tokens · cache hit 80%": a conversation's turns, when it last
+ * did something, and its tokens. */
 function activity(task) {
   const parts = [];
   if (task.turns) parts.push(h("span", { class: "turns" }, `${task.turns} turn${task.turns === 1 ? "" : "s"}`));
   if (task.last_activity_at) parts.push(ago(task.last_activity_at, "latest"));
+  const usage = task.usage;
+  if (usage && (usage.input_tokens || usage.output_tokens)) {
+    // The cache-hit ratio only where the endpoint reported caching (no cache is no 0% hit).
+    const cached = usage.cache_read_tokens || usage.cache_write_tokens;
+    parts.push(h("span", { class: "row-usage" }, `${count(usage.input_tokens + usage.output_tokens)} tokens` +
+      (cached ? ` · cache hit ${Math.round((usage.cache_hit_ratio ?? 0) * 100)}%` : "")));
+  }
   if (!parts.length) return null;
   return h("div", { class: "task-activity muted" }, parts.flatMap((part, i) => (i ? [" · ", part] : [part])));
 }

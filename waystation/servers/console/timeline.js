@@ -7,7 +7,7 @@
 
 import { taskHref } from "./chain.js";
 import { dataView } from "./data.js";
-import { duration, h, moment, pretty } from "./dom.js";
+import { count, duration, h, moment, pretty } from "./dom.js";
 
 const FOLD_AT = 2000; // characters of an output shown before "show all"
 
@@ -28,6 +28,7 @@ const TITLES = {
   user_message: "Message",
   interrupted: "Interrupted",
   context_compacted: "Context compacted",
+  model_switched: "Model switched",
   done: "Answer",
   failed: "Failed",
   cancelled: "Cancelled",
@@ -48,9 +49,24 @@ function longText(text, className) {
   return h("div", {}, block, more);
 }
 
+/** A step's tokens, only the counts that are not zero: "1,234 in (1,100 cached) · 56 out ·
+ * 20 reasoning" (as the CLI's live view shows them). */
+export function usageText(usage) {
+  if (!usage) return "";
+  const cached = [
+    usage.cache_read_tokens ? `${count(usage.cache_read_tokens)} cached` : null,
+    usage.cache_write_tokens ? `${count(usage.cache_write_tokens)} to cache` : null,
+  ].filter(Boolean);
+  return [
+    usage.input_tokens ? `${count(usage.input_tokens)} in${cached.length ? ` (${cached.join(", ")})` : ""}` : null,
+    usage.output_tokens ? `${count(usage.output_tokens)} out` : null,
+    usage.reasoning_tokens ? `${count(usage.reasoning_tokens)} reasoning` : null,
+  ].filter(Boolean).join(" · ");
+}
+
 function usageLine(usage) {
-  if (!usage || (!usage.input_tokens && !usage.output_tokens)) return null;
-  return h("p", { class: "usage muted" }, `${usage.input_tokens} tokens in · ${usage.output_tokens} out`);
+  const text = usageText(usage);
+  return text ? h("p", { class: "usage muted" }, `tokens ${text}`) : null;
 }
 
 // How each kind of event takes part in the conversation: what a person said, an answer, an
@@ -195,6 +211,12 @@ const BODIES = {
   waiting_worker: (e) => [
     h("p", { class: "text" }, h("strong", {}, "Waiting for a worker that offers: "), e.missing.join(", ")),
     h("p", { class: "muted" }, e.message),
+  ],
+  model_switched: (e) => [
+    h("p", { class: "text" }, "Model ", h("code", {}, e.from_model), ` failed (${e.reason}): going on with `, h("code", {}, e.to_model), "."),
+    e.reasoning_dropped
+      ? h("p", { class: "muted reasoning-dropped" }, `${e.reasoning_dropped} reasoning item${e.reasoning_dropped > 1 ? "s" : ""} could not carry over.`)
+      : null,
   ],
   worker_found: (e) => [h("p", { class: "muted" }, e.worker ? `taken up by ${e.worker}` : "a worker that offers it took the call")],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
