@@ -24,6 +24,7 @@ import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.common.v1 import SearchAttributes
@@ -40,7 +41,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from waystation.client.busy import reading
 from waystation.vocabulary import STUCK
 from waystation.workflows import search
+from waystation.workflows.models import Usage
 
+M = TypeVar("M")
 Instant = tuple[int, int]  # (seconds, nanos): visibility's own precision, up to a nanosecond
 # Closed runs that a later run of the same task may have replaced (a resume resets a failed,
 # terminated or timed-out run; a repair terminates a stuck one).
@@ -77,6 +80,13 @@ class TaskSummary(BaseModel):
         description="When the task last did something: a closed run's close; a running "
         "task's latest event in Temporal's history where the lister reads it (a call per "
         "task: the HTTP API and the console do, AgentRuntime.list_tasks leaves it null).",
+    )
+    usage: Usage | None = Field(
+        default=None,
+        description="The task's tokens as of its latest change of status (a closed task's "
+        "final count), from its memo: null for a task that has not changed status since "
+        "before waystation kept them there, or whose memo is encrypted with a key this "
+        "side lacks.",
     )
 
 
@@ -152,20 +162,21 @@ class _Listed:
             step=e.typed_search_attributes.get(search.AGENT_STEP),
             started_at=first_start or e.start_time,
             closed_at=e.close_time,
-            turns=await self._turns(client),
+            turns=await self._memo_field(client, search.MEMO_TURNS, int),
             last_activity_at=e.close_time,
+            usage=await self._memo_field(client, search.MEMO_USAGE, Usage),
         )
 
-    async def _turns(self, client: Client) -> int | None:
-        """The memo's turn count, decoded alone (the rest of the memo is not needed)."""
-        payload = self.execution.raw_info.memo.fields.get(search.MEMO_TURNS)
+    async def _memo_field(self, client: Client, key: str, kind: type[M]) -> M | None:
+        """One field of the memo, decoded alone (the rest of the memo is not needed)."""
+        payload = self.execution.raw_info.memo.fields.get(key)
         if payload is None:
             return None
         try:
-            [turns] = await client.data_converter.decode([payload], [int])
-        except Exception:  # sealed with a key this side lacks: listed without a count
+            [value] = await client.data_converter.decode([payload], [kind])
+        except Exception:  # sealed with a key this side lacks: listed without it
             return None
-        return turns if isinstance(turns, int) else None
+        return value if isinstance(value, kind) else None
 
 
 class _Page:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from waystation.workflows.models import Usage
 
@@ -16,10 +16,14 @@ class TaskUsage(BaseModel):
     cache_read_tokens: int = Field(description="Input tokens the prompt cache served.")
     cache_write_tokens: int = Field(description="Input tokens written to the prompt cache.")
     reasoning_tokens: int
-    cache_hit_ratio: float | None = Field(
+
+    @computed_field(  # type: ignore[prop-decorator]  # pydantic reads the property
         description="cache_read_tokens / input_tokens (null before any input)."
     )
+    @property
+    def cache_hit_ratio(self) -> float | None:
+        return Usage(**self.model_dump(exclude={"cache_hit_ratio"})).cache_hit_ratio
 
     @classmethod
     def of(cls, usage: Usage) -> TaskUsage:
-        return cls(**usage.model_dump(), cache_hit_ratio=usage.cache_hit_ratio)
+        return cls(**usage.model_dump())

@@ -54,6 +54,8 @@ MEMO_PARENT = "parent"
 # The conversation's turns (the task's own, then one per follow-up): a follow-up changes the
 # status, so the memo is rewritten with it at no extra write.
 MEMO_TURNS = "turns"
+# The task's tokens as of its latest change of status: a list shows them without a query.
+MEMO_USAGE = "usage"
 MEMO_ARGUMENT_CHARS = 300
 
 
@@ -132,7 +134,12 @@ class _Pending:
 def _memo(state: AgentState, pending: _Pending) -> dict[str, Any]:
     listed = [pending_memo(p) for p in pending.approvals]
     listed += [question_memo(q) for q in pending.questions]
-    return {MEMO_STATUS: state.status, MEMO_PENDING: listed or None, MEMO_TURNS: state.turn + 1}
+    return {
+        MEMO_STATUS: state.status,
+        MEMO_PENDING: listed or None,
+        MEMO_TURNS: state.turn + 1,
+        MEMO_USAGE: state.usage.model_dump(),
+    }
 
 
 def _waiting_since(value: datetime | None) -> SearchAttributeUpdate[Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable
-from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Query, Request
@@ -29,10 +28,6 @@ TEXTS_KEPT = 10_000  # task texts remembered per process (a task's text never ch
 SCANNED_PER_SEARCH = 500  # tasks read for one page of search results, at most
 LOOKUPS_AT_ONCE = 8
 TEXT_TIMEOUT_SECONDS = 5.0
-USAGES_KEPT = 10_000  # closed tasks' usage remembered per process
-# A row's usage is a nicety: a running task whose worker is busy is listed without it rather
-# than holding the page.
-USAGE_TIMEOUT = timedelta(seconds=2)
 T = TypeVar("T")
 
 
@@ -55,10 +50,11 @@ class ConsoleSession(BaseModel):
 
 class ListedTask(TaskSummary):
     task: str = Field(description="The task's text (its first line, shortened).")
-    usage: TaskUsage | None = Field(
+    usage: TaskUsage | None = Field(  # type: ignore[assignment]  # the counts, and their ratio
         default=None,
-        description="The task's tokens and cache-hit ratio, as its worker answers the state "
-        "query (null when none answers in time).",
+        description="The task's tokens and cache-hit ratio as of its latest change of status "
+        "(a closed task's final count), from its memo: no worker is asked (null for a task "
+        "that has not changed status since before they were kept there).",
     )
 
 
@@ -131,29 +127,6 @@ async def task_text(request: Request, runtime: AgentRuntime, task_id: str) -> st
     return text
 
 
-async def task_usage(
-    request: Request, runtime: AgentRuntime, task: TaskSummary
-) -> TaskUsage | None:
-    """A listed task's usage: a closed run's is remembered (it changes only with a new run),
-    a running one's is asked each time."""
-    usages: OrderedDict[str, TaskUsage] = remembered(request, "console_usages")
-    closed = f"{task.id} {task.closed_at.isoformat()}" if task.closed_at else None
-    if closed is not None and closed in usages:
-        usages.move_to_end(closed)
-        return usages[closed]
-    try:
-        async with asyncio.timeout(USAGE_TIMEOUT.total_seconds()):
-            state = await runtime.get(task.id).state(within=USAGE_TIMEOUT)
-    except Exception:  # no worker, a stuck task, a memo sealed with another key: no usage
-        return None
-    usage = TaskUsage.of(state.usage)
-    if closed is not None:
-        usages[closed] = usage
-        while len(usages) > USAGES_KEPT:
-            usages.popitem(last=False)
-    return usage
-
-
 @router.get("/console/api/session", response_model=ConsoleSession)
 async def session(request: Request, who: Reader, runtime: Runtime) -> ConsoleSession:
     """Who the token belongs to, and the defaults of the start-task form."""
@@ -202,8 +175,6 @@ async def listed_tasks(
         ListedTask(**t.model_dump())
         for t in await with_latest_activity(runtime.client, list(found))
     ]
-    usages = await bounded((task_usage(request, runtime, t) for t in found), LOOKUPS_AT_ONCE)
-    found = [t.model_copy(update={"usage": u}) for t, u in zip(found, usages, strict=True)]
     encoded = encode_page_token(token) if token else None
     return ListedTaskPage(tasks=found, next_page_token=encoded, scanned=scanned)
 
