@@ -223,7 +223,7 @@ async def test_a_listed_task_carries_its_tokens_and_cache_hit_ratio(
     await handle.result()
     row: dict[str, Any] = {}
     async with asyncio.timeout(60):
-        while not row.get("usage"):  # until visibility lists it and its worker answers
+        while not row.get("usage"):  # until visibility lists it with its memo as done
             listed = (await http.get("/console/api/tasks")).json()["tasks"]
             row = next((t for t in listed if t["id"] == handle.id), {})
             await asyncio.sleep(0.1)
