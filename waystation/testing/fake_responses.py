@@ -20,7 +20,8 @@ asks a reasoning model (`reasoning` or `include: ["reasoning.encrypted_content"]
 its encrypted content only when included. Automatic prompt caching is counted as OpenAI
 documents it: a prompt of 1024 tokens or more is cached, and a later prompt that shares a
 prefix with it reads the shared part in 128-token steps from 1024 (a token ~ 4 characters).
-A 200 Reply with an `error_message` starts its stream and then fails (`response.failed`).
+A 200 Reply with an `error_message` starts its stream and then fails (`response.failed`);
+one whose output tokens exceed the request's `max_output_tokens` ends `response.incomplete`.
 """
 
 from __future__ import annotations
@@ -469,6 +470,12 @@ def _events(
             {"type": "response.output_item.done", "output_index": index, "item": finished}
         )
         output.append(finished)
+    limit = body.get("max_output_tokens")
+    if isinstance(limit, int) and usage["output_tokens"] > limit:
+        cut = {"reason": "max_output_tokens"}
+        ended = {**base, "status": "incomplete", "incomplete_details": cut, "output": output}
+        events.append({"type": "response.incomplete", "response": {**ended, "usage": usage}})
+        return _numbered(events)
     completed = {**base, "status": "completed", "output": output, "usage": usage}
     events.append({"type": "response.completed", "response": completed})
     return _numbered(events)
