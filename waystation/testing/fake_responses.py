@@ -35,12 +35,13 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from waystation.testing.fake_openai import GATE_TIMEOUT_SECONDS, FakeOpenAI, Reply
-
-if TYPE_CHECKING:
-    from waystation.testing.fake_openai import _Handler
+# FakeOpenAI, its handler and its Reply arrive as arguments, typed Any here: fake_openai
+# imports this module, and importing it back (even for types) would be an import cycle.
+FakeOpenAI = Any
+Reply = Any
+_Handler = Any
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 CACHE_MIN_TOKENS = 1024
@@ -48,6 +49,7 @@ CACHE_STEP_TOKENS = 128
 CHARS_PER_TOKEN = 4
 _CACHED_PROMPTS = 8  # prompts remembered per model for prefix matches
 _KEY = b"fake-responses-reasoning"
+GATE_TIMEOUT_SECONDS = 120.0  # as the chat fake's: a gate nobody opens frees its thread
 
 
 @dataclass
