@@ -285,9 +285,9 @@ def served_activities(
     llm = LlmActivities(
         registry,
         ConversationStore(sealed),
-        api_key=settings.api_key,
-        base_url=settings.openai_base_url,
         backends=backends,
+        endpoints=settings.model_endpoints,
+        environ=settings.model_environment(os.environ),
         conversations=conversations,
         mcp=mcp,
         redactor=redactor,
@@ -413,6 +413,8 @@ async def main() -> int:
         if not settings.endpoint_configured
         else settings.openai_base_url or "OpenAI"
     )
+    if worker.offer.endpoints:
+        model += f"; model endpoints: {', '.join(worker.offer.endpoints)}"
     names = [e.name for e in worker.notify.endpoints]
     webhooks = f"; webhooks: {', '.join(names)}" if names else ""
     print(
