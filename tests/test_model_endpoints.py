@@ -25,6 +25,7 @@ from waystation.activities.chat import ChatDelta
 from waystation.activities.llm import reasoning_of
 from waystation.activities.model_backends import ModelBackends
 from waystation.activities.openai_chat import OpenAIChat
+from waystation.activities.tool_modules import load_tools
 from waystation.activities.tools import ToolRegistry
 from waystation.activities.worker_offer import offer_of
 from waystation.client.agent_runtime import AgentRuntime
@@ -283,18 +284,20 @@ async def test_a_task_naming_an_endpoint_no_live_worker_has_is_refused_before_it
     sub_agent = AgentSpec(
         name="critic", description="Reviews.", tools=[], model=ModelSettings(name=CLAUDE)
     )
-    async with running_worker(
-        dev_env.client, offline_only, registry=ToolRegistry([agent_tool(sub_agent)])
-    ):
+    builtins = load_tools(settings.tools).allowed(None)  # what the CLI's tasks require
+    served = ToolRegistry([*builtins, agent_tool(sub_agent)])
+    async with running_worker(dev_env.client, offline_only, registry=served):
         await until_polled(dev_env, offline_only)
         runtime = AgentRuntime(dev_env.client, offline_only, tools=ToolRegistry())
-        with pytest.raises(TaskRefusedError, match=lacks) as refused:
+        with pytest.raises(TaskRefusedError, match=re.escape(lacks)) as refused:
             await runtime.run(agent_task(CLAUDE))
         assert (refused.value.status, refused.value.kind) == (409, "no_capable_worker")
         fallback = AgentTask(
             task="hi", model=ModelSettings(name=OFFLINE_MODEL, fallback_models=[CLAUDE])
         )
-        with pytest.raises(TaskRefusedError, match=f"'{CLAUDE}', a fallback model: .*{lacks}"):
+        with pytest.raises(
+            TaskRefusedError, match=re.escape(f"'{CLAUDE}', a fallback model: the worker {lacks}")
+        ):
             await runtime.run(fallback)
         with_agent = AgentRuntime(
             dev_env.client, offline_only, tools=ToolRegistry([agent_tool(sub_agent)])
