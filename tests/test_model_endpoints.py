@@ -27,7 +27,7 @@ from waystation.activities.model_backends import ModelBackends
 from waystation.activities.openai_chat import OpenAIChat
 from waystation.activities.tool_modules import load_tools
 from waystation.activities.tools import ToolRegistry
-from waystation.activities.worker_offer import offer_of
+from waystation.activities.worker_offer import WorkerOffer, offer_of
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.known_secrets import known_secrets
 from waystation.client.starting import check_model, with_defaults
@@ -453,3 +453,12 @@ def test_a_task_created_before_keeps_the_values_it_had() -> None:
     resolved = ModelSettings(name="gpt-4o", context_window_tokens=50_000, structured_output="tool")
     assert context_limit(None, resolved) == 50_000 - 4_096
     assert outputs.mode(resolved) == "tool"
+
+
+def test_an_offer_names_its_endpoints_and_serves_the_names_they_select() -> None:
+    mine = WorkerOffer(project="p", task_queue="q", tools=[], endpoint="https://api.openai.com/v1")
+    theirs = mine.model_copy(update={"endpoints": ["anthropic", "openai"]})
+    assert theirs.serves_model(CLAUDE) and not mine.serves_model(CLAUDE)
+    assert theirs.serves_model("qwen2.5:7b") and mine.serves_model("gpt-4o")  # bare names
+    assert not theirs.serves_model("openai-responses:o3")
+    assert mine.differences(theirs) == ["model endpoints: also anthropic, openai"]
