@@ -198,8 +198,9 @@ class TokenPublisher:
 
 
 class LlmActivities:
-    """The model activities over a tool registry, the configured endpoint (or the offline
-    model) and the conversation store. Built once per worker (worker.py)."""
+    """The model activities over a tool registry, the model endpoints (activities/
+    model_backends.py: each `ENDPOINT:MODEL`'s client, or the offline model) and the
+    conversation store. Built once per worker (worker.py)."""
 
     def __init__(
         self,
@@ -235,11 +236,6 @@ class LlmActivities:
     def conversations(self) -> ConversationCache:
         """What this worker saw of each task's conversation."""
         return self._conversations
-
-    @property
-    def endpoints(self) -> list[str]:
-        """The model endpoints this worker can call."""
-        return self._backends.configured()
 
     async def close(self) -> None:
         """Close the endpoints' HTTP clients (the worker does this as it shuts down)."""

@@ -70,9 +70,6 @@ class ModelBackends:
         """The endpoints this worker can call."""
         return sorted(n for n, e in self._endpoints.items() if is_configured(e, self._environ))
 
-    def named(self) -> list[str]:
-        return sorted(self._named)
-
     def endpoint_of(self, model_name: str) -> tuple[str | None, str]:
         """(endpoint, model id) of a name; (None, name) for the offline model or a named one."""
         if model_name == OFFLINE_MODEL or model_name in self._named:
