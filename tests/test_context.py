@@ -17,7 +17,7 @@ from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from waystation.testing.workers import running_worker
 from waystation.worker import build_worker
 from waystation.workflows.conversation import (
-    DEFAULT_CONTEXT_WINDOW,
+    LEGACY_DEFAULT_CONTEXT_WINDOW,
     SUMMARY_PREFIX,
     ConversationDigest,
     MessageRef,
@@ -75,7 +75,7 @@ def test_the_default_limit_comes_from_the_model_window() -> None:
     assert context_limit(None, ModelSettings(name="gpt-4o-mini")) == 128_000 - 4_096
     assert context_limit(None, ModelSettings(name="openai/gpt-4o")) == 128_000 - 4_096
     unknown = ModelSettings(name="my-local-model", max_tokens=1_000)
-    assert context_limit(None, unknown) == DEFAULT_CONTEXT_WINDOW - 1_000
+    assert context_limit(None, unknown) == LEGACY_DEFAULT_CONTEXT_WINDOW - 1_000
     set_window = ModelSettings(name="my-local-model", context_window_tokens=8_192)
     assert context_limit(None, set_window) == 8_192 - 4_096
     assert context_limit(5_000, ModelSettings(name="gpt-4o")) == 5_000

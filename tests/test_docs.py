@@ -80,7 +80,9 @@ def _environment(ports: Ports) -> dict[str, str]:
     env = {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(("WAYSTATION_", "OPENAI_", "TEMPORAL_", "PYTEST_", "VIRTUAL_ENV"))
+        if not name.startswith(
+            ("WAYSTATION_", "OPENAI_", "ANTHROPIC_", "TEMPORAL_", "PYTEST_", "VIRTUAL_ENV")
+        )
     }
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",

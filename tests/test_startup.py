@@ -39,10 +39,15 @@ def test_a_worker_without_endpoint_or_mcp_servers_starts_without_them() -> None:
     assert loaded_after(code) == []
 
 
-def test_a_configured_endpoint_loads_openai() -> None:
-    code = (
+def test_a_configured_endpoint_loads_openai_when_it_is_first_called() -> None:
+    built = (
         "from waystation.activities.builtin_tools import builtin_registry\n"
         "from waystation.activities.llm import LlmActivities\n"
         "LlmActivities(builtin_registry(), None, api_key='sk-x', base_url=None)"
     )
-    assert loaded_after(code) == ["openai"]
+    assert loaded_after(built) == []  # a worker whose tasks never call it never loads it
+    called = (
+        "from waystation.activities.model_backends import ModelBackends\n"
+        "ModelBackends({}, {'OPENAI_API_KEY': 'sk-x'}).route('gpt-4o')"
+    )
+    assert loaded_after(called) == ["openai"]

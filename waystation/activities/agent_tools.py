@@ -11,13 +11,21 @@ the call; no worker ever runs it (the workflow starts the child).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from waystation.activities.tools import Tool, ToolContext, ToolDefinitionError, ToolError
+from waystation.activities.tools import (
+    Tool,
+    ToolContext,
+    ToolDefinitionError,
+    ToolError,
+    ToolRegistry,
+)
+from waystation.settings.model_endpoints import ModelEndpoint
+from waystation.settings.model_facts import fact_updates
 from waystation.settings.validation import validation_sentence
 from waystation.workflows.agents import AgentArgs
 from waystation.workflows.models import AgentSpec
@@ -69,3 +77,22 @@ def agents_setting(value: str | None) -> list[AgentSpec]:
 
 def agent_tools(specs: Iterable[AgentSpec]) -> list[Tool[AgentArgs]]:
     return [agent_tool(spec) for spec in specs]
+
+
+def with_model_facts(
+    registry: ToolRegistry, endpoints: Mapping[str, ModelEndpoint]
+) -> ToolRegistry:
+    """The registry with each sub-agent's own model resolved as a task's is when it is
+    created (settings/model_facts.py): the child task, started from the call this worker
+    checks, then holds its window and way of structured output."""
+    tools: list[Tool[Any]] = []
+    changed = False
+    for tool in registry.allowed(None):
+        spec = tool.agent
+        facts = fact_updates(spec.model, endpoints) if spec and spec.model else {}
+        if spec is not None and spec.model is not None and facts:
+            model = spec.model.model_copy(update=facts)
+            tool = agent_tool(spec.model_copy(update={"model": model}))
+            changed = True
+        tools.append(tool)
+    return ToolRegistry(tools) if changed else registry

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
@@ -30,14 +30,14 @@ from waystation.activities.conversation_cache import Conversation, ConversationC
 from waystation.activities.conversation_store import ConversationStore
 from waystation.activities.heartbeat import Watchdog, watched
 from waystation.activities.mcp.activities import McpActivities, check_call, with_unavailable_servers
+from waystation.activities.model_backends import ModelBackends
 from waystation.activities.offline_model import OfflineModel
 from waystation.activities.redaction import Redactor
 from waystation.activities.spans import span
 from waystation.activities.structured_output import final_answer_call, native_answer
 from waystation.activities.text_tool_calls import recover_tool_calls
 from waystation.activities.tools import ToolRegistry
-from waystation.activities.worker_offer import model_need
-from waystation.vocabulary import OFFLINE_MODEL
+from waystation.settings.model_endpoints import ModelEndpoint
 from waystation.workflows import errors, outputs
 from waystation.workflows.conversation import assistant_message, conversation_digest, message_digest
 from waystation.workflows.models import (
@@ -56,9 +56,6 @@ from waystation.workflows.models import (
 from waystation.workflows.run import AgentOutcome, LlmContext
 from waystation.workflows.stream import TOKENS_TOPIC, LlmAttemptStarted, TokenDelta
 from waystation.workflows.tool_catalog import is_mcp_tool_name
-
-if TYPE_CHECKING:
-    from waystation.activities.openai_chat import OpenAIChat
 
 TOKEN_BATCH_INTERVAL = timedelta(milliseconds=100)
 # Publishing the last tokens may not hold up the answer for longer than this.
@@ -201,8 +198,9 @@ class TokenPublisher:
 
 
 class LlmActivities:
-    """The model activities over a tool registry, the configured endpoint (or the offline
-    model) and the conversation store. Built once per worker (worker.py)."""
+    """The model activities over a tool registry, the model endpoints (activities/
+    model_backends.py: each `ENDPOINT:MODEL`'s client, or the offline model) and the
+    conversation store. Built once per worker (worker.py)."""
 
     def __init__(
         self,
@@ -214,7 +212,12 @@ class LlmActivities:
         conversations: ConversationCache | None = None,
         mcp: McpActivities | None = None,
         redactor: Redactor | None = None,
+        endpoints: Mapping[str, ModelEndpoint] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
+        """`api_key` and `base_url` are the OpenAI endpoints' (as OPENAI_API_KEY and
+        OPENAI_BASE_URL in `environ`, the variables every endpoint reads its key and place
+        from); `endpoints` the declared ones; `backends` serve models by their whole name."""
         self._registry = registry
         self._store = store
         self._mcp = mcp
@@ -222,16 +225,12 @@ class LlmActivities:
         self._conversations = conversations or ConversationCache()
         self.context_reads: Counter[Literal["rebuilt", "queried"]] = Counter()
         """How each call got its conversation: rebuilt from what this worker saw, or by query."""
-        self._offline = OfflineModel()
-        # Models served by something other than the OpenAI-compatible endpoint, by name.
-        self._named_backends = dict(backends or {})
-        self._endpoint: OpenAIChat | None = None
-        if api_key or base_url:
-            from waystation.activities.openai_chat import (
-                OpenAIChat,  # `openai` only where it is used
-            )
-
-            self._endpoint = OpenAIChat(api_key, base_url)
+        environ = dict(environ or {})
+        if api_key:
+            environ["OPENAI_API_KEY"] = api_key
+        if base_url:
+            environ["OPENAI_BASE_URL"] = base_url
+        self._backends = ModelBackends(endpoints, environ, backends)
 
     @property
     def conversations(self) -> ConversationCache:
@@ -239,24 +238,16 @@ class LlmActivities:
         return self._conversations
 
     async def close(self) -> None:
-        """Close the endpoint's HTTP client (the worker does this as it shuts down)."""
-        if self._endpoint is not None:
-            await self._endpoint.close()
+        """Close the endpoints' HTTP clients (the worker does this as it shuts down)."""
+        await self._backends.close()
 
-    def _backend(self, model_name: str) -> ChatBackend:
-        if model_name == OFFLINE_MODEL:
-            return self._offline
-        if (named := self._named_backends.get(model_name)) is not None:
-            return named
-        if self._endpoint is None:
-            raise ApplicationError(
-                f"the task asks for model {model_name!r} but this worker has no model endpoint: "
-                "set OPENAI_API_KEY (and OPENAI_BASE_URL for a non-OpenAI endpoint) on the "
-                "worker, or use the 'offline' model",
-                type=errors.LLM_NOT_CONFIGURED,
-                non_retryable=True,
-            )
-        return self._endpoint
+    def _backend(self, model: ModelSettings) -> tuple[ChatBackend, ModelSettings]:
+        """The backend that calls the model, and the model's settings as it is given them:
+        the name its endpoint knows it by."""
+        backend, model_id = self._backends.route(model.name)
+        return backend, model if model_id == model.name else model.model_copy(
+            update={"name": model_id}
+        )
 
     # --- the conversation -------------------------------------------------------------------
 
@@ -372,7 +363,7 @@ class LlmActivities:
             return await self._summarize(request)
 
     async def _summarize(self, request: SummaryRequest) -> SummaryResult:
-        backend = self._backend(request.model.name)
+        backend, model = self._backend(request.model)
         watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
         async with watched(watchdog):
             conversation = await self._conversation(
@@ -390,7 +381,7 @@ class LlmActivities:
                 ChatMessage(role="system", content=SUMMARY_INSTRUCTIONS),
                 ChatMessage(role="user", content=transcript),
             ]
-            message = await self._stream(backend, prompt, [], request.model, watchdog, None)
+            message = await self._stream(backend, prompt, [], model, watchdog, None)
         return self._summarized(request, conversation, "".join(message.text), message.usage)
 
     def _summarized(
@@ -496,9 +487,8 @@ class LlmActivities:
     def lacks(self, requires: list[str] | None, model: str) -> list[str]:
         """What a task that needs the tools `requires` and calls `model` lacks here."""
         missing = [name for name in requires or [] if self._registry.get(name) is None]
-        served = model == OFFLINE_MODEL or model in self._named_backends
-        if not served and self._endpoint is None:
-            missing.append(model_need(model))
+        if (need := self._backends.need(model)) is not None:
+            missing.append(need)
         return missing
 
     def _check_capable(self, request: LlmRequest) -> None:
@@ -546,7 +536,11 @@ class LlmActivities:
             stale_servers=stale,
             output=output,
             output_problem=output_problem,
-            reasoning=message.reasoning,
+            # Named by the task's model, whatever the endpoint called it: only that model
+            # is sent it back (_streamed).
+            reasoning=[
+                item.model_copy(update={"model": request.model.name}) for item in message.reasoning
+            ],
         )
         reply = assistant_message(result.content, calls, result.reasoning)
         self._conversations.remember_call(
@@ -559,7 +553,7 @@ class LlmActivities:
     ) -> tuple[Conversation, AssembledMessage, str | None]:
         """The conversation the step sends, the model's message streamed back (its tokens
         published as they come), and how an answer with data is asked for (None: no schema)."""
-        backend = self._backend(request.model.name)
+        backend, model = self._backend(request.model)
         watchdog = Watchdog(CONVERSATION_READ_SECONDS, "reading the conversation")
         with span("llm call", model=request.model.name, step=request.step, attempt=attempt) as s:
             async with watched(watchdog):
@@ -580,12 +574,13 @@ class LlmActivities:
                     if answer_schema is not None and way == "native"
                     else None
                 )
+                sent = reasoning_of(sent, request.model.name)
                 async with TokenPublisher(request.step, attempt) as tokens:
                     message = await self._stream(
                         backend,
                         sent,
                         schemas,
-                        request.model,
+                        model,
                         watchdog,
                         tokens,
                         response_format=native,
@@ -635,6 +630,17 @@ class LlmActivities:
             for call_id, name, arguments in written[MAX_CALLS_PER_MESSAGE:]
         ]
         return calls, from_text
+
+
+def reasoning_of(messages: list[ChatMessage], model_name: str) -> list[ChatMessage]:
+    """The messages with only the reasoning `model_name` wrote: another model's (before a
+    fallback, or a task's earlier model) means nothing to it, or is refused."""
+    return [
+        m.model_copy(update={"reasoning": [r for r in m.reasoning if r.model == model_name]})
+        if any(r.model != model_name for r in m.reasoning)
+        else m
+        for m in messages
+    ]
 
 
 # The heartbeat detail that counts a waited-for call's own attempts (see _call_after_waiting).

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import email.utils
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -139,10 +139,18 @@ class OpenAIChat:
     `StreamTimeoutError`, an `openai.APITimeoutError`: a retryable ApplicationError.
     """
 
-    def __init__(self, api_key: str | None, base_url: str | None) -> None:
+    def __init__(
+        self,
+        api_key: str | None,
+        base_url: str | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         # Temporal owns retries: the client must not retry behind its back.
         self._client = openai.AsyncOpenAI(
-            api_key=api_key or "not-needed", base_url=base_url, max_retries=0
+            api_key=api_key or "not-needed",
+            base_url=base_url,
+            max_retries=0,
+            default_headers=dict(headers) if headers else None,
         )
 
     def _body(

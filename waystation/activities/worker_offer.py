@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.converter import PayloadCodec
@@ -21,6 +22,12 @@ from waystation.activities.storage import Storage, StorageError
 from waystation.activities.storage.deployment import OFFER_TAG
 from waystation.activities.tools import ToolRegistry
 from waystation.settings import Settings
+from waystation.settings.model_endpoints import (
+    DEFAULT_ENDPOINTS,
+    ModelEndpoint,
+    how_to_configure,
+    split_model_name,
+)
 from waystation.vocabulary import OFFLINE_MODEL
 
 _BLOB_PREFIX = "worker-offer:"
@@ -42,20 +49,37 @@ class WorkerOffer(BaseModel):
         "None: only the offline model and `models`.",
     )
     mcp_servers: list[str] = Field(default_factory=list)
+    endpoints: list[str] = Field(
+        default_factory=list,
+        description="The model endpoints it can call (`ENDPOINT:MODEL`), sorted; never a key.",
+    )
 
     @property
     def digest(self) -> str:
         canonical = json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
-    def serves_model(self, model: str) -> bool:
-        return model == OFFLINE_MODEL or model in self.models or self.endpoint is not None
+    def serves_model(
+        self, model: str, endpoints: Mapping[str, ModelEndpoint] = DEFAULT_ENDPOINTS
+    ) -> bool:
+        """Whether it calls `model`: by name, at the endpoint the name selects (among
+        `endpoints` and its own), or a bare name at its OpenAI-compatible endpoint."""
+        if model == OFFLINE_MODEL or model in self.models:
+            return True
+        endpoint, _ = split_model_name(model, {*endpoints, *self.endpoints})
+        return self.endpoint is not None if endpoint is None else endpoint in self.endpoints
 
-    def missing(self, requires: list[str] | None, model: str) -> list[str]:
-        """What a task that needs the tools `requires` and calls `model` lacks here."""
+    def missing(
+        self,
+        requires: list[str] | None,
+        model: str,
+        endpoints: Mapping[str, ModelEndpoint] = DEFAULT_ENDPOINTS,
+    ) -> list[str]:
+        """What a task that needs the tools `requires` and calls `model` lacks here
+        (`endpoints`: those the asking side knows, to read the model's name with)."""
         lacking = [name for name in requires or [] if name not in self.tools]
-        if not self.serves_model(model):
-            lacking.append(model_need(model))
+        if not self.serves_model(model, endpoints):
+            lacking.append(model_need(model, endpoints))
         return lacking
 
     def differences(self, other: WorkerOffer) -> list[str]:
@@ -63,7 +87,11 @@ class WorkerOffer(BaseModel):
         said: list[str] = []
         if self.project != other.project:
             said.append(f"project {other.project!r} instead of {self.project!r}")
-        for field, what in (("tools", "tools"), ("mcp_servers", "MCP servers")):
+        for field, what in (
+            ("tools", "tools"),
+            ("mcp_servers", "MCP servers"),
+            ("endpoints", "model endpoints"),
+        ):
             mine, theirs = set(getattr(self, field)), set(getattr(other, field))
             if mine != theirs:
                 said.append(f"{what}: {_delta(theirs - mine, mine - theirs)}")
@@ -80,9 +108,13 @@ def _delta(added: set[str], lacking: set[str]) -> str:
     return "; ".join(parts)
 
 
-def model_need(model: str) -> str:
-    """How a task's need of a model endpoint is named among its missing names."""
-    return f"a model endpoint for {model!r}"
+def model_need(model: str, endpoints: Mapping[str, ModelEndpoint] = DEFAULT_ENDPOINTS) -> str:
+    """How a task's need of a model endpoint is named among its missing names: the endpoint
+    its name selects and how a worker gets it, or (a bare name) an endpoint for the model."""
+    endpoint, _ = split_model_name(model, endpoints)
+    if endpoint is None:
+        return f"a model endpoint for {model!r}"
+    return how_to_configure(endpoint, endpoints[endpoint])
 
 
 def shown_endpoint(url: str | None, configured: bool) -> str | None:
@@ -94,8 +126,13 @@ def shown_endpoint(url: str | None, configured: bool) -> str | None:
 
 
 def offer_of(
-    settings: Settings, registry: ToolRegistry, models: list[str], task_queue: str
+    settings: Settings,
+    registry: ToolRegistry,
+    models: list[str],
+    task_queue: str,
+    environ: Mapping[str, str] | None = None,
 ) -> WorkerOffer:
+    """What a worker with these settings (and `environ`, default this process's) offers."""
     return WorkerOffer(
         project=settings.project,
         task_queue=task_queue,
@@ -106,6 +143,7 @@ def offer_of(
         )
         or None,  # a key some proxies put in the path goes too
         mcp_servers=sorted(settings.mcp_server_configs()),
+        endpoints=settings.configured_endpoints(environ),
     )
 
 

@@ -126,6 +126,9 @@ async def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     shown["mcp_servers"] = {
         name: server.shown() for name, server in settings.mcp_server_configs().items()
     }
+    shown["model_endpoints"] = {
+        name: endpoint.shown() for name, endpoint in settings.model_endpoints.items()
+    }
     shown["webhooks"] = [endpoint.shown() for endpoint in settings.webhook_endpoints()]
     temporal = {k: v for k, v in connect_config(settings).items() if k != "tls"}
     if "api_key" in temporal:

@@ -37,7 +37,21 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     run = commands.add_parser("run", help="start a task and follow it live")
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--id", help="task id (default: generated); reusing one returns that task")
-    run.add_argument("--model", help="model name, or 'offline'")
+    run.add_argument("--model", help="ENDPOINT:MODEL, a bare model name, or 'offline'")
+    run.add_argument(
+        "--fallback",
+        action="append",
+        dest="fallback_models",
+        metavar="MODEL",
+        help="a model a step moves to when the one before keeps failing with an outage "
+        "(repeat for more, in order)",
+    )
+    run.add_argument(
+        "--fallback-after",
+        dest="fallback_after_seconds",
+        type=float,
+        help="seconds a step retries a model through an outage before it moves on (default 60)",
+    )
     run.add_argument("--max-steps", type=int, default=20)
     run.add_argument("--token-budget", type=int)
     run.add_argument("--tools", help="comma-separated tool names the model may call")

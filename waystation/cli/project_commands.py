@@ -58,7 +58,10 @@ async def _report(settings: Settings, *, diagnose: bool) -> int:
             print(f"worker      {shown} (offers not known here)")
         else:
             endpoint = offer.endpoint or "offline model only"
-            print(f"worker      {shown}: {len(offer.tools)} tools, model endpoint {endpoint}")
+            names = f" (ENDPOINT:MODEL: {', '.join(offer.endpoints)})" if offer.endpoints else ""
+            print(
+                f"worker      {shown}: {len(offer.tools)} tools, model endpoint {endpoint}{names}"
+            )
     if not diagnose:
         return 0
     mine = offer_of(settings, load_tools(settings.tools, settings.agents), [], settings.task_queue)

@@ -36,7 +36,14 @@ from waystation.workflows.models import AgentTask, ApprovalSettings
 
 
 def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
-    options = ("temperature", "max_tokens", "tool_choice", "first_chunk_timeout_seconds")
+    options = (
+        "temperature",
+        "max_tokens",
+        "tool_choice",
+        "first_chunk_timeout_seconds",
+        "fallback_models",
+        "fallback_after_seconds",
+    )
     model = {
         option: getattr(args, option) for option in options if getattr(args, option) is not None
     }

@@ -179,10 +179,12 @@ class AgentRuntime:
         # Temporal lists a worker only once it polls, and one that stopped for a while
         # after: a worker started a moment ago (say, to replace that one) gets a moment.
         deadline = asyncio.get_running_loop().time() + WORKER_LISTING_GRACE.total_seconds()
+        agents = task_rights.callable_agents(task, self.tools)
+        endpoints = self.settings.endpoints()
         while True:
             offers = await offers_of(self.client, self.settings)
             try:
-                check_servable(task, self.settings.task_queue, offers)
+                check_servable(task, self.settings.task_queue, offers, endpoints, agents)
                 return
             except TaskRefusedError:
                 if asyncio.get_running_loop().time() >= deadline:

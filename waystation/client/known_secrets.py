@@ -18,9 +18,10 @@ CREDENTIAL_PATH_CHARS = 16
 
 
 def known_secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
-    """The model API key, the database URL and its password, the webhooks' secrets and URLs,
-    the API tokens, the encryption keys, the Temporal API key, and what the MCP servers'
-    env, headers and `${NAME}` references hold (as the worker expands them)."""
+    """The model endpoints' keys and headers, the database URL and its password, the
+    webhooks' secrets and URLs, the API tokens, the encryption keys, the Temporal API key,
+    and what the MCP servers' env, headers and `${NAME}` references hold (as the worker
+    expands them)."""
     found: list[str] = []
     if settings.openai_api_key is not None:
         found.append(settings.openai_api_key.get_secret_value())
@@ -42,6 +43,12 @@ def known_secrets(settings: Settings, environ: Mapping[str, str]) -> list[str]:
         servers = {}  # the first call to the server says what is wrong
     for config in servers.values():
         found += _mcp_secrets(config, environ)
+    variables = settings.model_environment(environ)
+    for model_endpoint in settings.endpoints().values():
+        if model_endpoint.api_key_env and (key := variables.get(model_endpoint.api_key_env)):
+            found.append(key)
+        for value in model_endpoint.headers.values():
+            found += _credential(_expanded(value, environ))
     api_key = ClientConfig.load_client_connect_config(override_env_vars=dict(environ)).get(
         "api_key"
     )

@@ -10,6 +10,8 @@ is refused only when every live worker's offer is known and none serves it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from temporalio.client import Client
 from temporalio.converter import PayloadCodec
 from temporalio.service import RPCError
@@ -18,6 +20,7 @@ from waystation.activities.payload_codec import codec_for
 from waystation.activities.storage import Storage, StorageError
 from waystation.activities.worker_offer import (
     WorkerOffer,
+    model_need,
     offer_digest_in,
     read_offers,
     without_offer,
@@ -26,7 +29,8 @@ from waystation.client.pollers import polling_workers
 from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
 from waystation.settings.commands import command
-from waystation.workflows.models import AgentTask
+from waystation.settings.model_endpoints import DEFAULT_ENDPOINTS, ModelEndpoint
+from waystation.workflows.models import AgentSpec, AgentTask
 
 # Offers by digest: content-addressed, so one read serves this process for good.
 _known: dict[str, WorkerOffer] = {}
@@ -73,26 +77,53 @@ async def offers_of(client: Client, settings: Settings) -> list[tuple[str, Worke
         await storage.close()
 
 
+def other_models(task: AgentTask, agents: Iterable[AgentSpec] = ()) -> list[tuple[str, str]]:
+    """The models a task may move to besides its own, each with what it is to the task:
+    its fallbacks, and its sub-agents' models and theirs."""
+    found = [(name, "a fallback model") for name in task.model.fallback_models]
+    for spec in agents:
+        if spec.model is not None:
+            what = f"the model of sub-agent {spec.name!r}"
+            found += [(name, what) for name in [spec.model.name, *spec.model.fallback_models]]
+    return [(name, what) for name, what in found if name != task.model.name]
+
+
 def check_servable(
-    task: AgentTask, task_queue: str, offers: list[tuple[str, WorkerOffer | None]]
+    task: AgentTask,
+    task_queue: str,
+    offers: list[tuple[str, WorkerOffer | None]],
+    endpoints: Mapping[str, ModelEndpoint] = DEFAULT_ENDPOINTS,
+    agents: Iterable[AgentSpec] = (),
 ) -> None:
-    """Refuse (TaskRefusedError, 409) a task that no live worker can serve, when every live
-    worker's offer is known; with no worker at all the task is started, to wait for one."""
+    """Refuse (TaskRefusedError, 409) a task that no live worker can serve, or whose
+    fallback or sub-agent model no live worker can call, when every live worker's offer is
+    known; with no worker at all the task is started, to wait for one. `endpoints`: the
+    ones this side knows, to read model names with; `agents`: the sub-agents it may call."""
     if not offers or any(offer is None for _, offer in offers):
         return
-    lacking = [offer.missing(task.requires, task.model.name) for _, offer in offers if offer]
-    if any(not missing for missing in lacking):
-        return
-    first = min(lacking, key=len)
-    workers = "the worker" if len(lacking) == 1 else f"each of the {len(lacking)} workers"
-    raise TaskRefusedError(
-        "tools",
-        409,
-        "no_capable_worker",
-        f"no worker polling task queue {task_queue!r} can serve this task: {workers} lacks "
-        f"{', '.join(first)}; start a worker with the settings that offer it "
-        f"(WAYSTATION_TOOLS, WAYSTATION_AGENTS, the model endpoint): {command('worker')}",
-    )
+    known = [offer for _, offer in offers if offer is not None]
+    workers = "the worker" if len(known) == 1 else f"each of the {len(known)} workers"
+    start = f"start a worker with the settings that offer it: {command('worker')}"
+    lacking = [offer.missing(task.requires, task.model.name, endpoints) for offer in known]
+    if all(lacking):
+        first = min(lacking, key=len)
+        raise TaskRefusedError(
+            "tools",
+            409,
+            "no_capable_worker",
+            f"no worker polling task queue {task_queue!r} can serve this task: {workers} lacks "
+            f"{', '.join(first)}; start a worker with the settings that offer it "
+            f"(WAYSTATION_TOOLS, WAYSTATION_AGENTS, the model endpoint): {command('worker')}",
+        )
+    for name, what in other_models(task, agents):
+        if not any(offer.serves_model(name, endpoints) for offer in known):
+            raise TaskRefusedError(
+                "model",
+                409,
+                "no_capable_worker",
+                f"no worker polling task queue {task_queue!r} can call {name!r}, {what}: "
+                f"{workers} lacks {model_need(name, endpoints)}; {start}",
+            )
 
 
 def differences_from(mine: WorkerOffer, offers: list[tuple[str, WorkerOffer | None]]) -> list[str]:

@@ -20,6 +20,14 @@ from waystation.client.task_errors import UnknownToolsError
 from waystation.client.task_list import first_start
 from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
+from waystation.settings.model_endpoints import (
+    BARE_NAME_ENDPOINT,
+    api_key_of,
+    base_url_of,
+    is_configured,
+    split_model_name,
+)
+from waystation.settings.model_facts import fact_updates
 from waystation.vocabulary import OFFLINE_MODEL
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
@@ -50,8 +58,11 @@ def with_defaults(
 ) -> AgentTask:
     """The task as it will run: what it leaves unset, the settings fill in (with no MCP
     servers named, every one they declare; the heartbeat timeout; what a worker must offer
-    it: the tools it names, or every one of `tool_names`)."""
+    it: the tools it names, or every one of `tool_names`; its model's context window and
+    way of structured output, from what is known of its models: settings/model_facts.py)."""
     defaults: dict[str, Any] = {}
+    if facts := fact_updates(task.model, settings.endpoints()):
+        defaults["model"] = task.model.model_copy(update=facts)
     if task.requires is None:
         named = task.tools if task.tools is not None else sorted(tool_names)
         needed = [name for name in named if name in tool_names]
@@ -113,46 +124,67 @@ def _fetch_models(base_url: str, api_key: str | None) -> frozenset[str] | None:
         return None
 
 
-async def offered_models(settings: Settings, *, fresh: bool = False) -> frozenset[str] | None:
-    """The models the configured endpoint offers (None: it cannot list them), cached for
-    this process; `fresh` asks the endpoint again."""
-    base_url = settings.openai_base_url or OPENAI_URL
+async def offered_models(
+    base_url: str, api_key: str | None, *, fresh: bool = False
+) -> frozenset[str] | None:
+    """The models an OpenAI-compatible endpoint offers (None: it cannot list them), cached
+    for this process; `fresh` asks the endpoint again."""
     known = _offered.get(base_url)
     stale = known is None or (
         known[1] is None and time.monotonic() - known[0] > MODEL_LIST_RETRY_SECONDS
     )
     if fresh or stale:
-        models = await asyncio.to_thread(_fetch_models, base_url, settings.api_key)
+        models = await asyncio.to_thread(_fetch_models, base_url, api_key)
         known = _offered[base_url] = (time.monotonic(), models)
     assert known is not None
     return known[1]
 
 
 async def check_model(settings: Settings, task: AgentTask) -> None:
-    """Refuse (TaskRefusedError, before anything starts) a task whose model the endpoint does
-    not offer, naming the ones it does. The offline model is always there; a deployment
-    with no endpoint, or an endpoint that cannot list its models, starts the task as before
-    (its worker's model call says what is wrong)."""
-    name = task.model.name
-    if name == OFFLINE_MODEL or not settings.endpoint_configured:
+    """Refuse (TaskRefusedError, before anything starts) a task whose model, or fallback
+    model, its endpoint does not offer, naming the ones it does. The offline model is always
+    there; an endpoint not configured on this side, or one that cannot list its models,
+    starts the task as before (its worker's model call says what is wrong)."""
+    for name in [task.model.name, *task.model.fallback_models]:
+        await _check_listed(settings, name)
+
+
+async def _check_listed(settings: Settings, name: str) -> None:
+    """Refuse `name` when the endpoint it selects lists its models and not this one. Only
+    the OpenAI protocols' `GET /models` is asked: Anthropic's list is not read here (it
+    wants the key and a version header on every client, and a typo there is said by the
+    worker's first call, a 404 in one sentence)."""
+    if name == OFFLINE_MODEL:
         return
-    offered = await offered_models(settings)
-    if offered is None or name in offered:
+    endpoints = settings.endpoints()
+    endpoint, model_id = split_model_name(name, endpoints)
+    declared = endpoints[endpoint or BARE_NAME_ENDPOINT]
+    environ = settings.model_environment()
+    if declared.protocol == "anthropic" or not is_configured(declared, environ):
         return
-    offered = await offered_models(settings, fresh=True)  # a model served since we asked
-    if offered is None or name in offered:
+    base_url = base_url_of(declared, environ) or OPENAI_URL
+    api_key = api_key_of(declared, environ)
+    offered = await offered_models(base_url, api_key)
+    if offered is None or model_id in offered:
+        return
+    offered = await offered_models(base_url, api_key, fresh=True)  # served since we asked
+    if offered is None or model_id in offered:
         return
     names = sorted(offered)
-    close = difflib.get_close_matches(name, names, n=1)
-    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    close = difflib.get_close_matches(model_id, names, n=1)
+    prefix = f"{endpoint}:" if endpoint else ""
+    guess = f" (did you mean {prefix + close[0]!r}?)" if close else ""
     shown = ", ".join(names[:MODELS_SHOWN])
     more = f" and {len(names) - MODELS_SHOWN} more" if len(names) > MODELS_SHOWN else ""
-    where = url_without_credentials(settings.openai_base_url or OPENAI_URL)
+    where = url_without_credentials(base_url)
+    variable = (
+        f" ({declared.base_url_env})" if declared.base_url is None and declared.base_url_env else ""
+    )
     raise TaskRefusedError(
         "model.name",
         400,
         "unknown_model",
-        f"unknown model {name!r}{guess}: the endpoint {where} (OPENAI_BASE_URL) offers "
+        f"unknown model {name!r}{guess}: the endpoint {where}{variable} offers "
         f"{shown or 'none'}{more}, and {OFFLINE_MODEL!r} is always there",
     )
 

@@ -6,14 +6,24 @@ TOML profiles) are read by `temporalio.envconfig`, so an existing Temporal setup
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from waystation.settings.mcp_servers import McpServerConfig, check_server_name, load_servers_file
+from waystation.settings.model_endpoints import (
+    ModelEndpoint,
+    ModelEndpointError,
+    all_endpoints,
+    is_configured,
+    parse_endpoints,
+)
 from waystation.settings.webhooks import WebhookEndpoint, check_console_url, parse_webhooks
 from waystation.vocabulary import OFFLINE_MODEL
 
@@ -224,6 +234,14 @@ class Settings(BaseSettings):
         '"headers": {...}}}. Tools appear to the model as <name>__<tool>. Read by workers; '
         "`${VAR}` in env, args, url and headers is expanded from the worker's environment.",
     )
+    model_endpoints: Annotated[dict[str, ModelEndpoint], NoDecode] = Field(
+        default_factory=dict,
+        description='JSON: {"<name>": {"protocol": "chat" | "responses" | "anthropic", '
+        '"base_url": "...", "api_key_env": "VARIABLE", "headers": {...}}}: endpoints a model '
+        "named <name>:<model> is called at, besides (or instead of) openai, openai-responses "
+        "and anthropic. Keys are named by their variable, read by workers; `${VAR}` in "
+        "headers is expanded from the worker's environment.",
+    )
     mcp_servers_file: Path | None = Field(
         default=None,
         description="A JSON file of MCP servers, the same shape (or a client config's "
@@ -271,6 +289,18 @@ class Settings(BaseSettings):
             return [entry.strip() for entry in value.split(",") if entry.strip()]
         return value
 
+    @field_validator("model_endpoints", mode="before")
+    @classmethod
+    def _endpoints_json(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return parse_endpoints(value)
+            except ModelEndpointError as err:
+                # The sentence as it is (it names the endpoint), after the variable's name.
+                said = str(err).removeprefix("WAYSTATION_MODEL_ENDPOINTS ")
+                raise PydanticCustomError("model_endpoints", said) from None
+        return value
+
     @field_validator("project")
     @classmethod
     def _project_name(cls, name: str) -> str:
@@ -298,6 +328,25 @@ class Settings(BaseSettings):
         endpoint) for a bad one, or a bad WAYSTATION_CONSOLE_URL."""
         check_console_url(self.console_url)
         return parse_webhooks(self.webhooks.get_secret_value()) if self.webhooks else []
+
+    def endpoints(self) -> dict[str, ModelEndpoint]:
+        """Every model endpoint: the defaults, and the declared ones over them."""
+        return all_endpoints(self.model_endpoints)
+
+    def model_environment(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The variables endpoints read (`environ`, default this process's), with the OpenAI
+        ones as these settings read them (WAYSTATION_OPENAI_API_KEY and _BASE_URL too)."""
+        found = dict(os.environ if environ is None else environ)
+        if self.api_key:
+            found["OPENAI_API_KEY"] = self.api_key
+        if self.openai_base_url:
+            found["OPENAI_BASE_URL"] = self.openai_base_url
+        return found
+
+    def configured_endpoints(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        """The endpoints this machine can call: each one whose base URL or key is set."""
+        variables = self.model_environment(environ)
+        return sorted(n for n, e in self.endpoints().items() if is_configured(e, variables))
 
     @property
     def endpoint_configured(self) -> bool:

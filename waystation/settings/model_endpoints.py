@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -56,6 +56,19 @@ class ModelEndpoint(BaseModel):
         default_factory=dict, description="Sent with every request; `${VAR}` is expanded."
     )
 
+    def shown(self) -> dict[str, object]:
+        """As `ws config` shows it: a header's value may be a key, so only `${VAR}` ones show."""
+        shown = self.model_dump(exclude_none=True)
+        shown["headers"] = {
+            name: value if _ONLY_VARIABLES.fullmatch(value) else "****"
+            for name, value in self.headers.items()
+        }
+        return shown
+
+
+# A header value made only of `${VAR}` references (and spaces, `Bearer `-like words) holds
+# no secret itself.
+_ONLY_VARIABLES = re.compile(r"(?:[A-Za-z-]+ )?(?:\$\{[A-Za-z_][A-Za-z0-9_]*\})+")
 
 DEFAULT_ENDPOINTS: dict[str, ModelEndpoint] = {
     "openai": ModelEndpoint(
@@ -103,9 +116,33 @@ def all_endpoints(declared: Mapping[str, ModelEndpoint]) -> dict[str, ModelEndpo
     return {**DEFAULT_ENDPOINTS, **declared}
 
 
-def split_model_name(name: str, endpoints: Mapping[str, object]) -> tuple[str | None, str]:
+def split_model_name(name: str, endpoints: Container[str]) -> tuple[str | None, str]:
     """(endpoint, model) of `ENDPOINT:MODEL`; (None, name) for a bare name."""
     endpoint, separator, model = name.partition(SEPARATOR)
     if separator and model and endpoint in endpoints:
         return endpoint, model
     return None, name
+
+
+def is_configured(endpoint: ModelEndpoint, environ: Mapping[str, str]) -> bool:
+    """Whether `environ` (a worker's, or a client's) says where or with which key to call it."""
+    named = (endpoint.api_key_env, endpoint.base_url_env)
+    return endpoint.base_url is not None or any(environ.get(name) for name in named if name)
+
+
+def base_url_of(endpoint: ModelEndpoint, environ: Mapping[str, str]) -> str | None:
+    """Its base URL: the declared one, else its base_url_env's value (None: the provider's)."""
+    if endpoint.base_url is not None:
+        return endpoint.base_url
+    return environ.get(endpoint.base_url_env) or None if endpoint.base_url_env else None
+
+
+def api_key_of(endpoint: ModelEndpoint, environ: Mapping[str, str]) -> str | None:
+    return environ.get(endpoint.api_key_env) or None if endpoint.api_key_env else None
+
+
+def how_to_configure(name: str, endpoint: ModelEndpoint) -> str:
+    """What a worker sets to have the endpoint, as a need names it."""
+    variables = [v for v in (endpoint.api_key_env, endpoint.base_url_env) if v]
+    how = f"set {' or '.join(variables)} on the worker" if variables else "declare it"
+    return f"the model endpoint {name!r} ({how})"

@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from waystation.activities.agent_tools import with_model_facts
 from waystation.activities.chat import ChatBackend
 from waystation.activities.conversation_cache import TASKS_KEPT, ConversationCache
 from waystation.activities.conversation_store import ConversationStore
@@ -285,9 +286,9 @@ def served_activities(
     llm = LlmActivities(
         registry,
         ConversationStore(sealed),
-        api_key=settings.api_key,
-        base_url=settings.openai_base_url,
         backends=backends,
+        endpoints=settings.model_endpoints,
+        environ=settings.model_environment(os.environ),
         conversations=conversations,
         mcp=mcp,
         redactor=redactor,
@@ -337,7 +338,9 @@ def build_worker(
     storage's kind to it. A bad WAYSTATION_WEBHOOKS raises WebhookConfigError, one sentence
     naming the endpoint.
     """
-    registry = registry or load_tools(settings.tools, settings.agents)
+    registry = with_model_facts(
+        registry or load_tools(settings.tools, settings.agents), settings.endpoints()
+    )
     owns_storage = storage is None
     storage = storage or Storage.from_settings(settings)
     served = served_activities(
@@ -413,6 +416,8 @@ async def main() -> int:
         if not settings.endpoint_configured
         else settings.openai_base_url or "OpenAI"
     )
+    if worker.offer.endpoints:
+        model += f"; model endpoints: {', '.join(worker.offer.endpoints)}"
     names = [e.name for e in worker.notify.endpoints]
     webhooks = f"; webhooks: {', '.join(names)}" if names else ""
     print(

@@ -29,9 +29,10 @@ KEPT_AT_START = 2  # the system prompt and the task are never summarized
 # carried from run to run, and their number bounds what a run hands the next.
 MAX_MESSAGES = 300
 DIGEST_CHARS = 32
-# The context window of well-known models (tokens); an unknown model gets the safe default.
-DEFAULT_CONTEXT_WINDOW = 16_000
-CONTEXT_WINDOWS: tuple[tuple[str, int], ...] = (
+# The context windows a task without context_window_tokens had before the client resolved
+# them (settings/model_facts.py): never change, recorded tasks replay with them.
+LEGACY_DEFAULT_CONTEXT_WINDOW = 16_000
+LEGACY_CONTEXT_WINDOWS: tuple[tuple[str, int], ...] = (
     ("gpt-4.1", 1_000_000),
     ("gpt-4o", 128_000),
     ("gpt-4-turbo", 128_000),
@@ -127,18 +128,19 @@ def context_limit(task_limit: int | None, model: ModelSettings) -> int:
     room for the answer, never more than MAX_CONTEXT_LIMIT."""
     if task_limit is not None:
         return min(task_limit, MAX_CONTEXT_LIMIT)
-    window = model.context_window_tokens or context_window(model.name)
+    window = model.context_window_tokens or legacy_context_window(model.name)
     reserve = model.max_tokens or ANSWER_RESERVE
     return max(1_000, min(window - min(reserve, window // 2), MAX_CONTEXT_LIMIT))
 
 
-def context_window(model_name: str) -> int:
-    """The window of a well-known model by name prefix (provider prefixes ignored)."""
+def legacy_context_window(model_name: str) -> int:
+    """The window of a task created before the client resolved it: a well-known model by
+    name prefix (provider prefixes ignored)."""
     name = model_name.lower().rsplit("/", 1)[-1]
-    for prefix, window in CONTEXT_WINDOWS:
+    for prefix, window in LEGACY_CONTEXT_WINDOWS:
         if name.startswith(prefix):
             return window
-    return DEFAULT_CONTEXT_WINDOW
+    return LEGACY_DEFAULT_CONTEXT_WINDOW
 
 
 def compaction_range(refs: list[MessageRef], limit: int) -> tuple[int, int] | None:

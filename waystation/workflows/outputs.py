@@ -7,7 +7,8 @@ Two ways to ask the model, chosen by `ModelSettings.structured_output`:
   the call's observation, with the validation errors, and it tries again.
 - `native`: the endpoint's own structured output (`response_format` with the JSON schema);
   the answer is the message's text, which must parse and validate.
-`auto` takes `native` for models known to honour it (OpenAI's current ones), else `tool`.
+`auto` is resolved when a task is created (settings/model_facts.py): `native` for OpenAI's
+models known to honour it on an OpenAI protocol, else `tool`.
 
 A schema that is not an object (the tool's parameters must be) is wrapped as the one
 property `value` of an object, and unwrapped in the answer. Pure code: the validation
@@ -22,8 +23,9 @@ from typing import Any, Literal
 from waystation.workflows.models import FINAL_ANSWER_TOOL, ModelSettings
 
 WRAPPED = "value"
-# Models whose endpoints honour `response_format: json_schema` (strict structured output).
-NATIVE_STRUCTURED_OUTPUT = ("gpt-4o", "gpt-4.1", "gpt-5", "o3", "o4-mini", "o1")
+# The models `auto` took `native` for before the client resolved it (settings/model_facts.py)
+# for a task still saying `auto`: never change, recorded tasks replay with them.
+LEGACY_NATIVE_STRUCTURED_OUTPUT = ("gpt-4o", "gpt-4.1", "gpt-5", "o3", "o4-mini", "o1")
 ERRORS_SHOWN = 10
 
 
@@ -45,11 +47,12 @@ def unwrap(schema: dict[str, Any], value: dict[str, Any]) -> Any:
 
 
 def mode(model: ModelSettings) -> Literal["tool", "native"]:
-    """How this model is asked for structured output."""
+    """How this model is asked for structured output: as the task says (resolved when it
+    was created), or for a task created before that, as `auto` was then."""
     if model.structured_output != "auto":
         return model.structured_output
     name = model.name.lower().rsplit("/", 1)[-1]
-    return "native" if name.startswith(NATIVE_STRUCTURED_OUTPUT) else "tool"
+    return "native" if name.startswith(LEGACY_NATIVE_STRUCTURED_OUTPUT) else "tool"
 
 
 def final_answer_tool(schema: dict[str, Any]) -> dict[str, Any]:
