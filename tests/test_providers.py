@@ -30,7 +30,7 @@ SUB_AGENT_ENDPOINT = {
 
 
 def since_last_user(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body["messages"]
+    messages: list[dict[str, Any]] = body["messages"]
     last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
     return messages[last_user + 1 :]
 
