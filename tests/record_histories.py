@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -518,6 +519,62 @@ async def waited_for_a_capable_worker(runtime: AgentRuntime, fake: FakeOpenAI) -
     return handle.id
 
 
+def turn_of(body: dict[str, Any]) -> tuple[int, int]:
+    """(turn, tool results since the turn's message) of a request in chat shape."""
+    messages = body["messages"]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    results = sum(1 for m in messages[users[-1] + 1 :] if m["role"] == "tool")
+    return len(users), results
+
+
+async def responses_with_reasoning(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task on the Responses API whose model reasons: each reasoning item (encrypted, with
+    store=false) comes back with its calls on the next step and in the next turn."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        turn, results = turn_of(body)
+        if turn == 1 and not results:
+            call = ("calculator", {"expression": "(12 + 30) * 7"})
+            return tools(call, reasoning="Multiply after adding.")
+        return text("294" if turn == 1 else "Yes: 294.", reasoning="It is settled.")
+
+    model = ModelSettings(name=f"openai-responses:{fake.script(reply)}", reasoning_effort="low")
+    task = AgentTask(task="What is (12 + 30) * 7?", model=model)
+    handle = await runtime.run(task, task_id="responses-with-reasoning")
+    await handle.result()
+    await handle.send("Are you sure?")
+    await handle.result()
+    return handle.id
+
+
+async def anthropic_thinking_with_fallback(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task on Anthropic with extended thinking: its first step's thinking block goes back
+    signed; then Anthropic is overloaded (529) and the step moves to the Responses model
+    (model_switched, the thinking left out); the next turn starts on Anthropic again."""
+
+    def claude(body: dict[str, Any]) -> Reply:
+        turn, results = turn_of(body)
+        if turn == 1 and not results:
+            return tools(("calculator", {"expression": "2^10"}), reasoning="A power of two.")
+        if turn == 1:
+            return error(529, "Overloaded")
+        return text("Still 1024.", reasoning="Nothing changed.")
+
+    fallback = f"openai-responses:{fake.script(lambda body: text('1024'))}"
+    model = ModelSettings(
+        name=f"anthropic:{fake.script(claude)}",
+        thinking_budget_tokens=2048,
+        fallback_models=[fallback],
+        fallback_after_seconds=2,
+    )
+    task = AgentTask(task="What is 2^10?", model=model)
+    handle = await runtime.run(task, task_id="anthropic-thinking-with-fallback")
+    await handle.result()
+    await handle.send("Check again.")
+    await handle.result()
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "waited_for_a_capable_worker": waited_for_a_capable_worker,
@@ -540,6 +597,8 @@ SCENARIOS: dict[str, Scenario] = {
     "typed_output_retry": typed_output_retry,
     "visibility_what_changed": visibility_what_changed,
     "duplicate_call_ids": duplicate_call_ids,
+    "responses_with_reasoning": responses_with_reasoning,
+    "anthropic_thinking_with_fallback": anthropic_thinking_with_fallback,
 }
 
 
@@ -568,6 +627,8 @@ async def record(replace: bool, only: list[str]) -> None:
     servers = {"time": time_server, "demo": demo_server}
     agents = json.dumps([FINDER_SPEC.model_dump(mode="json", exclude_defaults=True)])
     settings = isolated_settings(scratch, fake.url, mcp_servers=servers, agents=agents)
+    # The worker's anthropic endpoint, as a user's environment points it.
+    os.environ.update(ANTHROPIC_BASE_URL=fake.anthropic_url, ANTHROPIC_API_KEY="sk-ant-record")
     HISTORIES.mkdir(exist_ok=True)
     async with env, build_worker(env.client, settings):
         runtime = AgentRuntime(env.client, settings)

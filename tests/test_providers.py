@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, pending_requests
 from waystation import AgentRuntime, Settings
-from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from waystation.testing.workers import running_worker
 from waystation.workflows.events import AgentEvent
 
@@ -164,3 +164,52 @@ async def test_a_typed_result_on_each_endpoint(
         runtime = AgentRuntime(dev_env.client, settings)
         handle = await runtime.run(agent_task(f"{endpoint}:{model}", "Compute"), output_type=Answer)
         assert (await handle.result()).output == Answer(product=294, power=1024)
+
+
+async def test_an_overloaded_anthropic_falls_back_to_responses_and_the_next_turn_comes_back(
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    fake_openai: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Anthropic thinks and calls a tool, then answers 529, then 503 forever: the step moves
+    to the Responses model within fallback_after_seconds, says so (its thinking cannot go to
+    another provider), finishes there; the follow-up turn asks Anthropic first again."""
+    point_endpoints_at(fake_openai, monkeypatch)
+    overloads = iter([error(529, "Overloaded")])
+
+    def claude(body: dict[str, Any]) -> Reply:
+        turn = sum(1 for m in body["messages"] if m["role"] == "user")
+        if turn == 2:
+            return text("Back on Claude.")
+        if not since_last_user(body):
+            return tools(("calculator", {"expression": "2^10"}), reasoning="Powers of two.")
+        return next(overloads, error(503, "Service Unavailable"))
+
+    anthropic = f"anthropic:{fake_openai.script(claude)}"
+    responses = f"openai-responses:{fake_openai.script([text('1024')])}"
+    # A starved worker's silent call (a heartbeat timeout) is an outage too: on a busy
+    # machine it must not be the one that moves the step.
+    task = agent_task(anthropic, "What is 2^10?", heartbeat_timeout_seconds=60)
+    task.model = task.model.model_copy(
+        update={
+            "thinking_budget_tokens": 2048,
+            "fallback_models": [responses],
+            "fallback_after_seconds": 3,
+        }
+    )
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(dev_env.client, settings)
+        handle = await runtime.run(task)
+        assert (await handle.result()).result == "1024"
+        await handle.send("Once more?")
+        assert (await handle.result()).result == "Back on Claude."
+        events = await handle.events()
+    [switched] = [e for e in events if e.type == "model_switched"]
+    assert (switched.from_model, switched.to_model) == (anthropic, responses)  # type: ignore[union-attr]
+    assert "503" in switched.reason and switched.reasoning_dropped == 1  # type: ignore[union-attr]
+    models = [e.model for e in events if e.type == "thought"]  # type: ignore[union-attr]
+    assert len(models) == 3 and "fake" in models[0] and models[0] == models[2] != models[1]
+    # Failed requests of the outage: the first 529, then 503s, within a few seconds' retries.
+    claude_requests = fake_openai.requests[anthropic.split(":", 1)[1]]
+    assert 3 <= len(claude_requests) <= 6
