@@ -368,7 +368,7 @@ async def test_a_silent_or_stalled_endpoint_runs_out_its_clocks(fake_openai: Fak
     quick = ModelSettings(request_timeout_seconds=0.3, first_chunk_timeout_seconds=0.3)
     silent = await failure(fake_openai, hang(3), model=quick)
     assert silent.type == errors.LLM_UNAVAILABLE
-    assert "no first event from the Anthropic endpoint within 0.3 s" in str(silent)
+    assert "no first chunk from the model within 0.3 s" in str(silent)
     stalled = await failure(fake_openai, stall("a b c", before_chunk=4, seconds=3), model=quick)
     assert "stream stalled for 0.3 s" in str(stalled)
 

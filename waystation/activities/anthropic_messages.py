@@ -11,7 +11,6 @@ activity never sees an `anthropic` exception.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -22,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from waystation.activities.chat import ChatDelta
 from waystation.activities.openai_chat import _UNREACHABLE_REASONS, retry_after
 from waystation.activities.redaction import url_without_credentials
+from waystation.activities.stream_clocks import clocked_events
 from waystation.workflows import errors
 from waystation.workflows.models import ChatMessage, ModelSettings, ReasoningItem, Usage
 
@@ -443,47 +443,31 @@ class AnthropicMessages:
         backstop = max(first_wait, idle_wait) + 5.0
         create: Any = self._client.messages.create
         reader = _StreamReader(model.name)
-        response: Any = None
-        try:
-            try:
-                async with asyncio.timeout(first_wait):
-                    # The body goes as `extra_body`, sent as it is, in our key order: the
-                    # typed parameters would be walked and re-serialised for the same bytes.
-                    response = await create(
-                        model=body["model"],
-                        max_tokens=body["max_tokens"],
-                        messages=[],
-                        stream=True,
-                        timeout=anthropic.Timeout(backstop, connect=min(first_wait, 10.0)),
-                        extra_body=body,
-                    )
-                    events = aiter(response)
-                    event = await anext(events, None)
-            except TimeoutError:
-                raise ApplicationError(
-                    f"no first event from the Anthropic endpoint within {first_wait:g} s",
-                    type=errors.LLM_UNAVAILABLE,
-                ) from None
-            while event is not None:
-                for delta in reader.deltas(event):
-                    yield delta
-                try:
-                    async with asyncio.timeout(idle_wait):
-                        event = await anext(events, None)
-                except TimeoutError:
-                    raise ApplicationError(
-                        f"the Anthropic endpoint's stream stalled for {idle_wait:g} s",
-                        type=errors.LLM_UNAVAILABLE,
-                    ) from None
-            if not reader.stopped:
-                # A connection closed mid-answer ends the stream as if it were done.
-                raise ApplicationError(
-                    "the Anthropic endpoint's stream ended before message_stop",
-                    type=errors.LLM_UNAVAILABLE,
-                )
-        finally:
-            if response is not None:
-                await response.close()
+
+        def open_stream() -> Any:
+            # The body goes as `extra_body`, sent as it is, in our key order: the typed
+            # parameters would be walked and re-serialised for the same bytes.
+            return create(
+                model=body["model"],
+                max_tokens=body["max_tokens"],
+                messages=[],
+                stream=True,
+                timeout=anthropic.Timeout(backstop, connect=min(first_wait, 10.0)),
+                extra_body=body,
+            )
+
+        def timed_out(sentence: str) -> ApplicationError:
+            return ApplicationError(sentence, type=errors.LLM_UNAVAILABLE)
+
+        async for event in clocked_events(open_stream, first_wait, idle_wait, timed_out):
+            for delta in reader.deltas(event):
+                yield delta
+        if not reader.stopped:
+            # A connection closed mid-answer ends the stream as if it were done.
+            raise ApplicationError(
+                "the Anthropic endpoint's stream ended before message_stop",
+                type=errors.LLM_UNAVAILABLE,
+            )
 
     async def close(self) -> None:
         await self._client.close()

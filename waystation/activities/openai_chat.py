@@ -6,7 +6,6 @@ message: the LLM activity never sees an `openai` exception.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import email.utils
 import time
@@ -20,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from waystation.activities.chat import ChatDelta, to_openai_messages, tool_choice_option
 from waystation.activities.redaction import url_without_credentials
+from waystation.activities.stream_clocks import clocked_events
 from waystation.workflows import errors
 from waystation.workflows.models import ChatMessage, ModelSettings, Usage
 
@@ -202,38 +202,26 @@ class OpenAIChat:
         backstop = max(first_wait, idle_wait) + 5.0
         create: Any = self._client.chat.completions.create  # options vary by endpoint
         request = httpx2.Request("POST", self._client.base_url.join("chat/completions"))
-        response: Any = None
-        try:
-            try:
-                async with asyncio.timeout(first_wait):
-                    # The body goes as `extra_body`, which the SDK sends as it is: `create`
-                    # would walk every message against its typed schema first, for the same
-                    # bytes, ~30 ms more per call at 120 messages (bench.request_body).
-                    response = await create(
-                        model=model.name,
-                        messages=[],
-                        stream=True,
-                        stream_options={"include_usage": True},
-                        timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
-                        extra_body=self._body(messages, tools, model, response_format),
-                    )
-                    chunks = aiter(response)
-                    chunk = await anext(chunks, None)
-            except TimeoutError as err:
-                message = f"no first chunk from the model within {first_wait:g} s"
-                raise StreamTimeoutError(message, request) from err
-            while chunk is not None:
-                for delta in _deltas(chunk):
-                    yield delta
-                try:
-                    async with asyncio.timeout(idle_wait):
-                        chunk = await anext(chunks, None)
-                except TimeoutError as err:
-                    message = f"the model's stream stalled for {idle_wait:g} s"
-                    raise StreamTimeoutError(message, request) from err
-        finally:
-            if response is not None:
-                await response.close()
+
+        def open_stream() -> Any:
+            # The body goes as `extra_body`, which the SDK sends as it is: `create` would walk
+            # every message against its typed schema first, for the same bytes, ~30 ms more
+            # per call at 120 messages (bench.request_body).
+            return create(
+                model=model.name,
+                messages=[],
+                stream=True,
+                stream_options={"include_usage": True},
+                timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
+                extra_body=self._body(messages, tools, model, response_format),
+            )
+
+        def timed_out(sentence: str) -> StreamTimeoutError:
+            return StreamTimeoutError(sentence, request)
+
+        async for chunk in clocked_events(open_stream, first_wait, idle_wait, timed_out):
+            for delta in _deltas(chunk):
+                yield delta
 
     async def close(self) -> None:
         await self._client.close()

@@ -10,7 +10,6 @@ item is missing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from waystation.activities.chat import TOOL_CHOICE_MODES, ChatDelta
 from waystation.activities.openai_chat import StreamTimeoutError, classify_provider_error
+from waystation.activities.stream_clocks import clocked_events
 from waystation.workflows import errors
 from waystation.workflows.models import ChatMessage, ModelSettings, ReasoningItem, Usage
 
@@ -214,33 +214,21 @@ class OpenAIResponses:
         request = httpx2.Request("POST", self._client.base_url.join("responses"))
         body = request_body(messages, tools, model, response_format)
         reading = _StreamReader(model.name)
-        response: Any = None
-        try:
-            try:
-                async with asyncio.timeout(first_wait):
-                    # The body goes as `extra_body`, sent as it is (see OpenAIChat).
-                    response = await create(
-                        stream=True,
-                        timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
-                        extra_body=body,
-                    )
-                    events = aiter(response)
-                    event = await anext(events, None)
-            except TimeoutError as err:
-                message = f"no first event from the model within {first_wait:g} s"
-                raise StreamTimeoutError(message, request) from err
-            while event is not None:
-                for delta in reading.deltas(event):
-                    yield delta
-                try:
-                    async with asyncio.timeout(idle_wait):
-                        event = await anext(events, None)
-                except TimeoutError as err:
-                    message = f"the model's stream stalled for {idle_wait:g} s"
-                    raise StreamTimeoutError(message, request) from err
-        finally:
-            if response is not None:
-                await response.close()
+
+        def open_stream() -> Any:
+            # The body goes as `extra_body`, sent as it is (see OpenAIChat).
+            return create(
+                stream=True,
+                timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
+                extra_body=body,
+            )
+
+        def timed_out(sentence: str) -> StreamTimeoutError:
+            return StreamTimeoutError(sentence, request)
+
+        async for event in clocked_events(open_stream, first_wait, idle_wait, timed_out):
+            for delta in reading.deltas(event):
+                yield delta
 
     async def close(self) -> None:
         await self._client.close()

@@ -52,6 +52,18 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=float,
         help="seconds a step retries a model through an outage before it moves on (default 60)",
     )
+    run.add_argument(
+        "--reasoning-effort",
+        choices=["minimal", "low", "medium", "high"],
+        help="a reasoning model's effort (the Responses API's reasoning.effort)",
+    )
+    run.add_argument(
+        "--thinking-budget",
+        dest="thinking_budget_tokens",
+        type=int,
+        metavar="TOKENS",
+        help="Anthropic extended thinking: tokens a step may think with (1024 or more)",
+    )
     run.add_argument("--max-steps", type=int, default=20)
     run.add_argument("--token-budget", type=int)
     run.add_argument("--tools", help="comma-separated tool names the model may call")

@@ -43,6 +43,8 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
         "first_chunk_timeout_seconds",
         "fallback_models",
         "fallback_after_seconds",
+        "reasoning_effort",
+        "thinking_budget_tokens",
     )
     model = {
         option: getattr(args, option) for option in options if getattr(args, option) is not None
