@@ -175,6 +175,8 @@ async def run_task(
     handle = await runtime.run(task)
     outcome = await handle.result()
     seconds = time.perf_counter() - started
+    if outcome.steps != options.steps:
+        raise RuntimeError(f"{model_name} took {outcome.steps} steps, not {options.steps}")
     return TaskRun(await handle.events(), seconds / outcome.steps)
 
 
