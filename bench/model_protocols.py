@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,18 @@ def counting_model(steps: int, size: int) -> Any:
     return reply
 
 
+def script_model(fake: FakeOpenAI, endpoint: str, options: Options) -> str:
+    """The counting script under a model name of the endpoint's provider, so the task gets
+    that model's context window by default (Claude's 200,000 tokens, GPT-4.1's 1,000,000),
+    as a user's would: the unknown name's 16,000 would compact it three times."""
+    family = "claude-bench" if endpoint == "anthropic" else "gpt-4.1-bench"
+    return fake.script(
+        counting_model(options.steps, options.message_bytes),
+        f"{family}-{uuid.uuid4().hex[:8]}",
+        record=False,
+    )
+
+
 def cache_share(usages: list[Usage]) -> float:
     total = sum(usages, Usage())
     return total.cache_read_tokens / total.input_tokens if total.input_tokens else 0.0
@@ -220,12 +233,12 @@ async def measure_fake(bench: Bench, options: Options) -> list[Row]:
             # Round-robin, the first round a warm-up: the protocols share the machine's noise.
             for round in range(options.repeats + 1):
                 for endpoint in ENDPOINTS:
-                    model = bench.fake.script(counting_model(options.steps, options.message_bytes))
+                    model = script_model(bench.fake, endpoint, options)
                     runs[endpoint] = await run_task(runtime, f"{endpoint}:{model}", options)
                     if round:
                         seconds[endpoint].append(runs[endpoint].seconds_per_step)
                     say(f"{endpoint}: {runs[endpoint].seconds_per_step * 1000:.1f} ms per step")
-            model = bench.fake.script(counting_model(options.steps, options.message_bytes))
+            model = script_model(bench.fake, "anthropic", options)
             compacted = await run_task(
                 runtime, f"anthropic:{model}", options, window=options.compact_window
             )
@@ -234,7 +247,7 @@ async def measure_fake(bench: Bench, options: Options) -> list[Row]:
     share, detail = share_of("anthropic fake", usages)
     rows.append(
         Row(
-            f"cache share, anthropic fake, {size}",
+            f"cache share, anthropic fake, {size}, the model's default window",
             f"{share:.3f}",
             f"target >= {TARGET_SHARE}; at most {best_share(usages):.3f}; {detail}",
         )
@@ -248,6 +261,8 @@ async def measure_fake(bench: Bench, options: Options) -> list[Row]:
             f"{len(compactions)} compactions; {detail}",
         )
     )
+    # What a step costs when nothing is compacted: its own new tokens.
+    step_cost = median([_uncached(t) for t in runs["anthropic"].thoughts[2:]] or [0.0])
     for number, (event, after) in enumerate(compactions, 1):
         summary = event.usage
         cost = (
@@ -260,8 +275,8 @@ async def measure_fake(bench: Bench, options: Options) -> list[Row]:
             Row(
                 f"compaction {number} (step {event.step}): uncached input tokens",
                 f"{summary.input_tokens - summary.cache_read_tokens + _uncached(after):,}",
-                f"summary call read {summary.cache_read_tokens:,} of {summary.input_tokens:,}; "
-                + cost,
+                f"a step without one: {step_cost:,.0f}; the summary call read "
+                f"{summary.cache_read_tokens:,} of {summary.input_tokens:,}; {cost}",
             )
         )
     baseline = median(seconds["openai"])
