@@ -15,6 +15,7 @@ Long ones run only when named (each also runs alone, with its own flags):
     python -m bench.conversation --turns 100
     python -m bench.one_shot --baseline-ref 5e55f18 --baseline-dir /tmp/ws-baseline
     python -m bench.subagents --model-seconds 1
+    python -m bench.model_protocols --llama     # and llama.cpp's prompt cache (5 minutes)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bench import (
     heartbeats,
     long_run,
     many_tasks,
+    model_protocols,
     one_shot,
     parked,
     peers,
@@ -60,6 +62,7 @@ SECTIONS: dict[str, Measure] = {
     "recovery": recovery.measure,
     "cli_startup": cli_startup.measure,
     "peers_temporal": peers_temporal.measure,
+    "model_protocols": model_protocols.measure,
 }
 # Minutes each (an hour for many_tasks), two CPU burners in heartbeats: measured only when
 # named in --only.
