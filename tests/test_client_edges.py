@@ -169,7 +169,9 @@ async def test_a_repeated_approval_without_request_id_gets_the_same_answer(
     assert process.returncode == 0, raw.decode()
     fields = json.loads(raw)["workflowExecutionInfo"]["memo"]["fields"]
     # the CLI shows plain JSON decoded
+    usage = fields.pop(search.MEMO_USAGE)
     assert fields == {search.MEMO_STATUS: "done", search.MEMO_TURNS: 1}, fields
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
 
 
 # --- "Workflow is busy" ------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from waystation.client.agent_runtime import AgentRuntime
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.workflows import search
 from waystation.workflows.events import AgentState, PendingApproval
+from waystation.workflows.models import Usage
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -44,7 +45,12 @@ def test_the_first_write_says_everything() -> None:
         "AgentModel": "gpt-4o",
         "AgentWaitingSince": None,
     }
-    assert memo == {search.MEMO_STATUS: "running", search.MEMO_PENDING: None, search.MEMO_TURNS: 1}
+    assert memo == {
+        search.MEMO_STATUS: "running",
+        search.MEMO_PENDING: None,
+        search.MEMO_TURNS: 1,
+        search.MEMO_USAGE: Usage().model_dump(),
+    }
 
 
 def test_a_new_step_alone_is_written_once_the_refresh_interval_has_passed() -> None:
@@ -79,10 +85,16 @@ def test_a_status_change_is_written_at_once_with_its_step_and_the_memo() -> None
         "AgentWaitingSince": moment,
     }
     assert memo is not None and [p["tool"] for p in memo[search.MEMO_PENDING]] == ["run_shell"]
-    done = AgentState(status="done", step=4)
+    used = Usage(input_tokens=900, output_tokens=40, cache_read_tokens=800)
+    done = AgentState(status="done", step=4, usage=used)
     _, updates, memo = search.visibility_updates(done, "m", published, moment)
     assert written(updates) == {"AgentStatus": "done", "AgentWaitingSince": None}
-    assert memo == {search.MEMO_STATUS: "done", search.MEMO_PENDING: None, search.MEMO_TURNS: 1}
+    assert memo == {
+        search.MEMO_STATUS: "done",
+        search.MEMO_PENDING: None,
+        search.MEMO_TURNS: 1,
+        search.MEMO_USAGE: used.model_dump(),  # a list shows a task's tokens without a query
+    }
 
 
 def test_a_follow_up_rewrites_the_memo_with_the_conversation_s_turns() -> None:

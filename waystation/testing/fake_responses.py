@@ -404,74 +404,12 @@ def _events(
         return _numbered(events)
     output: list[dict[str, Any]] = []
     if reply.reasoning and _reasons(body):
-        item_id = f"rs_{step}"
-        item: dict[str, Any] = {"id": item_id, "type": "reasoning", "summary": []}
-        events.append({"type": "response.output_item.added", "output_index": 0, "item": item})
-        done = {"id": item_id, "type": "reasoning", "summary": _summary(reply.reasoning)}
-        if ENCRYPTED_REASONING in (body.get("include") or []):
-            done["encrypted_content"] = encrypt(item_id, reply.reasoning)
-        events.append({"type": "response.output_item.done", "output_index": 0, "item": done})
-        output.append(done)
+        output.append(_reasoning_item(body, reply, step, events))
     if reply.content:
-        index = len(output)
-        message_id = f"msg_{step}"
-        added = {
-            "id": message_id,
-            "type": "message",
-            "status": "in_progress",
-            "role": "assistant",
-            "content": [],
-        }
-        where = {"item_id": message_id, "output_index": index, "content_index": 0}
-        events.append({"type": "response.output_item.added", "output_index": index, "item": added})
-        empty = {"type": "output_text", "text": "", "annotations": []}
-        events.append({"type": "response.content_part.added", **where, "part": empty})
-        words = reply.content.split(" ")
-        for i, word in enumerate(words):
-            if word or i:
-                piece = word + (" " if i < len(words) - 1 else "")
-                events.append({"type": "response.output_text.delta", **where, "delta": piece})
-        part = {"type": "output_text", "text": reply.content, "annotations": []}
-        events.append({"type": "response.output_text.done", **where, "text": reply.content})
-        events.append({"type": "response.content_part.done", **where, "part": part})
-        message = {**added, "status": "completed", "content": [part]}
-        events.append({"type": "response.output_item.done", "output_index": index, "item": message})
-        output.append(message)
+        output.append(_message_item(reply, step, len(output), events))
     for call_index, (name, raw) in enumerate(reply.tool_calls):
-        index = len(output)
-        item_id = f"fc_{step}_{call_index}"
-        call = {
-            "id": item_id,
-            "type": "function_call",
-            "status": "in_progress",
-            "call_id": f"call_{step}_{call_index}",
-            "name": name,
-            "arguments": "",
-        }
-        events.append({"type": "response.output_item.added", "output_index": index, "item": call})
-        size = reply.argument_piece_chars
-        for start in range(0, len(raw), size):
-            events.append(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item_id,
-                    "output_index": index,
-                    "delta": raw[start : start + size],
-                }
-            )
-        events.append(
-            {
-                "type": "response.function_call_arguments.done",
-                "item_id": item_id,
-                "output_index": index,
-                "arguments": raw,
-            }
-        )
-        finished = {**call, "status": "completed", "arguments": raw}
-        events.append(
-            {"type": "response.output_item.done", "output_index": index, "item": finished}
-        )
-        output.append(finished)
+        call = _function_call_item(reply, step, call_index, name, raw, len(output), events)
+        output.append(call)
     limit = body.get("max_output_tokens")
     if isinstance(limit, int) and usage["output_tokens"] > limit:
         cut = {"reason": "max_output_tokens"}
@@ -481,6 +419,93 @@ def _events(
     completed = {**base, "status": "completed", "output": output, "usage": usage}
     events.append({"type": "response.completed", "response": completed})
     return _numbered(events)
+
+
+def _reasoning_item(
+    body: dict[str, Any], reply: Reply, step: int, events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A reasoning item, first of the output (encrypted when the request includes it)."""
+    item_id = f"rs_{step}"
+    item: dict[str, Any] = {"id": item_id, "type": "reasoning", "summary": []}
+    events.append({"type": "response.output_item.added", "output_index": 0, "item": item})
+    done = {"id": item_id, "type": "reasoning", "summary": _summary(reply.reasoning)}
+    if ENCRYPTED_REASONING in (body.get("include") or []):
+        done["encrypted_content"] = encrypt(item_id, reply.reasoning)
+    events.append({"type": "response.output_item.done", "output_index": 0, "item": done})
+    return done
+
+
+def _message_item(
+    reply: Reply, step: int, index: int, events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The reply's text as a message item, its words as output_text deltas."""
+    message_id = f"msg_{step}"
+    added = {
+        "id": message_id,
+        "type": "message",
+        "status": "in_progress",
+        "role": "assistant",
+        "content": [],
+    }
+    where = {"item_id": message_id, "output_index": index, "content_index": 0}
+    events.append({"type": "response.output_item.added", "output_index": index, "item": added})
+    empty = {"type": "output_text", "text": "", "annotations": []}
+    events.append({"type": "response.content_part.added", **where, "part": empty})
+    words = reply.content.split(" ")
+    for i, word in enumerate(words):
+        if word or i:
+            piece = word + (" " if i < len(words) - 1 else "")
+            events.append({"type": "response.output_text.delta", **where, "delta": piece})
+    part = {"type": "output_text", "text": reply.content, "annotations": []}
+    events.append({"type": "response.output_text.done", **where, "text": reply.content})
+    events.append({"type": "response.content_part.done", **where, "part": part})
+    message = {**added, "status": "completed", "content": [part]}
+    events.append({"type": "response.output_item.done", "output_index": index, "item": message})
+    return message
+
+
+def _function_call_item(
+    reply: Reply,
+    step: int,
+    call_index: int,
+    name: str,
+    raw: str,
+    index: int,
+    events: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One function call item, its arguments in fragments."""
+    item_id = f"fc_{step}_{call_index}"
+    call = {
+        "id": item_id,
+        "type": "function_call",
+        "status": "in_progress",
+        "call_id": f"call_{step}_{call_index}",
+        "name": name,
+        "arguments": "",
+    }
+    events.append({"type": "response.output_item.added", "output_index": index, "item": call})
+    size = reply.argument_piece_chars
+    for start in range(0, len(raw), size):
+        piece = raw[start : start + size]
+        events.append(
+            {
+                "type": "response.function_call_arguments.delta",
+                "item_id": item_id,
+                "output_index": index,
+                "delta": piece,
+            }
+        )
+    events.append(
+        {
+            "type": "response.function_call_arguments.done",
+            "item_id": item_id,
+            "output_index": index,
+            "arguments": raw,
+        }
+    )
+    finished = {**call, "status": "completed", "arguments": raw}
+    events.append({"type": "response.output_item.done", "output_index": index, "item": finished})
+    return finished
 
 
 def _numbered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
