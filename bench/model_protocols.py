@@ -69,8 +69,9 @@ LLAMA_MODEL_FILE = (
     Path(os.environ.get("WAYSTATION_MODEL_CACHE", Path.home() / ".cache/waystation/models"))
     / f"{LLAMA_MODEL}.gguf"
 )
-LLAMA_STEPS = 12
-LLAMA_CONTEXT = 8192
+# The 50 steps of 2 KB: ~22,000 tokens by the last request, hence the context.
+LLAMA_STEPS = 50
+LLAMA_CONTEXT = 32768
 LLAMA_PORT = 18_461
 LLAMA_START_SECONDS = 120.0
 
