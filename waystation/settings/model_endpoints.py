@@ -5,9 +5,11 @@ completions: OPENAI_API_KEY, OPENAI_BASE_URL), `openai-responses` (the Responses
 same variables) and `anthropic` (the Messages API: ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL).
 WAYSTATION_MODEL_ENDPOINTS declares more, or replaces one of these, as JSON:
 `{"<name>": {"protocol": "chat" | "responses" | "anthropic", "base_url": "...",
-"api_key_env": "VARIABLE", "headers": {...}}}`. A key is named by its variable, never
-given: settings output, workflow inputs and history never hold it. `${VAR}` in a header is
-expanded from the worker's environment when the endpoint is first called.
+"api_key_env": "VARIABLE", "headers": {...}, "limits": {...}, "prices": {...}}}` (limits:
+a provider's quota, honoured by every worker together; prices: US dollars per million
+tokens). A key is named by its variable, never given: settings output, workflow inputs and
+history never hold it. `${VAR}` in a header is expanded from the worker's environment when
+the endpoint is first called.
 
 A bare model name (no known endpoint before a `:`) means what it always meant: the
 OpenAI-compatible endpoint (or `offline`). `qwen2.5:7b`, as Ollama names a model, is bare.
@@ -23,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from waystation.settings.validation import validation_sentence
+from waystation.vocabulary import ModelPrice
 
 EndpointProtocol = Literal["chat", "responses", "anthropic"]
 ENDPOINT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
@@ -31,6 +34,32 @@ SEPARATOR = ":"
 
 class ModelEndpointError(ValueError):
     """An endpoint declaration that cannot be used, in one sentence."""
+
+
+class QuotaLimits(BaseModel):
+    """A provider's quota on one key: what every worker of the deployment honours together
+    (activities/quotas.py). Unset: no limit of that kind."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_minute: int | None = Field(default=None, ge=1, le=10**9)
+    input_tokens_per_minute: int | None = Field(default=None, ge=1, le=10**12)
+    output_tokens_per_minute: int | None = Field(default=None, ge=1, le=10**12)
+    concurrent_requests: int | None = Field(default=None, ge=1, le=10**6)
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+class EndpointLimits(QuotaLimits):
+    """An endpoint's quota, and (`per_model`) a quota of one of its models on top of it."""
+
+    per_model: dict[str, QuotaLimits] = Field(default_factory=dict)
+
+
+# The key of `prices` that prices every model the endpoint has no entry for.
+ANY_MODEL = "*"
 
 
 class ModelEndpoint(BaseModel):
@@ -55,6 +84,30 @@ class ModelEndpoint(BaseModel):
     headers: dict[str, str] = Field(
         default_factory=dict, description="Sent with every request; `${VAR}` is expanded."
     )
+    limits: EndpointLimits | None = Field(
+        default=None, description="The provider's quota, honoured by every worker together."
+    )
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description='US dollars per million tokens, by model; "*" prices the others.',
+    )
+
+    def price_of(self, model: str) -> ModelPrice | None:
+        """The price of `model` (the name the endpoint knows it by): its own, else `*`'s."""
+        return self.prices.get(model) or self.prices.get(ANY_MODEL)
+
+    def quotas_of(self, endpoint: str, model: str) -> list[tuple[str, QuotaLimits]]:
+        """The quotas a call of `model` counts against, each with its key (shared by every
+        worker): the endpoint's, then the model's own."""
+        if self.limits is None:
+            return []
+        quotas: list[tuple[str, QuotaLimits]] = []
+        if self.limits.limited:
+            quotas.append((endpoint, self.limits))
+        own = self.limits.per_model.get(model)
+        if own is not None and own.limited:
+            quotas.append((f"{endpoint}{SEPARATOR}{model}", own))
+        return quotas
 
     def shown(self) -> dict[str, object]:
         """As `ws config` shows it: a header's value may be a key, so only `${VAR}` ones show."""

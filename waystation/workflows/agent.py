@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         DecisionOutcome,
         Message,
         MessageReceipt,
+        QuotaNotice,
         RepairNote,
         Resumption,
         ToolCall,
@@ -82,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_SIGNAL,
         NOTIFICATION_FAILED_SIGNAL,
         QUEUED_MESSAGES_QUERY,
+        QUOTA_NOTICE_SIGNAL,
         REJECT_SIGNAL,
         REPAIRED_SIGNAL,
         RESUME_SIGNAL,
@@ -317,6 +319,12 @@ class AgentWorkflow(StepCalls, Turns):
     def notification_failed(self, failure: DeliveryFailure) -> None:
         """Sent by a notification that could not be delivered: logged as an `error` event."""
         self._notifier.failed(failure)
+
+    @workflow.signal(name=QUOTA_NOTICE_SIGNAL)
+    def quota_notice(self, notice: QuotaNotice) -> None:
+        """Sent by a model call waiting for its turn under a quota, and once it has it: the
+        loop records it as an event while it waits for the call."""
+        self._quota_notices.append(notice)
 
     # --- queries ----------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ from waystation.vocabulary import (
     OFFLINE_MODEL,
     ApprovalRule,
     FailureKind,
+    ModelPrice,
+    QuotaLimitKind,
     TerminalStatus,
 )
 from waystation.workflows.nesting import MAX_JSON_DEPTH, too_deep
@@ -233,6 +235,31 @@ class ParentLink(Contract):
     call_id: str
 
 
+# A tenant names who a task is for (an API token's name, or `tenant` on the task); Temporal's
+# fairness keys are at most 64 bytes.
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+
+
+class QuotaNotice(Contract):
+    """Signal `quota_notice`, sent by a model call (activities/quota_notices.py) that waits
+    for its turn under a model endpoint's quota, and again when it gets it. The loop records
+    each as an event (waiting_quota, quota_granted) while it waits for the call."""
+
+    state: Literal["waiting", "granted"]
+    step: int
+    attempt: int
+    quota: str = Field(max_length=300, description="The quota's key: ENDPOINT or ENDPOINT:MODEL.")
+    limit: QuotaLimitKind | None = Field(
+        default=None, description="With `waiting`: the limit the call waits for."
+    )
+    expected_seconds: float | None = Field(
+        default=None, ge=0, description="With `waiting`: how long the wait should last."
+    )
+    waited_seconds: float | None = Field(
+        default=None, ge=0, description="With `granted`: how long the call waited."
+    )
+
+
 class AgentTask(Contract):
     """Input of one agent task: everything the loop needs, recorded once in history."""
 
@@ -258,6 +285,27 @@ class AgentTask(Contract):
         ge=1,
         le=10**12,
         description="Most tokens (in + out, all steps) the task may use.",
+    )
+    cost_budget: float | None = Field(
+        default=None,
+        gt=0,
+        le=10**9,
+        description="Most US dollars the task's tree of agents may spend on priced models; "
+        "shared with sub-agents as token_budget is. Needs a price for the task's models.",
+    )
+    prices: dict[str, ModelPrice] | None = Field(
+        default=None,
+        max_length=200,
+        description="What each model the task may call costs, by the name the task calls it "
+        "(`ENDPOINT:MODEL`), resolved from the endpoints' prices when the task is created: "
+        "a price changed later never changes a running task. A model without one shows "
+        "tokens only.",
+    )
+    tenant: str | None = Field(
+        default=None,
+        pattern=TENANT_PATTERN,
+        description="Who the task is for: the quota and the workers are shared fairly between "
+        "tenants, and a token bound to a tenant sees only its tasks. Sub-agents inherit it.",
     )
     approval: ApprovalSettings = Field(default_factory=ApprovalSettings)
     questions: QuestionSettings = Field(default_factory=QuestionSettings)

@@ -37,6 +37,8 @@ ANSWER_UPDATE = "answer"
 ANSWER_SIGNAL = "answer"
 # Sent by a notification workflow whose delivery failed for good (workflows/notifications.py).
 NOTIFICATION_FAILED_SIGNAL = "notification_failed"
+# Sent by a model call waiting for its turn under a quota (activities/quota_notices.py).
+QUOTA_NOTICE_SIGNAL = "quota_notice"
 # One `events` answer stays far below gRPC's 4 MB message limit.
 EVENT_PAGE_BYTES = 1_000_000
 

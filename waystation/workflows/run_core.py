@@ -43,6 +43,7 @@ from waystation.workflows.models import (
     AgentTask,
     FailureDetail,
     Message,
+    QuotaNotice,
     RepairNote,
     Resumption,
 )
@@ -103,6 +104,8 @@ class RunCore:
         self._inbox = requests.Inbox(carried)
         self._resumptions: list[Resumption] = []
         self._repairs: list[RepairNote] = []
+        # What model calls told of their waits under a quota, not yet in the log.
+        self._quota_notices: list[QuotaNotice] = []
         self._incoming: list[QueuedMessage] = list(carry.messages)
         if carry.message is not None:  # a fork's or a resume's, told to the model first
             via = "fork" if carry.forked else "resume"
