@@ -6,7 +6,9 @@ Replies can stream text and tool-call deltas, or inject faults: an HTTP error wi
 headers (429 + Retry-After, 401, 500), a hang before the headers, a stream that stalls
 before a given chunk or is held open until the test opens a gate, or a stream cut off
 mid-way. A request without `"stream": true` gets the same reply as one JSON completion (the
-benchmarks' peers ask that way).
+benchmarks' peers ask that way). A model may be put under a provider's quota (`enforce`,
+waystation.testing.provider_quota): a request over it is refused with a 429 before its
+script sees it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass
@@ -80,6 +82,16 @@ def stall(content: str, before_chunk: int, seconds: float) -> Reply:
     return Reply(content=content, stall_before_chunk=before_chunk, stall_seconds=seconds)
 
 
+class Admission(Protocol):
+    """What decides whether a chat-completions request is served (provider_quota.ProviderQuota)."""
+
+    def admit(self, body: dict[str, Any]) -> Reply | None:
+        """None: served; else the error reply that refuses it."""
+
+    def served(self, reply: Reply) -> dict[str, str]:
+        """An admitted request's reply is sent: the headers it is sent with."""
+
+
 GATE_TIMEOUT_SECONDS = 120.0  # a gate nobody opens must not hold a server thread forever
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
 
@@ -110,6 +122,7 @@ class FakeOpenAI:
         self._progress = threading.Condition(self._lock)
         self._counts: dict[str, int] = {}
         self._unrecorded: set[str] = set()
+        self._admissions: dict[str, Admission] = {}
         server = _QuietServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self._server = server
@@ -140,6 +153,15 @@ class FakeOpenAI:
             if not record:
                 self._unrecorded.add(model)
         return model
+
+    def enforce(self, admission: Admission, model: str) -> None:
+        """Put `model`'s chat-completions requests under `admission` (a provider's quota)."""
+        with self._lock:
+            self._admissions[model] = admission
+
+    def admission(self, model: str) -> Admission | None:
+        with self._lock:
+            return self._admissions.get(model)
 
     def serve(self, double: Callable[[dict[str, Any]], Reply], name: str | None = None) -> str:
         """Serve a model double (waystation.testing.models: TestModel, ScriptedModel) under a
@@ -261,12 +283,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(401, {"error": {"message": "Incorrect API key provided"}})
             return
         model = str(body.get("model"))
+        admission = self.fake.admission(model)
+        refusal = admission.admit(body) if admission is not None else None
+        if refusal is not None:  # refused as a provider does: the script never sees it
+            refused = {"message": refusal.error_message, "code": "rate_limit_exceeded"}
+            self._json(refusal.status, {"error": refused}, refusal.headers)
+            return
         reply = self.fake._next(model, body, int(self.client_address[1]))
         request = len(self.fake.chunks_sent[model]) - 1
         if reply.hang_seconds:
             time.sleep(reply.hang_seconds)
             return
         time.sleep(reply.delay_seconds)
+        limits = admission.served(reply) if admission is not None else {}
         if reply.status != 200:
             message = reply.error_message
             if reply.echo_request:
@@ -278,14 +307,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(
                 reply.status,
                 {"error": {"message": message, "type": "fake"}},
-                reply.headers,
+                {**limits, **reply.headers},
             )
             return
         step = 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
         if body.get("stream"):
-            self._stream(model, reply, step, request)
+            self._stream(model, reply, step, request, limits)
         else:
-            self._json(200, _completion(model, reply, step))
+            self._json(200, _completion(model, reply, step), limits)
 
     def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
@@ -297,9 +326,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, model: str, reply: Reply, number: int, request: int) -> None:
+    def _stream(
+        self, model: str, reply: Reply, number: int, request: int, headers: dict[str, str]
+    ) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        for k, v in headers.items():
+            self.send_header(k, v)
         self.end_headers()
         for index, chunk in enumerate(_chunks(model, reply, number)):
             if reply.gate is not None and index == reply.hold_after_chunks:
