@@ -1,0 +1,379 @@
+"""Quotas shared by a fleet: `python -m bench.quota`.
+
+    python -m bench.quota               # the issue's targets (about 20 minutes on 2 cores)
+    python -m bench.quota --tasks 12 --workers 2 --rpm 60 --input-tpm 60000 \\
+        --fair-a 12 --fair-b 2          # a smoke run: about a minute a mode
+
+K tasks of ~4 model calls each (a reply of `--reply-bytes` of text and a calculator call a
+step, then the answer) on W worker processes (worker.py), against the fake endpoint, which
+enforces a provider's quota as a provider does (waystation.testing.provider_quota: requests
+and input tokens per minute over a sliding 60 s window, a 429 with `retry-after` over it).
+The same workload runs twice in one run, each mode on a fleet of its own:
+- with: the quota declared in WAYSTATION_MODEL_ENDPOINTS (`limits`), which every worker
+  honours together;
+- without: no limits declared; each call meets the 429s alone and retries on its own.
+Each scenario calls the endpoint `bench` under a model name of its own, its quota declared
+under `per_model`: the provider's window and the fleet's start empty for each.
+
+Scenarios:
+- quota: K tasks started at once, half of tenant `a`, half of tenant `b`;
+- fairness: tenant `b`'s tasks alone, then tenant `a`'s backlog and `b`'s tasks started
+  together.
+Figures, as ratios to the quota (the physical limit here): useful input tokens and requests
+per minute ÷ the quota (from the first start to the last answer), refused calls ÷ calls,
+failed tasks, p50/p95 task latency (start → answer) per tenant; fairness: `b`'s median
+latency beside `a`'s backlog ÷ alone. Targets (issue 41): ≥ 0.9, ≤ 0.01, 0, and ≤ 1.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import Bench, Row, bench_environment, median, percentile, print_table, say
+from bench.peer_workload import Job, answer, parse_prompt, prompt
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings import Settings
+from waystation.settings.model_endpoints import ModelEndpoint
+from waystation.testing.fake_openai import Reply, text, tools
+from waystation.testing.provider_quota import CHARS_PER_TOKEN, ProviderQuota, prompt_tokens
+from waystation.testing.workers import WorkerProcess
+from waystation.workflows.models import AgentTask, ApprovalSettings, ModelSettings
+
+ENDPOINT = "bench"
+MODES = ("with", "without")
+PARTS = ("quota", "fairness")
+PROGRESS_EVERY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to run (the flags of `python -m bench.quota`)."""
+
+    tasks: int = 200
+    calls: int = 4
+    workers: int = 3
+    rpm: int = 300
+    input_tpm: int = 200_000
+    output_tpm: int | None = None
+    reply_bytes: int = 1024
+    model_seconds: float = 0.2
+    fair_a: int = 300
+    fair_b: int = 5
+    parts: tuple[str, ...] = PARTS
+    modes: tuple[str, ...] = MODES
+    task_seconds: float = 1800.0  # a task not answered by then counts as failed
+
+    def quota(self) -> dict[str, int]:
+        limits = {"requests_per_minute": self.rpm, "input_tokens_per_minute": self.input_tpm}
+        if self.output_tpm is not None:
+            limits["output_tokens_per_minute"] = self.output_tpm
+        return limits
+
+    def provider(self) -> ProviderQuota:
+        return ProviderQuota(
+            requests_per_minute=self.rpm,
+            input_tokens_per_minute=self.input_tpm,
+            output_tokens_per_minute=self.output_tpm,
+        )
+
+
+@dataclass
+class Figures:
+    """One scenario's run: what the provider counted and how each task ended, by tenant."""
+
+    seconds: float
+    provider: ProviderQuota
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+# --- the model ----------------------------------------------------------------------------
+
+
+def scripted_reply(options: Options, body: dict[str, Any]) -> Reply:
+    """The workload, played from the request: `calls` calls, each reporting the usage the
+    provider counted (input from the request, output from the reply's text)."""
+    messages = body.get("messages", [])
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    job = parse_prompt(" ".join(json.dumps(c) for c in users))
+    done = sum(m.get("role") == "tool" for m in messages)
+    if done >= job.steps - 1:
+        said = answer(done + 1)
+        return text(said, usage=_usage(body, said), delay_seconds=options.model_seconds)
+    thought = "x" * options.reply_bytes
+    return tools(
+        ("calculator", {"expression": f"{done} + 1"}),
+        content=thought,
+        usage=_usage(body, thought),
+        delay_seconds=options.model_seconds,
+    )
+
+
+def _usage(body: dict[str, Any], said: str) -> tuple[int, int]:
+    return prompt_tokens(body), max(1, len(said) // CHARS_PER_TOKEN)
+
+
+# --- the fleet ----------------------------------------------------------------------------
+
+
+def endpoints(url: str, options: Options, mode: str, models: list[str]) -> dict[str, Any]:
+    """WAYSTATION_MODEL_ENDPOINTS of a mode: the fake at `url` as `bench`, each scenario's
+    model under its quota (with) or none (without)."""
+    declared: dict[str, Any] = {
+        "protocol": "chat",
+        "base_url": url,
+        "api_key_env": "OPENAI_API_KEY",
+    }
+    if mode == "with":
+        declared["limits"] = {"per_model": {model: options.quota() for model in models}}
+    return {ENDPOINT: declared}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    runtime: AgentRuntime
+    models: dict[str, str]  # scenario -> model name at the endpoint
+
+
+@asynccontextmanager
+async def fleet(bench: Bench, options: Options, mode: str) -> AsyncIterator[Fleet]:
+    """W worker processes of one mode, sharing one ledger, and a runtime that starts tasks."""
+    scenarios = ["quota", "alone", "together"]
+    tag = uuid.uuid4().hex[:6]
+    models = {s: f"quota-{mode}-{s}-{tag}" for s in scenarios}
+    declared = endpoints(bench.fake.url, options, mode, list(models.values()))
+    settings: Settings = bench.settings(f"quota-{mode}")
+    settings = settings.model_copy(
+        update={
+            "model_endpoints": {
+                name: ModelEndpoint.model_validate(entry) for name, entry in declared.items()
+            }
+        }
+    )
+    say(f"{mode} quotas: starting {options.workers} worker processes ...")
+    env = {"WAYSTATION_MODEL_ENDPOINTS": json.dumps(declared)}
+    processes = [WorkerProcess(bench.address, settings, env) for _ in range(options.workers)]
+    try:
+        await asyncio.gather(*(p.ready() for p in processes))
+        yield Fleet(AgentRuntime(bench.client, settings), models)
+    finally:
+        for process in processes:
+            process.kill()
+
+
+# --- one scenario -------------------------------------------------------------------------
+
+
+def quota_task(options: Options, model: str, task_id: str, tenant: str) -> AgentTask:
+    return AgentTask(
+        task=prompt(Job(run_id=task_id, steps=options.calls)),
+        model=ModelSettings(name=f"{ENDPOINT}:{model}"),
+        max_steps=options.calls + 1,
+        approval=ApprovalSettings(policy={"calculator": "never"}),
+        tenant=tenant,
+    )
+
+
+async def run_tasks(
+    bench: Bench, fleet: Fleet, options: Options, scenario: str, tenants: list[str]
+) -> Figures:
+    """One task per entry of `tenants` (of that tenant), all started at once, against a
+    provider quota of their own; each to its answer."""
+    model = fleet.models[scenario]
+    provider = options.provider()
+    bench.fake.script(lambda body: scripted_reply(options, body), model=model, record=False)
+    bench.fake.enforce(provider, model)
+    figures = Figures(seconds=0.0, provider=provider)
+    ended: list[str] = []
+
+    async def one(number: int, tenant: str) -> None:
+        task_id = f"quota-{scenario}-{tenant}-{number}-{uuid.uuid4().hex[:6]}"
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(options.task_seconds):
+                task = quota_task(options, model, task_id, tenant)
+                outcome = await (await fleet.runtime.run(task, task_id=task_id)).result()
+            if outcome.steps != options.calls:
+                raise RuntimeError(f"took {outcome.steps} steps, not {options.calls}")
+        except Exception as err:  # a task that fails under the quota is a figure
+            figures.failures.append(f"{task_id}: {type(err).__name__}: {err}")
+        else:
+            figures.latencies.setdefault(tenant, []).append(time.perf_counter() - started)
+        ended.append(task_id)
+
+    start = time.perf_counter()
+    jobs = asyncio.gather(*(one(n, tenant) for n, tenant in enumerate(tenants)))
+    progress = asyncio.create_task(report_progress(provider, ended, len(tenants), start))
+    try:
+        await jobs
+    finally:
+        progress.cancel()
+    figures.seconds = time.perf_counter() - start
+    counts = provider.counts
+    say(
+        f"  {scenario}: {len(tenants)} tasks in {figures.seconds:.0f} s, "
+        f"{len(figures.failures)} failed; {counts.accepted} calls served, "
+        f"{counts.refused} refused"
+    )
+    if figures.failures:
+        say(f"  the first failure: {figures.failures[0][:300]}")
+    return figures
+
+
+async def report_progress(
+    provider: ProviderQuota, ended: list[str], tasks: int, start: float
+) -> None:
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY_SECONDS)
+        counts = provider.counts
+        say(
+            f"  {time.perf_counter() - start:.0f} s: {len(ended)} of {tasks} tasks ended; "
+            f"{counts.accepted} calls served, {counts.refused} refused"
+        )
+
+
+# --- the figures --------------------------------------------------------------------------
+
+
+def quota_rows(options: Options, mode: str, figures: Figures) -> list[Row]:
+    counts = figures.provider.counts
+    minutes = figures.seconds / 60
+    label = f"quota, {mode} limits declared, {options.tasks} tasks on {options.workers} workers"
+    per_call = counts.input_tokens / counts.accepted if counts.accepted else 0.0
+    rows = [
+        Row(
+            f"{label}: useful input tokens per minute ÷ the quota",
+            f"{counts.input_tokens / minutes / options.input_tpm:.2f}",
+            f"≥ 0.9 ({counts.input_tokens:,} tokens in {figures.seconds:.0f} s, "
+            f"{per_call:,.0f} a call; quota {options.input_tpm:,} a minute)",
+        ),
+        Row(
+            f"{label}: calls served per minute ÷ the quota",
+            f"{counts.accepted / minutes / options.rpm:.2f}",
+            f"{counts.accepted} calls in {figures.seconds:.0f} s; quota {options.rpm} a minute",
+        ),
+        Row(
+            f"{label}: refused calls ÷ calls",
+            f"{counts.refused_share:.3f}",
+            f"≤ 0.01 ({counts.refused} of {counts.calls})",
+        ),
+        Row(f"{label}: failed tasks", str(len(figures.failures)), "0"),
+    ]
+    for tenant, latencies in sorted(figures.latencies.items()):
+        rows.append(
+            Row(
+                f"{label}: task latency, tenant {tenant}, p50 / p95",
+                f"{median(latencies):.1f} / {percentile(latencies, 0.95):.1f} s",
+                f"{len(latencies)} tasks answered",
+            )
+        )
+    return rows
+
+
+def fairness_row(options: Options, mode: str, alone: Figures, together: Figures) -> Row:
+    alone_b = alone.latencies.get("b", [])
+    beside_b = together.latencies.get("b", [])
+    if not alone_b or not beside_b:
+        return Row(
+            f"fairness, {mode} limits declared: tenant b's median latency",
+            "n/a",
+            f"b's tasks failed ({len(alone.failures)} alone, {len(together.failures)} beside a)",
+        )
+    ratio = median(beside_b) / median(alone_b)
+    failed = len(together.failures)
+    return Row(
+        f"fairness, {mode} limits declared: tenant b's median latency beside a's "
+        f"{options.fair_a} tasks ÷ b's {options.fair_b} alone",
+        f"{ratio:.2f}",
+        f"≤ 1.5 ({median(beside_b):.1f} s / {median(alone_b):.1f} s; {failed} tasks failed)",
+    )
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+async def measure_mode(bench: Bench, options: Options, mode: str) -> list[Row]:
+    rows: list[Row] = []
+    async with fleet(bench, options, mode) as workers:
+        if "quota" in options.parts:
+            say(f"{mode} quotas: {options.tasks} tasks of {options.calls} calls at once ...")
+            tenants = ["a" if n % 2 == 0 else "b" for n in range(options.tasks)]
+            figures = await run_tasks(bench, workers, options, "quota", tenants)
+            rows += quota_rows(options, mode, figures)
+        if "fairness" in options.parts:
+            say(f"{mode} quotas: tenant b's {options.fair_b} tasks alone ...")
+            alone = await run_tasks(bench, workers, options, "alone", ["b"] * options.fair_b)
+            say(
+                f"{mode} quotas: tenant a's {options.fair_a} tasks and b's {options.fair_b} "
+                "started together ..."
+            )
+            both = ["a"] * options.fair_a + ["b"] * options.fair_b
+            together = await run_tasks(bench, workers, options, "together", both)
+            rows.append(fairness_row(options, mode, alone, together))
+    return rows
+
+
+async def measure(bench: Bench, options: Options | None = None) -> list[Row]:
+    options = options or Options()
+    rows: list[Row] = []
+    for mode in options.modes:
+        rows += await measure_mode(bench, options, mode)
+    return rows
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    return Options(
+        tasks=args.tasks,
+        calls=args.calls,
+        workers=args.workers,
+        rpm=args.rpm,
+        input_tpm=args.input_tpm,
+        output_tpm=args.output_tpm,
+        reply_bytes=args.reply_bytes,
+        model_seconds=args.model_seconds,
+        fair_a=args.fair_a,
+        fair_b=args.fair_b,
+        parts=tuple(args.parts),
+        modes=tuple(args.modes),
+        task_seconds=args.task_seconds,
+    )
+
+
+def main() -> None:
+    defaults = Options()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", type=int, default=defaults.tasks)
+    parser.add_argument("--calls", type=int, default=defaults.calls, help="model calls a task")
+    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--rpm", type=int, default=defaults.rpm, help="requests a minute")
+    parser.add_argument("--input-tpm", type=int, default=defaults.input_tpm)
+    parser.add_argument("--output-tpm", type=int, default=defaults.output_tpm)
+    parser.add_argument("--reply-bytes", type=int, default=defaults.reply_bytes)
+    parser.add_argument("--model-seconds", type=float, default=defaults.model_seconds)
+    parser.add_argument("--fair-a", type=int, default=defaults.fair_a)
+    parser.add_argument("--fair-b", type=int, default=defaults.fair_b)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--task-seconds", type=float, default=defaults.task_seconds)
+    options = options_from(parser.parse_args())
+
+    async def run() -> None:
+        async with bench_environment() as bench:
+            rows = await measure(bench, options)
+        print_table(rows)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
