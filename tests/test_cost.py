@@ -5,6 +5,7 @@ usage per reply is known."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, of_type
+from tests.test_cli import starter
 from waystation.activities.agent_tools import agent_tool
 from waystation.activities.builtin_tools import builtin_registry
 from waystation.cli.render import cost_text, render_state, spent_text
@@ -281,3 +283,41 @@ async def test_a_cost_budget_is_shared_across_the_tree(
     assert [c.failure_kind for c in children] == ["cost_budget", "cost_budget"]
     assert all(c.usage.cost_usd == pytest.approx(0.005) for c in children)
     assert state.usage.cost_usd == pytest.approx(0.011)
+
+
+@pytest.mark.long(minutes=0.6)
+async def test_the_cli_runs_within_a_cost_budget_shows_the_cost_and_resumes_with_more(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    # Each step costs $0.001 (400 in at $1, 100 out at $6 a million).
+    model = fake_openai.script(
+        [
+            *(
+                tools(("calculator", {"expression": f"{n} + 1"}), usage=(400, 100))
+                for n in range(3)
+            ),
+            text("done at last", usage=(400, 100)),
+        ]
+    )
+    price = {"input": 1.0, "output": 6.0}
+    openai = {"protocol": "chat", "api_key_env": "OPENAI_API_KEY"}
+    openai |= {"base_url_env": "OPENAI_BASE_URL", "prices": {model: price}}
+    env = {"WAYSTATION_MODEL_ENDPOINTS": json.dumps({"openai": openai})}
+
+    async def ws(*args: str) -> tuple[int, str, str]:
+        return await starter(dev_env, settings, *args, endpoint=fake_openai, extra_env=env)
+
+    code, out, err = await ws(
+        "run", "--id", "costly", "--model", model, "--cost-budget", "0.002", "go"
+    )
+    assert code == 1 and "cost_budget of $0.002" in err, out + err
+    code, out, err = await ws("status", "costly")
+    assert "cost      $0.0020" in out.splitlines(), out + err
+    code, out, err = await ws("resume", "costly", "--cost-budget", "1")
+    assert code == 0 and "done at last" in out + err, out + err
+    code, out, err = await ws("list")
+    [row] = [line for line in out.splitlines() if line.startswith("costly ")]
+    assert row.endswith("$0.0040"), row
+
+    code, out, err = await ws("run", "--cost-budget", "0.5", "--model", "offline", "hi")
+    assert code != 0 and "a cost_budget needs a price for the task's model 'offline'" in err
