@@ -10,16 +10,18 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import agent_task, of_type
+from tests.helpers import agent_task, of_type, serving_api
 from tests.test_cli import starter
 from waystation.activities.agent_tools import agent_tool
 from waystation.activities.builtin_tools import builtin_registry
 from waystation.cli.render import cost_text, render_state, spent_text
 from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.task_rights import TaskRefusedError
+from waystation.servers.http_api import create_app
 from waystation.servers.usage import TaskUsage
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import BARE_NAME_ENDPOINT, DEFAULT_ENDPOINTS
@@ -321,3 +323,31 @@ async def test_the_cli_runs_within_a_cost_budget_shows_the_cost_and_resumes_with
 
     code, out, err = await ws("run", "--cost-budget", "0.5", "--model", "offline", "hi")
     assert code != 0 and "a cost_budget needs a price for the task's model 'offline'" in err
+
+
+async def test_the_apis_start_body_takes_a_cost_budget_and_get_shows_the_cost(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = fake_openai.script([text("42", usage=(2000, 100))])
+    api_settings = priced(settings, {model: PRICE})
+    runtime = AgentRuntime(dev_env.client, api_settings)
+    async with (
+        serving_api(create_app(api_settings, runtime)) as port,
+        running_worker(dev_env.client, settings),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):
+        unpriced = {"task": "add", "model": {"name": "offline"}, "cost_budget": 0.5}
+        refused = await http.post("/tasks", json=unpriced)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"] == "unpriced_model"
+        assert "needs a price" in refused.json()["detail"]
+        # A caller's own prices are not the deployment's: the task gets the deployment's.
+        body = {"task": "add", "model": {"name": model}, "cost_budget": 0.5}
+        body["prices"] = {model: {"input": 0, "output": 0}}
+        created = await http.post("/tasks", json=body)
+        assert created.status_code == 201, created.text
+        task_id = created.json()["id"]
+        await runtime.get(task_id).result()
+        view = (await http.get(f"/tasks/{task_id}")).json()
+    assert view["usage"]["cost_usd"] == pytest.approx(cost(PRICE, (2000, 100)))
+    assert view["usage"]["unpriced_tokens"] == 0
