@@ -302,7 +302,7 @@ async def test_the_cli_runs_within_a_cost_budget_shows_the_cost_and_resumes_with
         ]
     )
     price = {"input": 1.0, "output": 6.0}
-    openai = {"protocol": "chat", "api_key_env": "OPENAI_API_KEY"}
+    openai: dict[str, Any] = {"protocol": "chat", "api_key_env": "OPENAI_API_KEY"}
     openai |= {"base_url_env": "OPENAI_BASE_URL", "prices": {model: price}}
     env = {"WAYSTATION_MODEL_ENDPOINTS": json.dumps({"openai": openai})}
 
