@@ -267,9 +267,8 @@ class AgentRuntime:
         A running task gets `approval` applied if one is given. A failed task goes on from
         its last good point (before the activity that failed it, or just before the limit
         it hit), with `max_steps` / `token_budget` / `cost_budget` raised and `message` added
-        if given; its
-        event log then shows a `resumed` event naming the failure. A task whose state says
-        `failed` resumes at once, even while its run is still closing.
+        if given; its event log then shows a `resumed` event naming the failure. A task whose
+        state says `failed` resumes at once, even while its run is still closing.
         """
         task_rights.check_max_steps(max_steps, self.settings)
         handle = self.get(task_id)
