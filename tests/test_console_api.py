@@ -233,6 +233,8 @@ async def test_a_listed_task_carries_its_tokens_and_cache_hit_ratio(
         "cache_read_tokens": 300,
         "cache_write_tokens": 0,
         "reasoning_tokens": 0,
+        "cost_usd": None,  # its model has no price: tokens only
+        "unpriced_tokens": 420,
         "cache_hit_ratio": 0.75,
     }
 

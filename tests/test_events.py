@@ -114,6 +114,27 @@ def test_fold_builds_the_conversation_and_usage() -> None:
     assert state.last_seq == len(events) - 1
 
 
+def test_the_fold_sums_cost_and_unpriced_tokens_and_old_usage_loads_unpriced() -> None:
+    priced = Usage(input_tokens=10, output_tokens=2, cost_usd=0.5)
+    unpriced = Usage(input_tokens=4, output_tokens=1, unpriced_tokens=5)
+    events: list[AgentEvent] = [
+        _started(),
+        Thought(seq=1, step=1, at=T0, content="a", usage=unpriced),
+        Thought(seq=2, step=2, at=T0, content="b", usage=priced),
+        Observation(seq=3, step=2, at=T0, call_id="c", tool="agent__x", output="", usage=priced),
+    ]
+    state = fold(events)
+    assert (state.usage.cost_usd, state.usage.unpriced_tokens) == (1.0, 5)
+    assert state.step_usage[2].cost_usd == 0.5
+    # Recorded before cost: no cost (never a made-up $0), and no tokens said unpriced.
+    recorded = {"type": "thought", "seq": 1, "step": 1, "at": T0.isoformat(), "content": ""}
+    recorded["usage"] = {"input_tokens": 3, "output_tokens": 1}
+    old = agent_event_adapter.validate_python(recorded)
+    assert isinstance(old, Thought)
+    assert (old.usage.cost_usd, old.usage.unpriced_tokens) == (None, 0)
+    assert fold([_started(), old]).usage.cost_usd is None
+
+
 def test_approval_moves_status_through_waiting_and_back() -> None:
     events = _log([2], ending=0)
     requested = next(i for i, e in enumerate(events) if e.type == "approval_requested")

@@ -330,7 +330,7 @@ def test_a_typed_sub_agent_keeps_its_callers_output_retries_and_every_inherited_
     )
     spec = agent("counter", "m", output_schema=schema)
     at = agents.link(caller, "root", spec, "c1")
-    child = agents.child_task(caller, spec, "count the files", 400, at)
+    child = agents.child_task(caller, spec, "count the files", agents.BudgetShare(tokens=400), at)
     assert child.output_retries == 0
     assert child.output_schema == schema
     assert (child.task, child.parent, child.token_budget) == ("count the files", at, 400)

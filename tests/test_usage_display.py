@@ -73,6 +73,8 @@ async def test_cached_and_reasoning_tokens_reach_the_live_view_status_and_the_ap
         "cache_read_tokens": 3000,
         "cache_write_tokens": 0,
         "reasoning_tokens": 20,
+        "cost_usd": None,  # its model has no price: tokens only
+        "unpriced_tokens": 3300,
         "cache_hit_ratio": pytest.approx(3000 / 3234),
     }
     assert view["state"]["usage"]["cache_read_tokens"] == 3000

@@ -20,8 +20,11 @@ from temporalio.testing import WorkflowEnvironment
 from tests.browser.conftest import OpenConsole
 from tests.browser.pages import answer, card, decided, said, shoot, start, task_id_of
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
-from tests.helpers import of_type, pending_requests, wait_for_state
+from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.settings.model_endpoints import BARE_NAME_ENDPOINT, DEFAULT_ENDPOINTS
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
+from waystation.vocabulary import ModelPrice
 
 
 async def test_start_from_the_form_watch_tokens_and_a_retry_approve_in_the_inbox(
@@ -472,3 +475,27 @@ async def test_tokens_cached_and_reasoning_show_on_the_task_page_its_timeline_an
     await page.goto(f"{stack.url}/#/tasks")
     row = page.locator(f'tr[data-task-id="{handle.id}"] .row-usage')
     await expect(row).to_have_text("3,300 tokens · cache hit 93%")
+
+
+async def test_what_a_task_cost_shows_per_step_on_its_page_and_in_its_list_row(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    model = fake_openai.script(
+        [
+            tools(("calculator", {"expression": "6 * 7"}), usage=(1000, 200), cached_tokens=400),
+            text("42", usage=(2000, 100)),
+        ]
+    )
+    price = ModelPrice(input=2.0, output=10.0, cached_input=0.5)
+    bare = DEFAULT_ENDPOINTS[BARE_NAME_ENDPOINT].model_copy(update={"prices": {model: price}})
+    priced = stack.settings.model_copy(update={"model_endpoints": {BARE_NAME_ENDPOINT: bare}})
+    runtime = AgentRuntime(stack.runtime.client, priced)
+    handle = await runtime.run(agent_task(model, "Price me", timeout=120, cost_budget=0.5))
+    await handle.result()
+    page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+    first = page.locator('li.type-thought[data-step="1"] .usage')
+    await expect(first).to_have_text("tokens 1,000 in (400 cached) · 200 out · $0.0034")
+    await expect(page.locator(".task-cost")).to_have_text("$0.0084 of $0.5")
+    await page.goto(f"{stack.url}/#/tasks")
+    row = page.locator(f'tr[data-task-id="{handle.id}"] .row-usage')
+    await expect(row).to_have_text("3,300 tokens · $0.0084 · cache hit 13%")

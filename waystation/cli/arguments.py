@@ -66,6 +66,12 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     run.add_argument("--max-steps", type=int, default=20)
     run.add_argument("--token-budget", type=int)
+    run.add_argument(
+        "--cost-budget",
+        type=float,
+        metavar="USD",
+        help="most US dollars the task and its sub-agents may spend (needs a priced model)",
+    )
     run.add_argument("--tools", help="comma-separated tool names the model may call")
     run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
     run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
@@ -131,6 +137,7 @@ def recovery_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     resume.add_argument("id")
     resume.add_argument("--max-steps", type=int, help="raise the step limit")
     resume.add_argument("--token-budget", type=int, help="raise the token budget")
+    resume.add_argument("--cost-budget", type=float, metavar="USD", help="raise the cost budget")
     resume.add_argument("--message", help="a user message for the model, e.g. what to do instead")
     resume.add_argument("--no-follow", dest="follow", action="store_false")
     add_worker_flag(resume)
@@ -151,6 +158,7 @@ def recovery_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     fork.add_argument("--new-id", help="id of the new task (default: ID-fork-xxxxxx)")
     fork.add_argument("--max-steps", type=int, help="the fork's step limit")
     fork.add_argument("--token-budget", type=int, help="the fork's token budget")
+    fork.add_argument("--cost-budget", type=float, metavar="USD", help="the fork's cost budget")
     fork.add_argument("--no-follow", dest="follow", action="store_false")
     add_worker_flag(fork)
 

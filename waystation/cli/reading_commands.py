@@ -6,7 +6,14 @@ import argparse
 from datetime import timedelta
 
 from waystation.cli.following import final_status, shows_failed_attempts
-from waystation.cli.render import LiveView, model_in_use, render_state, visible, visible_json
+from waystation.cli.render import (
+    LiveView,
+    model_in_use,
+    render_state,
+    spent_text,
+    visible,
+    visible_json,
+)
 from waystation.cli.terminal import (
     EXIT_ENDED,
     EXIT_FAILED,
@@ -101,7 +108,8 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     for task in tasks:
         step = task.step if task.step is not None else "?"
         started = task.started_at.strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{visible(task.id):<28} {task.status:<17} step {step:<4} {started}")
+        spent = f"  {spent_text(task.usage)}" if task.usage is not None else ""
+        print(f"{visible(task.id):<28} {task.status:<17} step {step:<4} {started}{spent}")
     if not tasks:
         say("no tasks" + (f" with status {args.status}" if args.status else ""))
     return 0

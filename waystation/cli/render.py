@@ -119,7 +119,26 @@ def usage_text(usage: Usage) -> str:
         parts.append(f"{usage.output_tokens:,} out")
     if usage.reasoning_tokens:
         parts.append(f"{usage.reasoning_tokens:,} reasoning")
+    if parts and (cost := cost_text(usage)) is not None:
+        parts.append(cost)
     return " · ".join(parts)
+
+
+def cost_text(usage: Usage) -> str | None:
+    """What the priced calls cost, "$0.0123", and "+ 1,200 unpriced tokens" when some calls
+    were of a model without a price; None when none was priced (tokens say it all: a cost
+    is never made up)."""
+    if usage.cost_usd is None:
+        return None
+    text = f"${usage.cost_usd:,.4f}"
+    if usage.unpriced_tokens:
+        text += f" + {usage.unpriced_tokens:,} unpriced tokens"
+    return text
+
+
+def spent_text(usage: Usage) -> str:
+    """What a task spent, as `ws list` shows it: its cost, else its tokens."""
+    return cost_text(usage) or f"{usage.total:,} tokens"
 
 
 def cache_hit_text(usage: Usage) -> str | None:
@@ -454,6 +473,8 @@ def render_state(
         f"step      {state.step}" + (f" (turn {state.turn})" if state.turn else ""),
         _tokens_line(state.usage),
     ]
+    if (cost := cost_text(state.usage)) is not None:
+        lines.append(f"cost      {cost}")
     if model is not None:
         lines.insert(2, f"model     {model}")
     if state.output is not None:

@@ -55,6 +55,8 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
     }
     if args.token_budget is not None:
         fields["token_budget"] = args.token_budget
+    if args.cost_budget is not None:
+        fields["cost_budget"] = args.cost_budget
     if args.tools is not None:
         fields["tools"] = [t for t in args.tools.split(",") if t]
     if args.approval_timeout is not None:
@@ -252,7 +254,11 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings, args.worker) as runtime:
         head = await runtime.stream_head(args.id)
         handle = await runtime.resume(
-            args.id, max_steps=args.max_steps, token_budget=args.token_budget, message=args.message
+            args.id,
+            max_steps=args.max_steps,
+            token_budget=args.token_budget,
+            cost_budget=args.cost_budget,
+            message=args.message,
         )
         say(f"task {handle.id} resumed")
         return await follow_from(runtime, handle, head) if args.follow else 0
@@ -277,6 +283,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
             new_task_id=args.new_id,
             max_steps=args.max_steps,
             token_budget=args.token_budget,
+            cost_budget=args.cost_budget,
         )
         say(f"task {handle.id} forked from {args.id} after event {args.at}")
         if not args.follow:

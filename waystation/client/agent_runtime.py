@@ -155,8 +155,10 @@ class AgentRuntime:
 
     def with_defaults(self, task: AgentTask) -> AgentTask:
         """The task as it will run: what it leaves unset, the settings fill in (with no MCP
-        servers named, every one they declare; the heartbeat timeout)."""
-        return starting.with_defaults(self.settings, task, self.tool_names)
+        servers named, every one they declare; the heartbeat timeout; the prices of the
+        models it and its sub-agents call, which it keeps for good)."""
+        agents = task_rights.callable_agents(task, self.tools)
+        return starting.with_defaults(self.settings, task, self.tool_names, agents)
 
     def check_tools(self, task: AgentTask) -> None:
         """Refuse a task whose `tools` name a tool nobody offers (rather than drop it)."""
@@ -170,6 +172,7 @@ class AgentRuntime:
         if task_id is not None:
             task_rights.check_task_id(task_id)
         self.check_tools(task)
+        starting.check_cost_budget(task)
         servers = self.settings.mcp_server_configs()
         task_rights.admit(task, role, self.settings, self.tools, servers)
 
@@ -256,24 +259,28 @@ class AgentRuntime:
         *,
         max_steps: int | None = None,
         token_budget: int | None = None,
+        cost_budget: float | None = None,
         message: str | None = None,
     ) -> TaskHandle:
         """The handle of an existing task, going on from where it stopped.
 
         A running task gets `approval` applied if one is given. A failed task goes on from
         its last good point (before the activity that failed it, or just before the limit
-        it hit), with `max_steps` / `token_budget` raised and `message` added if given; its
-        event log then shows a `resumed` event naming the failure. A task whose state says
-        `failed` resumes at once, even while its run is still closing.
+        it hit), with `max_steps` / `token_budget` / `cost_budget` raised and `message` added
+        if given; its event log then shows a `resumed` event naming the failure. A task whose
+        state says `failed` resumes at once, even while its run is still closing.
         """
         task_rights.check_max_steps(max_steps, self.settings)
         handle = self.get(task_id)
-        resumption = Resumption(max_steps=max_steps, token_budget=token_budget, message=message)
+        resumption = Resumption(
+            max_steps=max_steps, token_budget=token_budget, cost_budget=cost_budget, message=message
+        )
         seen = await handle.overview()
         if seen.status == WorkflowExecutionStatus.RUNNING:
             state = await handle.state()
             if state.status != "failed":
-                if max_steps is not None or token_budget is not None or message is not None:
+                raised = (max_steps, token_budget, cost_budget, message)
+                if any(given is not None for given in raised):
                     raise TaskError(task_id, f"task {task_id} is {state.status}, not failed")
                 if approval is not None:
                     await handle.decide(approval)
@@ -342,6 +349,7 @@ class AgentRuntime:
         new_task_id: str | None = None,
         max_steps: int | None = None,
         token_budget: int | None = None,
+        cost_budget: float | None = None,
         role: Role = "approver",
     ) -> TaskHandle:
         """A new task that starts from the state just after event `at_seq` of `task_id`.
@@ -350,16 +358,16 @@ class AgentRuntime:
         call that needs approval and has not run asks for a decision in the fork, even one
         approved in the original);
         `message` is added as the next user message. The fork has the limits in force at
-        `at_seq` (a resume may have raised the original's), or `max_steps` / `token_budget`
-        if given. The fork has its own id and its own stream (offsets from 0). The fork is
-        a task `role` starts: its settings are admitted as `run` admits a new task's (a
-        fork of a sub-agent's task stands alone: no `parent`).
+        `at_seq` (a resume may have raised the original's), or `max_steps` / `token_budget` /
+        `cost_budget` if given. The fork has its own id and its own stream (offsets from
+        0). The fork is a task `role` starts: its settings are admitted as `run` admits a
+        new task's (a fork of a sub-agent's task stands alone: no `parent`).
         """
         if new_task_id is not None:
             task_rights.check_task_id(new_task_id)
         task_rights.check_max_steps(max_steps, self.settings)
         kept = await self.get(task_id).events(0, limit=at_seq + 1)
-        limits = {"max_steps": max_steps, "token_budget": token_budget}
+        limits = {"max_steps": max_steps, "token_budget": token_budget, "cost_budget": cost_budget}
         run = await fork_input(self.log, task_id, kept, at_seq, message=message, limits=limits)
         assert run.task is not None
         self.admit(run.task, role)

@@ -20,7 +20,7 @@ async def fork_input(
     at_seq: int,
     *,
     message: str | None,
-    limits: dict[str, int | None],
+    limits: dict[str, float | None],
 ) -> AgentRun:
     """The input of a fork of `task_id` after event `at_seq` (`kept`: its events up to
     there): its state there, `message` to add, and `limits` over those in force."""
@@ -62,5 +62,6 @@ def _limits_in_force(task: AgentTask, events: list[AgentEvent]) -> AgentTask:
         if isinstance(event, Resumed) and event.max_steps is not None:
             update.setdefault("max_steps", event.max_steps)
             update["token_budget"] = event.token_budget
+            update["cost_budget"] = event.cost_budget
             break
     return task.model_copy(update=update) if update else task

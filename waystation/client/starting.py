@@ -9,6 +9,7 @@ import difflib
 import json
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,16 +23,17 @@ from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import (
     BARE_NAME_ENDPOINT,
+    ModelEndpoint,
     api_key_of,
     base_url_of,
     is_configured,
     split_model_name,
 )
 from waystation.settings.model_facts import fact_updates
-from waystation.vocabulary import OFFLINE_MODEL
+from waystation.vocabulary import OFFLINE_MODEL, ModelPrice
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
-from waystation.workflows.models import AgentTask, Message, ModelSettings
+from waystation.workflows.models import AgentSpec, AgentTask, Message, ModelSettings
 from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
 from waystation.workflows.tool_catalog import split_name
 
@@ -54,13 +56,20 @@ def new_task(settings: Settings, text: str, **fields: Any) -> AgentTask:
 
 
 def with_defaults(
-    settings: Settings, task: AgentTask, tool_names: frozenset[str] = frozenset()
+    settings: Settings,
+    task: AgentTask,
+    tool_names: frozenset[str] = frozenset(),
+    agents: Sequence[AgentSpec] = (),
 ) -> AgentTask:
     """The task as it will run: what it leaves unset, the settings fill in (with no MCP
     servers named, every one they declare; the heartbeat timeout; what a worker must offer
     it: the tools it names, or every one of `tool_names`; its model's context window and
-    way of structured output, from what is known of its models: settings/model_facts.py)."""
+    way of structured output, from what is known of its models: settings/model_facts.py;
+    the prices of the models it and the sub-agents it may call (`agents`) call)."""
     defaults: dict[str, Any] = {}
+    prices = price_table(settings.endpoints(), models_called(task, agents))
+    if prices != task.prices:
+        defaults["prices"] = prices
     if facts := fact_updates(task.model, settings.endpoints()):
         defaults["model"] = task.model.model_copy(update=facts)
     if task.requires is None:
@@ -75,6 +84,44 @@ def with_defaults(
     if task.heartbeat_timeout_seconds is None and heartbeat is not None:
         defaults["heartbeat_timeout_seconds"] = heartbeat
     return task.model_copy(update=defaults) if defaults else task
+
+
+def models_called(task: AgentTask, agents: Sequence[AgentSpec]) -> list[str]:
+    """Every model the task may call: its own and its fallbacks, and its sub-agents'."""
+    chains = [task.model, *(spec.model for spec in agents if spec.model is not None)]
+    names = [name for model in chains for name in (model.name, *model.fallback_models)]
+    return list(dict.fromkeys(names))
+
+
+def price_table(
+    endpoints: Mapping[str, ModelEndpoint], models: Sequence[str]
+) -> dict[str, ModelPrice] | None:
+    """The prices of `models` (by the name a task calls each) their endpoints declare; the
+    models without one are left out, and a table of none is None."""
+    table: dict[str, ModelPrice] = {}
+    for name in models:
+        if name == OFFLINE_MODEL:
+            continue
+        endpoint, model_id = split_model_name(name, endpoints)
+        declared = endpoints.get(endpoint or BARE_NAME_ENDPOINT)
+        price = declared.price_of(model_id) if declared is not None else None
+        if price is not None:
+            table[name] = price
+    return table or None
+
+
+def check_cost_budget(task: AgentTask) -> None:
+    """Refuse a cost_budget on a task whose model has no price: it could never be honoured."""
+    if task.cost_budget is None or task.model.name in (task.prices or {}):
+        return
+    raise TaskRefusedError(
+        "cost_budget",
+        400,
+        "unpriced_model",
+        f"a cost_budget needs a price for the task's model {task.model.name!r}, and its "
+        "endpoint declares none (the prices of WAYSTATION_MODEL_ENDPOINTS): set one, or "
+        "use token_budget",
+    )
 
 
 def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:

@@ -116,6 +116,8 @@ class ModelEndpoint(BaseModel):
             name: value if _ONLY_VARIABLES.fullmatch(value) else "****"
             for name, value in self.headers.items()
         }
+        if not self.prices:
+            shown.pop("prices")
         return shown
 
 

@@ -29,6 +29,7 @@ from waystation.workflows.models import (
     ParentLink,
     ToolCall,
     ToolResult,
+    Usage,
 )
 from waystation.workflows.run import ChildOutcome
 from waystation.workflows.tool_catalog import SEPARATOR
@@ -83,28 +84,44 @@ def link(task: AgentTask, task_id: str, spec: AgentSpec, call_id: str) -> Parent
     )
 
 
-def budget_shares(task: AgentTask, used: int, calls: int) -> int | None:
-    """Each of a step's `calls` gets an equal share of what is left of the budget, so the
-    tree together stays within it; None when the task has no budget."""
-    if task.token_budget is None:
-        return None
-    return max(1, (task.token_budget - used) // max(1, calls))
+@dataclass(frozen=True)
+class BudgetShare:
+    """What each sub-agent of a step may spend: tokens and US dollars (None: no budget)."""
+
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+
+# A sub-agent's share of a cost budget is never below this (a budget must be above 0).
+LEAST_COST_SHARE = 1e-6
+
+
+def budget_shares(task: AgentTask, used: Usage, calls: int) -> BudgetShare:
+    """Each of a step's `calls` gets an equal share of what is left of each budget, so the
+    tree together stays within it."""
+    tokens = cost = None
+    if task.token_budget is not None:
+        tokens = max(1, (task.token_budget - used.total) // max(1, calls))
+    if task.cost_budget is not None:
+        left = task.cost_budget - (used.cost_usd or 0.0)
+        cost = max(LEAST_COST_SHARE, left / max(1, calls))
+    return BudgetShare(tokens, cost)
 
 
 # The fields of a sub-agent's task that its spec and its call set; every other field is
 # its caller's, so a setting added to AgentTask is inherited without a line here.
 AGENT_OWNS = frozenset(
-    {"task", "system_prompt", "model", "tools", "max_steps", "token_budget"}
+    {"task", "system_prompt", "model", "tools", "max_steps", "token_budget", "cost_budget"}
     | {"output_schema", "mcp_servers", "parent", "requires"}
 )
 
 
 def child_task(
-    parent: AgentTask, spec: AgentSpec, instruction: str, share: int | None, at: ParentLink
+    parent: AgentTask, spec: AgentSpec, instruction: str, share: BudgetShare, at: ParentLink
 ) -> AgentTask:
     """The child's task: its caller's, with the agent's own prompt, tools, limits and schema
     over it; the caller's model and MCP servers unless the agent names its own."""
-    budgets = [b for b in (spec.token_budget, share) if b is not None]
+    budgets = [b for b in (spec.token_budget, share.tokens) if b is not None]
     own: dict[str, Any] = {
         "task": instruction,
         "system_prompt": spec.system_prompt,
@@ -112,6 +129,7 @@ def child_task(
         "tools": spec.tools,
         "max_steps": spec.max_steps,
         "token_budget": min(budgets) if budgets else None,
+        "cost_budget": share.cost_usd,
         "output_schema": spec.output_schema,
         "mcp_servers": spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
         "parent": at,

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter
 
-from waystation.vocabulary import TERMINAL_STATUSES, TaskStatus, TerminalStatus
+from waystation.vocabulary import TERMINAL_STATUSES, ModelPrice, TaskStatus, TerminalStatus
 from waystation.workflows.conversation import (
     MessageRef,
     assistant_message,
@@ -181,6 +181,7 @@ class Resumed(EventBase):
     failure_kind: RecordedFailureKind | None = None
     max_steps: int | None = None
     token_budget: int | None = None
+    cost_budget: float | None = None
 
 
 class Repaired(EventBase):
@@ -335,11 +336,18 @@ def draft(event_type: type[E], step: int, /, **fields: Any) -> E:
     return event_type(seq=0, step=step, at=_UNSTAMPED, **fields)
 
 
-def thought_of(step: int, result: LlmResult) -> Thought:
-    """The event of a model's answer; its tool calls are kept as the model objects."""
-    left_out = {"tool_calls", "stale_servers", "output", "output_problem", "worker"}
+def price_in(task: AgentTask, model: str) -> ModelPrice | None:
+    """What `model` (as the task names it) costs by the prices the task was created with."""
+    return (task.prices or {}).get(model)
+
+
+def thought_of(step: int, result: LlmResult, price: ModelPrice | None) -> Thought:
+    """The event of a model's answer, its usage priced at `price` (None: unpriced); its
+    tool calls are kept as the model objects."""
+    left_out = {"tool_calls", "stale_servers", "output", "output_problem", "worker", "usage"}
     fields = result.model_dump(exclude=left_out)
-    return draft(Thought, step, **fields, tool_calls=result.tool_calls)
+    usage = result.usage.priced(price)
+    return draft(Thought, step, **fields, usage=usage, tool_calls=result.tool_calls)
 
 
 def action_of(step: int, call: ToolCall) -> Action:

@@ -32,6 +32,7 @@ from waystation.workflows.events import (
     WaitingWorker,
     WorkerFound,
     draft,
+    price_in,
     thought_of,
 )
 from waystation.workflows.models import (
@@ -119,7 +120,7 @@ class ModelCalls(RunCore):
         self._clock = sample_clock()
         if request.wait_for_capable_worker:
             self._append(draft(WorkerFound, self._state.step, worker=result.worker))
-        self._append(thought_of(step, result))
+        self._append(thought_of(step, result, price_in(self._task, model.name)))
         self._relist(result.stale_servers)
         if result.tool_calls:
             return
@@ -246,7 +247,8 @@ class ModelCalls(RunCore):
             await self._fail(FailureKind.LLM_ERROR, reason)
             return
         self._clock = sample_clock()
-        compacted = {"summary": result.summary, "usage": result.usage, "start": start, "end": end}
+        usage = result.usage.priced(price_in(self._task, request.model.name))
+        compacted = {"summary": result.summary, "usage": usage, "start": start, "end": end}
         self._append(draft(ContextCompacted, self._state.step, **compacted))
 
     async def _list_tools(self, servers: list[str]) -> None:

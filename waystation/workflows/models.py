@@ -423,10 +423,27 @@ class Usage(Contract):
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    cost_usd: float | None = Field(
+        default=None,
+        description="US dollars of the priced calls among these (None: no priced call), "
+        "from the prices the task was created with.",
+    )
+    unpriced_tokens: int = Field(
+        default=0, description="Tokens (in + out) of calls of a model the task has no price for."
+    )
 
     @property
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    def priced(self, price: ModelPrice | None) -> Usage:
+        """One call's usage with its cost: at `price`, or (None) its tokens as unpriced."""
+        if price is None:
+            return self.model_copy(update={"cost_usd": None, "unpriced_tokens": self.total})
+        cost = price.cost(
+            self.input_tokens, self.output_tokens, self.cache_read_tokens, self.cache_write_tokens
+        )
+        return self.model_copy(update={"cost_usd": cost, "unpriced_tokens": 0})
 
     @property
     def cache_hit_ratio(self) -> float | None:
@@ -440,7 +457,16 @@ class Usage(Contract):
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cost_usd=_sum_costs(self.cost_usd, other.cost_usd),
+            unpriced_tokens=self.unpriced_tokens + other.unpriced_tokens,
         )
+
+
+def _sum_costs(a: float | None, b: float | None) -> float | None:
+    """None only when neither side priced a call: a made-up $0 is never shown."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 RecordedFailureKind = Annotated[str, AfterValidator(FailureKind.read)]
@@ -681,6 +707,7 @@ class Resumption(Contract):
     failure_kind: RecordedFailureKind | None = None
     max_steps: int | None = Field(default=None, ge=1, le=100_000)
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    cost_budget: float | None = Field(default=None, gt=0, le=10**9)
     message: str | None = Field(
         default=None,
         min_length=1,

@@ -198,6 +198,13 @@ def next_move(
             f"used {used} tokens of the token_budget of {task.token_budget}; resume with a "
             "higher budget to go on",
         )
+    spent = state.usage.cost_usd
+    if task.cost_budget is not None and spent is not None and spent >= task.cost_budget:
+        return Fail(
+            FailureKind.COST_BUDGET,
+            f"spent ${spent:.4f} of the cost_budget of ${task.cost_budget:g}; every thought and "
+            "observation so far is kept, resume with a higher budget to go on",
+        )
     if (span := compaction_range(state.conversation, limit)) is not None:
         return Compact(state.step + 1, *span)
     if unlisted:

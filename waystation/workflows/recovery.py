@@ -38,7 +38,11 @@ def after_context_overflow(state: AgentState, step: int, message: str) -> ErrorE
 
 def resumed(task: AgentTask, resumption: Resumption, step: int) -> tuple[AgentTask, Resumed]:
     """(the task with the raised limits, the `resumed` event)."""
-    limits = {"max_steps": resumption.max_steps, "token_budget": resumption.token_budget}
+    limits = {
+        "max_steps": resumption.max_steps,
+        "token_budget": resumption.token_budget,
+        "cost_budget": resumption.cost_budget,
+    }
     task = task.model_copy(update={k: v for k, v in limits.items() if v})
     event = draft(
         Resumed,
@@ -47,5 +51,6 @@ def resumed(task: AgentTask, resumption: Resumption, step: int) -> tuple[AgentTa
         failure_kind=resumption.failure_kind,
         max_steps=task.max_steps,
         token_budget=task.token_budget,
+        cost_budget=task.cost_budget,
     )
     return task, event

@@ -57,7 +57,7 @@ class StepCalls(ModelCalls):
             if (refused := agents.refusal(self._task, delegations[key].call, index)) is not None:
                 results[key] = refused
                 del delegations[key]
-        share = agents.budget_shares(self._task, self._state.usage.total, len(delegations))
+        share = agents.budget_shares(self._task, self._state.usage, len(delegations))
         local = [(k, r) for k, r in runs.items() if r.local]
         ran = await asyncio.gather(
             *(activity_calls.run_tool(self._task, run, self._catalog) for _, run in local)
@@ -90,7 +90,7 @@ class StepCalls(ModelCalls):
         step: int,
         remote: list[tuple[str, Run]],
         delegations: list[Delegation],
-        share: int | None,
+        share: agents.BudgetShare,
     ) -> list[ToolResult]:
         """The step's tool activities and its sub-agents, all at once: the children are
         started together, logged in call order once Temporal has started them, then
@@ -115,7 +115,7 @@ class StepCalls(ModelCalls):
             raise
 
     async def _start_child(
-        self, step: int, delegation: Delegation, share: int | None
+        self, step: int, delegation: Delegation, share: agents.BudgetShare
     ) -> agents.ChildStart:
         """Start a sub-agent as a child task (or find the one a repaired or reset step
         started before: same id)."""

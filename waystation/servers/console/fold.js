@@ -18,11 +18,13 @@ export class TaskFold {
     this.step = 0;
     this.turn = 0; // 0 is the task's own, then one per follow-up
     this.turnFirstStep = 0; // the step count when the turn began (max_steps is per turn)
-    this.usage = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, reasoning: 0 };
+    // cost: US dollars of the priced calls (null: none priced, never a made-up $0).
+    this.usage = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, reasoning: 0, cost: null, unpriced: 0 };
     this.model = null; // the model the current turn calls (a fallback may have switched it)
     this.task = null;
     this.maxSteps = null;
     this.tokenBudget = null;
+    this.costBudget = null;
     this.pending = new Map();
     this.questions = new Map(); // request id -> the pending question, with its event's seq
     this.answers = new Map(); // request id -> its question_answered event
@@ -44,6 +46,7 @@ export class TaskFold {
         this.task = e.task;
         this.maxSteps = e.task.max_steps;
         this.tokenBudget = e.task.token_budget;
+        this.costBudget = e.task.cost_budget ?? null;
         this.model = e.task.model.name;
         break;
       case "thought":
@@ -94,6 +97,7 @@ export class TaskFold {
         this.failure = this.failureKind = this.result = this.resultSeq = this.output = null;
         this.maxSteps = e.max_steps ?? this.maxSteps;
         this.tokenBudget = e.token_budget ?? this.tokenBudget;
+        this.costBudget = e.cost_budget ?? this.costBudget;
         this.model = this.task?.model.name ?? this.model; // a resume tries the first model again
         break;
       case "user_message":
@@ -144,6 +148,8 @@ export class TaskFold {
     this.usage.cacheRead += usage?.cache_read_tokens ?? 0;
     this.usage.cacheWrite += usage?.cache_write_tokens ?? 0;
     this.usage.reasoning += usage?.reasoning_tokens ?? 0;
+    this.usage.unpriced += usage?.unpriced_tokens ?? 0;
+    if (usage?.cost_usd != null) this.usage.cost = (this.usage.cost ?? 0) + usage.cost_usd;
   }
 
   /** The deadline of a pending question, from the task's question timeout. */

@@ -51,6 +51,13 @@ function cachedNote(usage) {
   return parts.length ? ` (${parts.join(", ")})` : "";
 }
 
+/** What the priced calls cost, and the tokens of the others; null when none was priced. */
+function costNote(usage, budget) {
+  if (usage.cost == null) return null;
+  const unpriced = usage.unpriced ? ` + ${count(usage.unpriced)} unpriced tokens` : "";
+  return `$${usage.cost.toFixed(4)}${budget ? ` of $${budget}` : ""}${unpriced}`;
+}
+
 function percent(ratio) {
   return `${Math.round(ratio * 100)}%`;
 }
@@ -333,6 +340,9 @@ class TaskPage {
         `${count(f.usage.input)} in${cachedNote(f.usage)} · ${count(f.usage.output)} out` +
         (f.usage.reasoning ? ` (${count(f.usage.reasoning)} reasoning)` : "") +
         ` · ${count(tokens)}` + (f.tokenBudget ? ` of ${count(f.tokenBudget)}` : ""))),
+      costNote(f.usage, f.costBudget) !== null
+        ? h("div", {}, h("dt", {}, "Cost"), h("dd", { class: "task-cost" }, costNote(f.usage, f.costBudget)))
+        : null,
       // Only where the provider reported caching: an endpoint without a cache is no 0% hit.
       f.usage.cacheRead || f.usage.cacheWrite
         ? h("div", {}, h("dt", {}, "Cache hit"), h("dd", { class: "task-cache-hit" },

@@ -129,7 +129,11 @@ function activity(task) {
   if (usage && (usage.input_tokens || usage.output_tokens)) {
     // The cache-hit ratio only where the endpoint reported caching (no cache is no 0% hit).
     const cached = usage.cache_read_tokens || usage.cache_write_tokens;
-    parts.push(h("span", { class: "row-usage" }, `${count(usage.input_tokens + usage.output_tokens)} tokens` +
+    // The cost only where a priced model was called (an unpriced one is no $0).
+    const cost = usage.cost_usd != null
+      ? ` · $${usage.cost_usd.toFixed(4)}` + (usage.unpriced_tokens ? ` + ${count(usage.unpriced_tokens)} unpriced tokens` : "")
+      : "";
+    parts.push(h("span", { class: "row-usage" }, `${count(usage.input_tokens + usage.output_tokens)} tokens` + cost +
       (cached ? ` · cache hit ${Math.round((usage.cache_hit_ratio ?? 0) * 100)}%` : "")));
   }
   if (!parts.length) return null;

@@ -50,7 +50,8 @@ function longText(text, className) {
 }
 
 /** A step's tokens, only the counts that are not zero: "1,234 in (1,100 cached) · 56 out ·
- * 20 reasoning" (as the CLI's live view shows them). */
+ * 20 reasoning", then its cost when its model has a price (as the CLI's live view shows
+ * them). */
 export function usageText(usage) {
   if (!usage) return "";
   const cached = [
@@ -61,6 +62,9 @@ export function usageText(usage) {
     usage.input_tokens ? `${count(usage.input_tokens)} in${cached.length ? ` (${cached.join(", ")})` : ""}` : null,
     usage.output_tokens ? `${count(usage.output_tokens)} out` : null,
     usage.reasoning_tokens ? `${count(usage.reasoning_tokens)} reasoning` : null,
+    usage.cost_usd != null && (usage.input_tokens || usage.output_tokens)
+      ? `$${usage.cost_usd.toFixed(4)}` + (usage.unpriced_tokens ? ` + ${count(usage.unpriced_tokens)} unpriced tokens` : "")
+      : null,
   ].filter(Boolean).join(" · ");
 }
 
