@@ -55,6 +55,8 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
     }
     if args.token_budget is not None:
         fields["token_budget"] = args.token_budget
+    if args.tenant is not None:
+        fields["tenant"] = args.tenant
     if args.tools is not None:
         fields["tools"] = [t for t in args.tools.split(",") if t]
     if args.approval_timeout is not None:
