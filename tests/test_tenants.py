@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, of_type, serving_api, wait_for_state
+from tests.test_cli import starter
+from tests.test_resume_fork_edges import run_closed, steps_then_answer
 from waystation.activities.agent_tools import agent_tool
 from waystation.activities.builtin_tools import builtin_registry
 from waystation.client.agent_runtime import AgentRuntime
@@ -308,4 +309,33 @@ async def test_sub_agents_follow_ups_and_forks_keep_the_tenant_and_temporal_sees
     assert listing.returncode == 0
     ids = {row["execution"]["workflowId"] for row in json.loads(out)}
     assert {handle.id, started.child_id, fork.id} <= ids
-    assert re.fullmatch(TENANT_PATTERN, "acme")
+
+
+async def test_a_resumed_task_keeps_its_tenant(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    model = steps_then_answer(fake_openai, steps=2)
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(dev_env.client, settings)
+        handle = await runtime.run(agent_task(model, max_steps=1, timeout=30), tenant="acme")
+        await run_closed(dev_env, handle.id)  # failed on its step limit; reset, not signalled
+        resumed = await runtime.resume(handle.id, max_steps=5)
+        await wait_for_state(resumed, lambda s: s.status == "done")
+        assert await task_tenant(dev_env.client, handle.id) == "acme"
+        described = await resumed.describe()
+        assert described.raw_description.workflow_execution_info.priority.fairness_key == "acme"
+
+
+async def test_the_cli_runs_lists_and_shows_a_tenants_task(
+    dev_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    code, _, err = await starter(
+        dev_env, settings, "run", "--tenant", "acme", "--id", "cli-acme", "--quiet", "6 * 7?"
+    )
+    assert code == 0, err
+    code, out, _ = await starter(dev_env, settings, "status", "cli-acme")
+    assert "tenant    acme" in out.splitlines()
+    code, out, _ = await starter(dev_env, settings, "list", "--tenant", "acme")
+    assert [line.split()[0] for line in out.splitlines()] == ["cli-acme"]
+    code, out, err = await starter(dev_env, settings, "list", "--tenant", "globex")
+    assert (code, out) == (0, "") and "no tasks of tenant globex" in err
