@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,11 +40,14 @@ from waystation.testing.workers import running_worker
 from waystation.workflows.models import TENANT_PATTERN, AgentSpec, ModelSettings
 
 ACME, GLOBEX, OPS = "acme-token", "globex-token", "ops-token"
-TOKENS = {
-    ACME: ApiToken(role="approver", name="acme-bot", tenant="acme"),
-    GLOBEX: ApiToken(role="approver", name="globex-bot", tenant="globex"),
-    OPS: ApiToken(role="approver", name="ops"),  # unbound: every task
-}
+
+
+def tokens(names: dict[str, str]) -> dict[str, ApiToken]:
+    return {
+        ACME: ApiToken(role="approver", name="acme-bot", tenant=names["acme"]),
+        GLOBEX: ApiToken(role="approver", name="globex-bot", tenant=names["globex"]),
+        OPS: ApiToken(role="approver", name=names["ops"]),  # unbound: every task
+    }
 
 
 def as_(token: str) -> dict[str, str]:
@@ -51,9 +55,19 @@ def as_(token: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+def names() -> dict[str, str]:
+    """The test's tenants (and the unbound token's name): the dev server is shared, and a
+    list of a tenant's tasks must hold this test's only."""
+    suffix = uuid.uuid4().hex[:8]
+    return {name: f"{name}-{suffix}" for name in ("acme", "globex", "ops", "initech")}
+
+
+@pytest.fixture
+async def api(
+    dev_env: WorkflowEnvironment, settings: Settings, names: dict[str, str]
+) -> AsyncIterator[httpx.AsyncClient]:
     """The API (and its /mcp) on a free port with the three tokens, and a worker."""
-    settings = settings.model_copy(update={"api_tokens": TOKENS})
+    settings = settings.model_copy(update={"api_tokens": tokens(names)})
     app = create_app(settings, AgentRuntime(dev_env.client, settings), sse_ping_seconds=0.5)
     async with serving_api(app) as port:
         async with running_worker(dev_env.client, settings):
@@ -132,7 +146,7 @@ async def call(
 
 def test_every_route_that_names_a_task_checks_the_tenant_first() -> None:
     """A route added later is held to the promise too: it takes its id as OwnedTaskId."""
-    app = create_app(Settings(api_tokens=TOKENS))
+    app = create_app(Settings(api_tokens=tokens({n: n for n in ("acme", "globex", "ops")})))
     routes = list(app.routes)
     for included in routes:  # FastAPI keeps an included router's routes in it, nested
         routes += getattr(getattr(included, "original_router", None), "routes", [])
@@ -145,7 +159,7 @@ def test_every_route_that_names_a_task_checks_the_tenant_first() -> None:
 
 
 async def test_a_bound_token_is_told_nothing_of_another_tenants_task_on_any_route(
-    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI, names: dict[str, str]
 ) -> None:
     ours = await started_waiting(api, fake_openai, ACME)
     theirs = await started_waiting(api, fake_openai, GLOBEX)
@@ -156,7 +170,7 @@ async def test_a_bound_token_is_told_nothing_of_another_tenants_task_on_any_rout
         assert body["detail"] == unknown[1]["detail"].replace("task-nobody-has", theirs)
     # Nothing reached their task: it still waits for its decision, alone, unforked.
     view = await status_when(api, theirs, "waiting_approval")
-    assert view["tenant"] == "globex"
+    assert view["tenant"] == names["globex"]
     listed = (await api.get("/tasks", headers=as_(OPS))).json()["tasks"]
     assert not any(t["id"].startswith(f"{theirs}-fork") for t in listed)
 
@@ -170,7 +184,7 @@ async def test_a_bound_token_is_told_nothing_of_another_tenants_task_on_any_rout
 
 
 async def test_lists_and_the_inbox_show_a_bound_token_its_tenants_tasks_only(
-    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI, names: dict[str, str]
 ) -> None:
     ours = await started_waiting(api, fake_openai, ACME)
     theirs = await started_waiting(api, fake_openai, GLOBEX)
@@ -182,11 +196,11 @@ async def test_lists_and_the_inbox_show_a_bound_token_its_tenants_tasks_only(
     inbox = (await api.get("/approvals", headers=as_(ACME))).json()
     assert [i["task_id"] for i in inbox["approvals"]] == [ours]
     session = (await api.get("/console/api/session", headers=as_(ACME))).json()
-    assert session["tenant"] == "acme"
+    assert session["tenant"] == names["acme"]
 
-    asked = await api.get("/tasks?tenant=globex", headers=as_(ACME))
+    asked = await api.get(f"/tasks?tenant={names['globex']}", headers=as_(ACME))
     assert (asked.status_code, asked.json()["error"]) == (403, "forbidden_tenant")
-    by_ops = (await api.get("/tasks?tenant=globex", headers=as_(OPS))).json()["tasks"]
+    by_ops = (await api.get(f"/tasks?tenant={names['globex']}", headers=as_(OPS))).json()["tasks"]
     assert [t["id"] for t in by_ops] == [theirs]
     everyone = (await api.get("/tasks", headers=as_(OPS))).json()["tasks"]
     assert {ours, theirs, mine} <= {t["id"] for t in everyone}
@@ -200,8 +214,9 @@ async def test_lists_and_the_inbox_show_a_bound_token_its_tenants_tasks_only(
 
 
 async def test_where_a_tasks_tenant_comes_from(
-    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI, names: dict[str, str]
 ) -> None:
+    acme, globex, ops, initech = names["acme"], names["globex"], names["ops"], names["initech"]
     model = fake_openai.script([text("done")] * 5)
 
     async def tenant_of(token: str, **fields: Any) -> tuple[int, Any]:
@@ -210,15 +225,15 @@ async def test_where_a_tasks_tenant_comes_from(
             return created.status_code, created.json()
         return 201, (await status_when(api, created.json()["id"], "done"))["tenant"]
 
-    assert await tenant_of(ACME) == (201, "acme")  # bound: its tenant
-    assert await tenant_of(ACME, tenant="acme") == (201, "acme")
-    refused = await tenant_of(ACME, tenant="globex")
+    assert await tenant_of(ACME) == (201, acme)  # bound: its tenant
+    assert await tenant_of(ACME, tenant=acme) == (201, acme)
+    refused = await tenant_of(ACME, tenant=globex)
     assert refused[0] == 403 and refused[1]["error"] == "forbidden_tenant"
     assert refused[1]["detail"] == (
-        "tenant: this token is bound to tenant 'acme' and may not start a task for 'globex'"
+        f"tenant: this token is bound to tenant {acme!r} and may not start a task for {globex!r}"
     )
-    assert await tenant_of(OPS) == (201, "ops")  # unbound: the token's name
-    assert await tenant_of(OPS, tenant="initech") == (201, "initech")  # or the one it names
+    assert await tenant_of(OPS) == (201, ops)  # unbound: the token's name
+    assert await tenant_of(OPS, tenant=initech) == (201, initech)  # or the one it names
 
     # One Idempotency-Key, two tenants: two tasks, neither finds the other's.
     key = {"Idempotency-Key": "same-key"}
@@ -229,7 +244,7 @@ async def test_where_a_tasks_tenant_comes_from(
 
 
 async def test_mcp_tools_over_http_hold_a_bound_token_to_its_tenant(
-    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI, names: dict[str, str]
 ) -> None:
     theirs = await started_waiting(api, fake_openai, GLOBEX)
     async with mcp_as(api, ACME) as mcp:
@@ -251,19 +266,22 @@ async def test_mcp_tools_over_http_hold_a_bound_token_to_its_tenant(
         model = fake_openai.script([text("done")])
         started = await mcp.call_tool("run_task", {"task": "go", "model": model, "task_id": "t1"})
         ours = started.structured_content["task_id"]  # type: ignore[index]
-        assert ours == "acme:t1"  # a bound token's ids are its tenant's own
-        other = await mcp.call_tool("run_task", {"task": "go", "model": model, "tenant": "globex"})
+        assert ours == f"{names['acme']}:t1"  # a bound token's ids are its tenant's own
+        other = await mcp.call_tool(
+            "run_task", {"task": "go", "model": model, "tenant": names["globex"]}
+        )
         assert other.is_error
         seen = await mcp.call_tool("task_status", {"task_id": ours})
         assert not seen.is_error
-    assert (await status_when(api, ours, "done"))["tenant"] == "acme"
+    assert (await status_when(api, ours, "done"))["tenant"] == names["acme"]
     assert (await status_when(api, theirs, "waiting_approval"))["state"]["step"] == 1
     await api.post(f"/tasks/{theirs}/cancel", headers=as_(OPS))
 
 
 async def test_sub_agents_follow_ups_and_forks_keep_the_tenant_and_temporal_sees_it(
-    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, names: dict[str, str]
 ) -> None:
+    acme = names["acme"]
     child_model = fake_openai.script([text("found it")])
     helper = AgentSpec(
         name="helper",
@@ -277,32 +295,31 @@ async def test_sub_agents_follow_ups_and_forks_keep_the_tenant_and_temporal_sees
     )
     async with running_worker(dev_env.client, settings, registry=registry):
         runtime = AgentRuntime(dev_env.client, settings, tools=registry)
-        handle = await runtime.run(agent_task(parent_model, timeout=30), tenant="acme")
+        handle = await runtime.run(agent_task(parent_model, timeout=30), tenant=acme)
         await handle.result()
         [started] = of_type(await handle.events(), "agent_started")
         child = runtime.get(started.child_id)
         [child_start] = of_type(await child.events(0, limit=1), "task_started")
-        assert child_start.task.tenant == "acme"  # inherited
+        assert child_start.task.tenant == acme  # inherited
         for task_id in (handle.id, started.child_id):
             described = await runtime.get(task_id).describe()
-            assert described.raw_description.workflow_execution_info.priority.fairness_key == (
-                "acme"
-            )
-            assert await task_tenant(dev_env.client, task_id) == "acme"
+            info = described.raw_description.workflow_execution_info
+            assert info.priority.fairness_key == acme
+            assert await task_tenant(dev_env.client, task_id) == acme
         await handle.send("and again")  # a follow-up: a new run of the task
         await wait_for_state(handle, lambda s: s.turn == 1 and s.status == "done")
-        assert await task_tenant(dev_env.client, handle.id) == "acme"
+        assert await task_tenant(dev_env.client, handle.id) == acme
         fork = await runtime.fork(handle.id, 0, message="from the start")
         [fork_start] = of_type(await fork.events(0, limit=1), "task_started")
-        assert fork_start.task.tenant == "acme"
-        assert await task_tenant(dev_env.client, fork.id) == "acme"
-        listed, _ = await runtime.list_tasks(tenant="acme")
+        assert fork_start.task.tenant == acme
+        assert await task_tenant(dev_env.client, fork.id) == acme
+        listed, _ = await runtime.list_tasks(tenant=acme)
         assert {handle.id, started.child_id, fork.id} <= {t.id for t in listed}
         await fork.cancel()
     address = dev_env.client.service_client.config.target_host
     listing = await asyncio.create_subprocess_exec(
         *(temporal_binary(), "workflow", "list", "--address", address, "--output", "json"),
-        *("--query", "AgentTenant='acme'"),
+        *("--query", f"AgentTenant='{acme}'"),
         stdout=subprocess.PIPE,
     )
     out, _ = await listing.communicate()
@@ -312,30 +329,32 @@ async def test_sub_agents_follow_ups_and_forks_keep_the_tenant_and_temporal_sees
 
 
 async def test_a_resumed_task_keeps_its_tenant(
-    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, names: dict[str, str]
 ) -> None:
+    acme = names["acme"]
     model = steps_then_answer(fake_openai, steps=2)
     async with running_worker(dev_env.client, settings):
         runtime = AgentRuntime(dev_env.client, settings)
-        handle = await runtime.run(agent_task(model, max_steps=1, timeout=30), tenant="acme")
+        handle = await runtime.run(agent_task(model, max_steps=1, timeout=30), tenant=acme)
         await run_closed(dev_env, handle.id)  # failed on its step limit; reset, not signalled
         resumed = await runtime.resume(handle.id, max_steps=5)
         await wait_for_state(resumed, lambda s: s.status == "done")
-        assert await task_tenant(dev_env.client, handle.id) == "acme"
+        assert await task_tenant(dev_env.client, handle.id) == acme
         described = await resumed.describe()
-        assert described.raw_description.workflow_execution_info.priority.fairness_key == "acme"
+        assert described.raw_description.workflow_execution_info.priority.fairness_key == acme
 
 
 async def test_the_cli_runs_lists_and_shows_a_tenants_task(
-    dev_env: WorkflowEnvironment, settings: Settings
+    dev_env: WorkflowEnvironment, settings: Settings, names: dict[str, str]
 ) -> None:
+    acme, globex, task_id = names["acme"], names["globex"], f"cli-{names['acme']}"
     code, _, err = await starter(
-        dev_env, settings, "run", "--tenant", "acme", "--id", "cli-acme", "--quiet", "6 * 7?"
+        dev_env, settings, "run", "--tenant", acme, "--id", task_id, "--quiet", "6 * 7?"
     )
     assert code == 0, err
-    code, out, _ = await starter(dev_env, settings, "status", "cli-acme")
-    assert "tenant    acme" in out.splitlines()
-    code, out, _ = await starter(dev_env, settings, "list", "--tenant", "acme")
-    assert [line.split()[0] for line in out.splitlines()] == ["cli-acme"]
-    code, out, err = await starter(dev_env, settings, "list", "--tenant", "globex")
-    assert (code, out) == (0, "") and "no tasks of tenant globex" in err
+    code, out, _ = await starter(dev_env, settings, "status", task_id)
+    assert f"tenant    {acme}" in out.splitlines()
+    code, out, _ = await starter(dev_env, settings, "list", "--tenant", acme)
+    assert [line.split()[0] for line in out.splitlines()] == [task_id]
+    code, out, err = await starter(dev_env, settings, "list", "--tenant", globex)
+    assert (code, out) == (0, "") and f"no tasks of tenant {globex}" in err
