@@ -358,3 +358,20 @@ async def test_the_cli_runs_lists_and_shows_a_tenants_task(
     assert [line.split()[0] for line in out.splitlines()] == [task_id]
     code, out, err = await starter(dev_env, settings, "list", "--tenant", globex)
     assert (code, out) == (0, "") and f"no tasks of tenant {globex}" in err
+
+
+async def test_a_run_continued_as_new_keeps_the_tenant(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, names: dict[str, str]
+) -> None:
+    acme = names["acme"]
+    model = steps_then_answer(fake_openai, steps=3)
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(dev_env.client, settings)
+        task = agent_task(model, timeout=30, continue_as_new_after_steps=1)
+        handle = await runtime.run(task, tenant=acme)
+        await handle.result()
+        described = await handle.describe()
+    info = described.raw_description.workflow_execution_info
+    assert info.first_run_id != info.execution.run_id  # a later run than the first
+    assert await task_tenant(dev_env.client, handle.id) == acme
+    assert info.priority.fairness_key == acme
