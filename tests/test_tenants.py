@@ -190,7 +190,7 @@ async def test_lists_and_the_inbox_show_a_bound_token_its_tenants_tasks_only(
     theirs = await started_waiting(api, fake_openai, GLOBEX)
     mine = await started_waiting(api, fake_openai, OPS)  # unbound: its name's
     tasks = (await api.get("/tasks", headers=as_(ACME))).json()["tasks"]
-    assert [t["id"] for t in tasks] == [ours]
+    assert [(t["id"], t["tenant"]) for t in tasks] == [(ours, names["acme"])]
     console = (await api.get("/console/api/tasks", headers=as_(ACME))).json()["tasks"]
     assert [t["id"] for t in console] == [ours]
     inbox = (await api.get("/approvals", headers=as_(ACME))).json()

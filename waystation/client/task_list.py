@@ -87,6 +87,9 @@ class TaskSummary(BaseModel):
         "task's latest event in Temporal's history where the lister reads it (a call per "
         "task: the HTTP API and the console do, AgentRuntime.list_tasks leaves it null).",
     )
+    tenant: str | None = Field(
+        default=None, description="Who the task is for (its AgentTenant); null without one."
+    )
     usage: Usage | None = Field(
         default=None,
         description="The task's tokens as of its latest change of status (a closed task's "
@@ -170,6 +173,7 @@ class _Listed:
             closed_at=e.close_time,
             turns=await self._memo_field(client, search.MEMO_TURNS, int),
             last_activity_at=e.close_time,
+            tenant=e.typed_search_attributes.get(search.AGENT_TENANT),
             usage=await self._memo_field(client, search.MEMO_USAGE, Usage),
         )
 
