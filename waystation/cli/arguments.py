@@ -72,6 +72,9 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="USD",
         help="most US dollars the task and its sub-agents may spend (needs a priced model)",
     )
+    run.add_argument(
+        "--tenant", help="who the task is for: workers and quotas are shared fairly by tenant"
+    )
     run.add_argument("--tools", help="comma-separated tool names the model may call")
     run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
     run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
@@ -226,6 +229,7 @@ def reading_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
     listing = commands.add_parser("list", help="tasks, newest first")
     listing.add_argument("--status", choices=STATUS_FILTERS, help="only tasks with this status")
+    listing.add_argument("--tenant", help="only this tenant's tasks")
     listing.add_argument("--limit", type=int, default=50)
 
     cancel = commands.add_parser("cancel", help="cancel a task")

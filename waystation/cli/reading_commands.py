@@ -27,6 +27,7 @@ from waystation.client.agent_runtime import (
 )
 from waystation.client.pollers import no_worker_note
 from waystation.client.streaming import StreamItem
+from waystation.client.task_list import task_tenant
 from waystation.client.temporal import connect
 from waystation.settings import Settings
 from waystation.settings import commands as hints
@@ -83,6 +84,8 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     else:
         tree = await handle.tree(state)
         print(render_state(state, args.id, tree, model_in_use(state, first)))
+        if (tenant := await task_tenant(client, args.id)) is not None:
+            print(f"tenant    {visible(tenant)}")
         for message in queued:
             who = f" from {message.sender}" if message.sender else ""
             said = visible(f"[{message.message_id}]{who}: {message.content}")
@@ -104,14 +107,16 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings, start_server=False)
-    tasks, _ = await AgentRuntime(client, settings).list_tasks(args.status, page_size=args.limit)
+    runtime = AgentRuntime(client, settings)
+    tasks, _ = await runtime.list_tasks(args.status, page_size=args.limit, tenant=args.tenant)
     for task in tasks:
         step = task.step if task.step is not None else "?"
         started = task.started_at.strftime("%Y-%m-%d %H:%M:%S")
         spent = f"  {spent_text(task.usage)}" if task.usage is not None else ""
         print(f"{visible(task.id):<28} {task.status:<17} step {step:<4} {started}{spent}")
     if not tasks:
-        say("no tasks" + (f" with status {args.status}" if args.status else ""))
+        tenant = f" of tenant {args.tenant}" if args.tenant else ""
+        say("no tasks" + tenant + (f" with status {args.status}" if args.status else ""))
     return 0
 
 

@@ -57,6 +57,8 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
         fields["token_budget"] = args.token_budget
     if args.cost_budget is not None:
         fields["cost_budget"] = args.cost_budget
+    if args.tenant is not None:
+        fields["tenant"] = args.tenant
     if args.tools is not None:
         fields["tools"] = [t for t in args.tools.split(",") if t]
     if args.approval_timeout is not None:

@@ -196,7 +196,12 @@ class AgentRuntime:
 
     @overload
     async def run(
-        self, task: AgentTask | str, *, task_id: str | None = None, role: Role = "approver"
+        self,
+        task: AgentTask | str,
+        *,
+        task_id: str | None = None,
+        role: Role = "approver",
+        tenant: str | None = None,
     ) -> TaskHandle[Any]: ...
 
     @overload
@@ -207,6 +212,7 @@ class AgentRuntime:
         task_id: str | None = None,
         output_type: type[T],
         role: Role = "approver",
+        tenant: str | None = None,
     ) -> TaskHandle[T]: ...
 
     async def run(
@@ -216,14 +222,18 @@ class AgentRuntime:
         task_id: str | None = None,
         output_type: type[Any] | None = None,
         role: Role = "approver",
+        tenant: str | None = None,
     ) -> TaskHandle[Any]:
         """Start a task (or, with a task_id already used, return that task: idempotent).
         With `output_type` (a pydantic model, or any type pydantic can schema) the task
         answers with data of that type: its JSON Schema is the task's output_schema, and
         the handle's `result().output` (and `output()`) is an instance of it. `role`: who
         asks (`admit` says what a reader may not set); code holding Temporal's credentials
-        is an approver."""
+        is an approver. `tenant`: who the task is for (its `tenant`; its sub-agents, its
+        follow-ups and its forks keep it)."""
         task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
+        if tenant is not None:
+            task = task.model_copy(update={"tenant": starting.checked_tenant(tenant)})
         if output_type is not None and task.output_schema is None:
             schema = TypeAdapter(output_type).json_schema()
             task = task.model_copy(update={"output_schema": schema_problem(schema)})
@@ -387,13 +397,18 @@ class AgentRuntime:
         status: StatusFilter | None = None,
         page_size: int = 50,
         page_token: bytes | None = None,
+        *,
+        tenant: str | None = None,
     ) -> tuple[list[TaskSummary], bytes | None]:
         """A page of tasks, newest started first (waystation/client/task_list.py says how, since
         Temporal's visibility takes no ORDER BY), optionally only those with a status: an
         AgentStatus, or `stuck` (Temporal reports its workflow task failing again and
         again). Each task is listed once, as its latest run; a task keeps its place in the
-        pages while it closes. InvalidPageTokenError for a token no listing gave out."""
+        pages while it closes. InvalidPageTokenError for a token no listing gave out.
+        `tenant`: only that tenant's tasks (its AgentTenant)."""
         query = f'WorkflowType="{WORKFLOW_TYPE}"'
+        if tenant is not None:
+            query += f' AND {search.AGENT_TENANT.name}="{starting.checked_tenant(tenant)}"'
         if status == STUCK:
             query += f" AND {search.STUCK_QUERY}"
         elif status is not None:

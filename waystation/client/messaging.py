@@ -109,8 +109,9 @@ async def deliver(
                 )
                 return Delivery(closed, started=False)
             # Its first activity claims the turn (activities/turns.py), so two senders never
-            # both follow one answer. The run carries the task's text and first start, which
-            # the task list shows (waystation/client/task_list.py), not the message's.
+            # both follow one answer. The run carries the task's text, first start and
+            # tenant, which the task list shows (waystation/client/task_list.py), not the
+            # message's.
             origin = await task_origin(client, task_id, seen.run_id)
             started = await start_agent(
                 client,
@@ -121,6 +122,7 @@ async def deliver(
                 started_at=origin.started_at,
                 message=message,
                 reuse=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                tenant=origin.tenant,
             )
             return Delivery(started, started=True, stream_from=outcome.next_offset)
         status = seen.status.name.lower() if seen.status else "unknown"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -14,11 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from waystation.activities.redaction import url_without_credentials
 from waystation.client.task_errors import UnknownToolsError
-from waystation.client.task_list import first_start
+from waystation.client.task_list import run_attributes
 from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import (
@@ -33,7 +34,13 @@ from waystation.settings.model_facts import fact_updates
 from waystation.vocabulary import OFFLINE_MODEL, ModelPrice
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
-from waystation.workflows.models import AgentSpec, AgentTask, Message, ModelSettings
+from waystation.workflows.models import (
+    TENANT_PATTERN,
+    AgentSpec,
+    AgentTask,
+    Message,
+    ModelSettings,
+)
 from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
 from waystation.workflows.tool_catalog import split_name
 
@@ -122,6 +129,19 @@ def check_cost_budget(task: AgentTask) -> None:
         "endpoint declares none (the prices of WAYSTATION_MODEL_ENDPOINTS): set one, or "
         "use token_budget",
     )
+
+
+def checked_tenant(tenant: str) -> str:
+    """`tenant` if it has a tenant's form (AgentTask.tenant's), else TaskRefusedError."""
+    if re.fullmatch(TENANT_PATTERN, tenant) is None:
+        raise TaskRefusedError(
+            "tenant",
+            400,
+            "invalid_tenant",
+            f"tenant {tenant[:80]!r} is not a tenant's name: 1 to 64 letters, digits and "
+            "`_.@-`, starting with a letter or digit",
+        )
+    return tenant
 
 
 def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:
@@ -253,10 +273,15 @@ async def start_agent(
     message: Message | None = None,
     on_conflict: WorkflowIDConflictPolicy = WorkflowIDConflictPolicy.USE_EXISTING,
     reuse: WorkflowIDReusePolicy = WorkflowIDReusePolicy.REJECT_DUPLICATE,
+    tenant: str | None = None,
 ) -> WorkflowHandle[AgentWorkflow, AgentOutcome]:
     """Start the agent workflow `task_id` with `run`: its summary is the task's `text`, its
     first start `started_at` (default now: the task list orders by it), and `message`, if
-    given, is its first Signal (signal-with-start: a follow-up's message)."""
+    given, is its first Signal (signal-with-start: a follow-up's message). Its tenant (the
+    task's, else `tenant`: a follow-up's run carries no task) is its AgentTenant and its
+    fairness key: Temporal shares the queue's workers fairly between keys."""
+    if run.task is not None:
+        tenant = run.task.tenant
     return await client.start_workflow(
         AgentWorkflow.run,
         run,
@@ -267,6 +292,7 @@ async def start_agent(
         id_conflict_policy=on_conflict,
         id_reuse_policy=reuse,
         static_summary=summary(text),
-        search_attributes=first_start(started_at or datetime.now(UTC)),
+        search_attributes=run_attributes(started_at or datetime.now(UTC), tenant),
+        priority=Priority(fairness_key=tenant) if tenant is not None else Priority.default,
         task_timeout=WORKFLOW_TASK_TIMEOUT,
     )

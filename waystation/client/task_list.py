@@ -24,7 +24,7 @@ import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.common.v1 import SearchAttributes
@@ -34,11 +34,17 @@ from temporalio.api.workflowservice.v1 import (
     GetWorkflowExecutionHistoryReverseRequest,
 )
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    SearchAttributeValueType,
+    TypedSearchAttributes,
+)
 from temporalio.converter import decode_typed_search_attributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from waystation.client.busy import reading
+from waystation.client.task_errors import task_errors
 from waystation.vocabulary import STUCK
 from waystation.workflows import search
 from waystation.workflows.models import Usage
@@ -80,6 +86,9 @@ class TaskSummary(BaseModel):
         description="When the task last did something: a closed run's close; a running "
         "task's latest event in Temporal's history where the lister reads it (a call per "
         "task: the HTTP API and the console do, AgentRuntime.list_tasks leaves it null).",
+    )
+    tenant: str | None = Field(
+        default=None, description="Who the task is for (its AgentTenant); null without one."
     )
     usage: Usage | None = Field(
         default=None,
@@ -164,6 +173,7 @@ class _Listed:
             closed_at=e.close_time,
             turns=await self._memo_field(client, search.MEMO_TURNS, int),
             last_activity_at=e.close_time,
+            tenant=e.typed_search_attributes.get(search.AGENT_TENANT),
             usage=await self._memo_field(client, search.MEMO_USAGE, Usage),
         )
 
@@ -242,19 +252,24 @@ class _Page:
         return self._latest[listed.id]
 
 
-def first_start(at: datetime) -> TypedSearchAttributes:
-    """The search attribute that says when a task first started, for each run a client
-    starts; a run continued as new keeps it, so a long task is listed by its first start."""
-    return TypedSearchAttributes([SearchAttributePair(search.AGENT_TASK_STARTED, at)])
+def run_attributes(at: datetime, tenant: str | None) -> TypedSearchAttributes:
+    """The search attributes a client sets on each run it starts: when the task first
+    started (a run continued as new keeps it, so a long task is listed by its first start),
+    and its tenant if it has one."""
+    pairs: list[SearchAttributePair[Any]] = [SearchAttributePair(search.AGENT_TASK_STARTED, at)]
+    if tenant is not None:
+        pairs.append(SearchAttributePair(search.AGENT_TENANT, tenant))
+    return TypedSearchAttributes(pairs)
 
 
 @dataclass(frozen=True)
 class TaskOrigin:
     """What a run that follows another one of the task carries from it, so the task is
-    listed by its own text and first start, not by the run's."""
+    listed by its own text, first start and tenant, not by the run's."""
 
     started_at: datetime
     text: str | None
+    tenant: str | None = None
 
 
 async def task_origin(client: Client, task_id: str, run_id: str) -> TaskOrigin:
@@ -267,16 +282,35 @@ async def task_origin(client: Client, task_id: str, run_id: str) -> TaskOrigin:
     raw = await reading(lambda: client.workflow_service.describe_workflow_execution(request))
     info = raw.workflow_execution_info
     started = info.start_time.ToDatetime(tzinfo=UTC)
-    name = search.AGENT_TASK_STARTED.name
-    if name in info.search_attributes.indexed_fields:
-        only = SearchAttributes(indexed_fields={name: info.search_attributes.indexed_fields[name]})
-        started = decode_typed_search_attributes(only).get(search.AGENT_TASK_STARTED) or started
+    started = _attribute(info.search_attributes, search.AGENT_TASK_STARTED) or started
+    tenant = _attribute(info.search_attributes, search.AGENT_TENANT)
     text = None
     if raw.execution_config.user_metadata.HasField("summary"):
         summary = raw.execution_config.user_metadata.summary
         [decoded] = await client.data_converter.decode([summary], [str])
         text = decoded if isinstance(decoded, str) and decoded else None
-    return TaskOrigin(started, text)
+    return TaskOrigin(started, text, tenant)
+
+
+def _attribute(
+    attributes: SearchAttributes, key: SearchAttributeKey[SearchAttributeValueType]
+) -> SearchAttributeValueType | None:
+    """One search attribute, decoded alone (the others may not decode here)."""
+    if key.name not in attributes.indexed_fields:
+        return None
+    only = SearchAttributes(indexed_fields={key.name: attributes.indexed_fields[key.name]})
+    return decode_typed_search_attributes(only).get(key)
+
+
+async def task_tenant(client: Client, task_id: str) -> str | None:
+    """The tenant of the task's latest run (its AgentTenant; None without one): no worker
+    needed. TaskNotFoundError for a task Temporal does not know."""
+    request = DescribeWorkflowExecutionRequest(
+        namespace=client.namespace, execution=ExecutionRef(workflow_id=task_id)
+    )
+    with task_errors(task_id):
+        raw = await reading(lambda: client.workflow_service.describe_workflow_execution(request))
+    return _attribute(raw.workflow_execution_info.search_attributes, search.AGENT_TENANT)
 
 
 async def _latest_run(client: Client, task_id: str) -> str | None:

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from temporalio.service import RPCError
 
-from waystation.client.agent_runtime import AgentRuntime, DecisionError, TaskError
+from waystation.client.agent_runtime import AgentRuntime, DecisionError, TaskError, TaskHandle
 from waystation.client.starting import default_model
 from waystation.client.task_rights import TaskRefusedError
 from waystation.servers.api.auth import Caller, identify
@@ -185,11 +185,20 @@ class WaystationTools:
         tools: list[str] | None = None,
         max_steps: int | None = None,
         task_id: str | None = None,
+        tenant: str | None = None,
     ) -> TaskRef:
-        """Start an agent task. With `task_id`, a repeated call returns the same task."""
+        """Start an agent task. With `task_id`, a repeated call returns the same task (a
+        token bound to a tenant gets the id `TENANT:task_id`). `tenant`: who the task is
+        for (a token bound to a tenant starts that tenant's only)."""
         who = self._caller_of(ctx)
         runtime = self._runtime_of()
+        try:
+            tenant = who.tenant_of(tenant)
+        except TaskRefusedError as err:
+            raise ToolError(str(err)) from None
         fields: dict[str, Any] = {"model": default_model(runtime.settings, model)}
+        if tenant is not None:
+            fields["tenant"] = tenant
         if tools is not None:
             fields["tools"] = tools
         if max_steps is not None:
@@ -198,13 +207,18 @@ class WaystationTools:
             agent_task = runtime.new_task(task, **fields)
         except ValidationError as err:
             raise ToolError(f"invalid task: {validation_sentence(err, 'task')}") from None
+        if task_id is not None and who.tenant is not None:
+            # A bound token's ids are its tenant's own (no tenant's name holds a colon), so
+            # a repeated call never finds another tenant's task.
+            task_id = f"{who.tenant}:{task_id}"
         handle = await _guarded(runtime.run(agent_task, task_id=task_id, role=who.role))
+        if task_id is not None:
+            await _guarded(who.check_owns(runtime, handle.id))  # an id taken by an unbound token
         return TaskRef(task_id=handle.id, status="running")
 
     async def task_status(self, task_id: str, ctx: Context) -> TaskStatusView:
         """A task's state: status, step, result or failure, and pending approval requests."""
-        self._caller_of(ctx)
-        handle = await _guarded(self._runtime_of().find(task_id))
+        handle = await self._owned(ctx, task_id)
         state = await _within(QUERY_TIMEOUT_SECONDS, _guarded(handle.state()), "the state query")
         return _status_view(task_id, state)
 
@@ -212,10 +226,9 @@ class WaystationTools:
         self, task_id: str, ctx: Context, since: int = 0, limit: int = 200
     ) -> EventPage:
         """The task's event log from seq `since` (at most `limit` events)."""
-        self._caller_of(ctx)
         if since < 0 or not 1 <= limit <= MAX_EVENTS:
             raise ToolError(f"since must be 0 or more and limit 1..{MAX_EVENTS}")
-        handle = await _guarded(self._runtime_of().find(task_id))
+        handle = await self._owned(ctx, task_id)
         events = await _within(QUERY_TIMEOUT_SECONDS, _guarded(handle.events(since)), "a query")
         page = [event.model_dump(mode="json") for event in events[:limit]]
         return EventPage(events=page, next_seq=since + len(page))
@@ -244,7 +257,7 @@ class WaystationTools:
         """Answer a question the agent asked (the only pending one if no request_id); with
         choices, the answer must be one of them. The first answer wins: a repeat gets it."""
         who = self._approver(ctx)
-        handle = await _guarded(self._runtime_of().find(task_id))
+        handle = await self._owned(ctx, task_id)
         answered = handle.answer(
             answer, request_id, answerer=who.name, within=timedelta(seconds=UPDATE_TIMEOUT_SECONDS)
         )
@@ -274,6 +287,7 @@ class WaystationTools:
         the model call in flight is cancelled for it). Follow it with task_status or
         task_events. A repeat with the same message_id counts once."""
         who = self._approver(ctx)
+        await self._owned(ctx, task_id)
         handle = self._runtime_of().get(task_id)
         sent = handle.send(
             content,
@@ -293,9 +307,17 @@ class WaystationTools:
     async def cancel(self, task_id: str, ctx: Context) -> TaskRef:
         """Cancel a task: its running call is cancelled and a `cancelled` event ends it."""
         self._approver(ctx)
-        handle = await _guarded(self._runtime_of().find(task_id))
+        handle = await self._owned(ctx, task_id)
         await _guarded(handle.cancel())
         return TaskRef(task_id=task_id, status="cancelling")
+
+    async def _owned(self, ctx: Context, task_id: str) -> TaskHandle:
+        """The task's handle, once the caller may see it: another tenant's task is refused
+        as an unknown one is (a token bound to a tenant is not told it exists)."""
+        who = self._caller_of(ctx)
+        runtime = self._runtime_of()
+        await _guarded(who.check_owns(runtime, task_id))
+        return await _guarded(runtime.find(task_id))
 
     def _approver(self, ctx: Context) -> Caller:
         who = self._caller_of(ctx)
@@ -315,7 +337,7 @@ class WaystationTools:
         arguments: dict[str, Any] | None = None,
     ) -> DecisionView:
         who = self._approver(ctx)
-        handle = await _guarded(self._runtime_of().find(task_id))
+        handle = await self._owned(ctx, task_id)
         decided = handle.approve(
             request_id,
             reject=reject,

@@ -37,6 +37,10 @@ BUILTIN_TOOLS_MODULE = "waystation.activities.builtin_tools"
 # starts and reads tasks, an approver also decides approvals and widens a task's rights.
 Role = Literal["reader", "approver"]
 
+# What a tenant's name may be: the same as AgentTask.tenant's (workflows/models.py, a layer
+# this one may not import; tests/test_tenants.py holds them equal).
+TENANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+
 
 def project_of_directory(directory: Path) -> str:
     """A project name from a directory's: lower case, runs of other characters as `-`."""
@@ -49,6 +53,20 @@ class ApiToken(BaseModel):
 
     role: Role
     name: str = Field(min_length=1, description="Recorded as the approver of its decisions.")
+    tenant: str | None = Field(
+        default=None,
+        pattern=TENANT_NAME_PATTERN,
+        description="The tenant the token is bound to: its tasks carry it, and it sees and "
+        "decides only that tenant's tasks. Unbound: any task, and the tasks it starts are "
+        "its name's (or the tenant it names).",
+    )
+
+    def tenant_of_start(self) -> str | None:
+        """The tenant a task this token starts carries when the caller names none: the
+        bound tenant, else the token's name where it can be one (else none)."""
+        if self.tenant is not None:
+            return self.tenant
+        return self.name if re.fullmatch(TENANT_NAME_PATTERN, self.name) else None
 
 
 class Settings(BaseSettings):
@@ -168,7 +186,8 @@ class Settings(BaseSettings):
     tracing: bool = Field(default=False, description="OpenTelemetry spans through Temporal.")
     api_tokens: dict[str, ApiToken] = Field(
         default_factory=dict,
-        description='JSON: {"<token>": {"role": "approver", "name": "alice"}}. None: the API '
+        description='JSON: {"<token>": {"role": "approver", "name": "alice", "tenant": '
+        '"acme"}} ("tenant" optional: the token sees only that tenant\'s tasks). None: the API '
         "binds to localhost only and lets every local caller in.",
     )
     max_steps_cap: int = Field(

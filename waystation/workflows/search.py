@@ -27,8 +27,11 @@ ALL = (AGENT_STATUS, AGENT_STEP, AGENT_MODEL, AGENT_WAITING_SINCE)
 # the task's) and kept by a run continued as new: visibility's StartTime is the run's, and a
 # task is listed by its own.
 AGENT_TASK_STARTED = SearchAttributeKey.for_datetime("AgentTaskStarted")
+# Who the task is for (AgentTask.tenant), set at its start only: by the client on each run it
+# starts, by the parent on a sub-agent's; a run continued as new keeps it. Unset without one.
+AGENT_TENANT = SearchAttributeKey.for_keyword("AgentTenant")
 # What a namespace must have registered: the workflow's own attributes and the client's.
-REGISTERED = (*ALL, AGENT_TASK_STARTED)
+REGISTERED = (*ALL, AGENT_TASK_STARTED, AGENT_TENANT)
 
 # Temporal's own attribute for a workflow whose workflow task keeps failing or timing out
 # (a nondeterminism error, a bug in a new version): such a task is stuck. Closed runs keep

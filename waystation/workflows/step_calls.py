@@ -8,7 +8,12 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import (
+    Priority,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import (
     ChildWorkflowError,
     WorkflowAlreadyStartedError,
@@ -20,6 +25,7 @@ from waystation.workflows import (
     agents,
     options,
     outputs,
+    search,
 )
 from waystation.workflows.calls import Delegation, Run, verdicts
 from waystation.workflows.events import (
@@ -124,6 +130,9 @@ class StepCalls(ModelCalls):
         at = agents.link(self._task, task_id, delegation.spec, call_id)
         task = agents.child_task(self._task, delegation.spec, delegation.instruction, share, at)
         child_id = agents.child_id(task_id, step, call_id)
+        # Only a task with a tenant sets these, so a recorded run without one makes the
+        # very commands it made.
+        tenant = task.tenant
         try:
             handle = await workflow.start_child_workflow(
                 WORKFLOW_TYPE,
@@ -136,6 +145,12 @@ class StepCalls(ModelCalls):
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 task_timeout=options.WORKFLOW_TASK_TIMEOUT,
                 static_summary=f"{delegation.spec.name}: {delegation.instruction[:180]}",
+                search_attributes=TypedSearchAttributes(
+                    [SearchAttributePair(search.AGENT_TENANT, tenant)]
+                )
+                if tenant is not None
+                else None,
+                priority=Priority(fairness_key=tenant) if tenant is not None else Priority.default,
             )
         except WorkflowAlreadyStartedError:
             # Adopt it only if Temporal recorded this task as its parent: the id is

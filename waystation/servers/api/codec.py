@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from temporalio.api.common.v1 import Payloads
 
 from waystation.activities.payload_codec import payload_codec
-from waystation.servers.api.auth import Reader, settings_of
+from waystation.servers.api.auth import Caller, Reader, settings_of
 from waystation.servers.api.errors import ApiError
 
 CODEC_PREFIX = "/codec/"
@@ -43,7 +43,12 @@ class CodecCors:
             await self._app(scope, receive, send)
 
 
-async def _run_codec(request: Request, encode: bool) -> JSONResponse:
+async def _run_codec(request: Request, encode: bool, who: Caller) -> JSONResponse:
+    if who.tenant is not None:
+        # The codec decrypts any payload, whichever tenant's task it comes from.
+        raise ApiError(
+            403, "forbidden", f"{who.name} is bound to a tenant: the codec serves unbound tokens"
+        )
     codec = payload_codec(settings_of(request))
     if codec is None:
         raise ApiError(404, "no_codec", "payload encryption is off on this server")
@@ -61,10 +66,10 @@ async def _run_codec(request: Request, encode: bool) -> JSONResponse:
 @router.post("/codec/decode", response_model=dict[str, Any])
 async def codec_decode(request: Request, who: Reader) -> JSONResponse:
     """Codec server: decrypt payloads for the Temporal Web UI and CLI (`--codec-endpoint`)."""
-    return await _run_codec(request, encode=False)
+    return await _run_codec(request, encode=False, who=who)
 
 
 @router.post("/codec/encode", response_model=dict[str, Any])
 async def codec_encode(request: Request, who: Reader) -> JSONResponse:
     """Codec server: encrypt payloads (for `temporal workflow signal` with a codec)."""
-    return await _run_codec(request, encode=True)
+    return await _run_codec(request, encode=True, who=who)

@@ -148,13 +148,13 @@ async def read_pending(runtime: AgentRuntime, task_id: str, known: _Read | None)
     )
 
 
-async def _waiting_task_ids(runtime: AgentRuntime) -> tuple[list[str], bool]:
-    """Tasks that wait for a person: for a decision, or for an answer."""
+async def _waiting_task_ids(runtime: AgentRuntime, tenant: str | None) -> tuple[list[str], bool]:
+    """Tasks that wait for a person: for a decision, or for an answer (`tenant`'s only)."""
     ids: list[str] = []
     for status in ("waiting_approval", "waiting_input"):
         token: bytes | None = None
         while len(ids) < WAITING_TASKS_READ:
-            page, token = await runtime.list_tasks(status, 200, token)
+            page, token = await runtime.list_tasks(status, 200, token, tenant=tenant)
             ids += [t.id for t in page if t.id not in ids]
             if token is None:
                 break
@@ -166,9 +166,10 @@ async def _waiting_task_ids(runtime: AgentRuntime) -> tuple[list[str], bool]:
 @router.get("/approvals", response_model=Inbox)
 async def approvals(request: Request, runtime: Runtime, who: Reader) -> Inbox:
     """Every pending approval request and question across tasks, oldest first (the
-    console's inbox); those of a sub-agent name its chain."""
+    console's inbox); those of a sub-agent name its chain. A token bound to a tenant sees
+    that tenant's only."""
     reads: OrderedDict[str, _Read] = remembered(request, "console_inbox_reads")
-    task_ids, truncated = await _waiting_task_ids(runtime)
+    task_ids, truncated = await _waiting_task_ids(runtime, who.tenant)
 
     async def read(task_id: str) -> _Read | None:
         try:

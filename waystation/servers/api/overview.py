@@ -14,10 +14,9 @@ from pydantic import BaseModel, Field
 from waystation.activities.run_history import read_run_input
 from waystation.client.agent_runtime import QUERY_TIMEOUT, AgentRuntime, TaskSummary
 from waystation.client.task_list import with_latest_activity
-from waystation.servers.api.auth import Reader, Runtime, settings_of
+from waystation.servers.api.auth import OwnedTaskId, Reader, Runtime, settings_of
 from waystation.servers.api.paging import decode_page_token, encode_page_token
 from waystation.servers.api.paths import TASK
-from waystation.servers.api.tasks import TaskId
 from waystation.servers.usage import TaskUsage
 from waystation.vocabulary import STATUS_FILTERS, ApprovalRule, StatusFilter
 from waystation.workflows.events import AgentEvent
@@ -42,6 +41,9 @@ class ConsoleSession(BaseModel):
     name: str
     role: Literal["reader", "approver"]
     tokens_required: bool = Field(description="False when the API runs without tokens.")
+    tenant: str | None = Field(
+        default=None, description="The tenant the token is bound to: it sees no other's tasks."
+    )
     default_model: str
     tools: list[ToolInfo] = Field(description="The deployment's tools and their default rules.")
     max_steps_cap: int = Field(description="The most max_steps a task may ask for.")
@@ -133,6 +135,7 @@ async def session(request: Request, who: Reader, runtime: Runtime) -> ConsoleSes
     return ConsoleSession(
         name=who.name,
         role=who.role,
+        tenant=who.tenant,
         tokens_required=bool(settings_of(request).api_tokens),
         default_model=runtime.settings.default_model,
         tools=offered_tools(runtime),
@@ -153,13 +156,13 @@ async def listed_tasks(
 ) -> ListedTaskPage:
     """Tasks, newest first, with their text, turns and latest activity; `q` keeps those whose
     text contains it (case-insensitive), reading on through up to 500 tasks for one page of
-    matches."""
+    matches. A token bound to a tenant lists that tenant's tasks only."""
     token = decode_page_token(page_token) if page_token else None
     wanted = q.casefold().strip() if q else ""
     found: list[ListedTask] = []
     scanned = 0
     while True:
-        tasks, token = await runtime.list_tasks(status, page_size, token)
+        tasks, token = await runtime.list_tasks(status, page_size, token, tenant=who.tenant)
         texts = await bounded((task_text(request, runtime, t.id) for t in tasks), LOOKUPS_AT_ONCE)
         scanned += len(tasks)
         found += [
@@ -180,7 +183,7 @@ async def listed_tasks(
 
 
 @router.get(f"/console/api/tasks/{TASK}/timeline", response_model=Timeline)
-async def timeline(task_id: TaskId, runtime: Runtime, who: Reader) -> Timeline:
+async def timeline(task_id: OwnedTaskId, runtime: Runtime, who: Reader) -> Timeline:
     """Everything a task page starts from, in one round: the log (across runs) and the
     stream's head, read concurrently (a finished task answers each by a replay)."""
     handle = await runtime.find(task_id)

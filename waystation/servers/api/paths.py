@@ -5,6 +5,9 @@ segments too, and only those: `/tasks/ID/log` is still the log of task ID, and
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from fastapi import Path
 from starlette.convertors import Convertor, register_url_convertor
 
 
@@ -24,3 +27,5 @@ class TaskIdConvertor(Convertor[str]):
 
 register_url_convertor("task_id", TaskIdConvertor())
 TASK = "{task_id:task_id}"  # the path parameter `task_id` of every task route
+# A task id in a route: a sub-agent's holds slashes, sent as they are or as %2F.
+TaskId = Annotated[str, Path(min_length=1, max_length=1000)]

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, Field, computed_field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from temporalio.service import RPCError
@@ -15,7 +15,7 @@ from temporalio.service import RPCError
 from waystation.client.agent_runtime import AgentRuntime, TaskHandle, TaskNotFoundError, TaskSummary
 from waystation.client.starting import default_model
 from waystation.client.task_errors import NoWorkerError, TaskStuckError
-from waystation.client.task_list import with_latest_activity
+from waystation.client.task_list import task_tenant, with_latest_activity
 from waystation.client.task_tree import TaskTree
 from waystation.client.tree_stream import (
     CURSOR_CHARS,
@@ -23,7 +23,7 @@ from waystation.client.tree_stream import (
     InvalidCursorError,
     parse_cursor,
 )
-from waystation.servers.api.auth import Approver, Caller, Reader, Runtime
+from waystation.servers.api.auth import Approver, Caller, OwnedTaskId, Reader, Runtime
 from waystation.servers.api.errors import ApiError
 from waystation.servers.api.paging import decode_page_token, encode_page_token
 from waystation.servers.api.paths import TASK
@@ -33,16 +33,17 @@ from waystation.workflows.events import AgentEvent, AgentState, TaskStarted
 from waystation.workflows.models import (
     ANSWER_CHARS,
     TASK_TEXT_CHARS,
+    TENANT_PATTERN,
     AgentTask,
     Message,
     not_blank,
     not_too_deep,
 )
 
-router = APIRouter(tags=["tasks"])
+# A tenant to list the tasks of (its form: no quote reaches the visibility query).
+TenantQuery = Annotated[str | None, Query(pattern=TENANT_PATTERN)]
 
-# A task id in a route: a sub-agent's holds slashes, sent as they are or as %2F.
-TaskId = Annotated[str, Path(min_length=1, max_length=1000)]
+router = APIRouter(tags=["tasks"])
 
 ANSWERS_KEPT = 10_000  # Idempotency-Key answers remembered per process
 SSE_PING_SECONDS = 15.0
@@ -67,6 +68,10 @@ class TaskPage(BaseModel):
 
 class TaskView(BaseModel):
     id: str
+    tenant: str | None = Field(
+        default=None,
+        description="Who the task is for (GET /tasks/{id}): its AgentTenant; null without one.",
+    )
     state: AgentState
     tree: TaskTree | None = Field(
         default=None,
@@ -182,9 +187,11 @@ def message_id_for(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def task_id_for(key: str) -> str:
-    """The task id an Idempotency-Key stands for: a retried POST finds the same task."""
-    return "task-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+def task_id_for(key: str, tenant: str | None = None) -> str:
+    """The task id an Idempotency-Key stands for: a retried POST finds the same task. A
+    token bound to a tenant has keys of its own, so no key of its finds another's task."""
+    scoped = key if tenant is None else f"{tenant}\0{key}"
+    return "task-" + hashlib.sha256(scoped.encode()).hexdigest()[:20]
 
 
 def links(task_id: str) -> Links:
@@ -211,9 +218,10 @@ async def create_task(
     """Start a task. With an Idempotency-Key, a retried POST returns the same task."""
     if "model" not in body.model_fields_set:
         body = body.model_copy(update={"model": default_model(runtime.settings)})
+    body = body.model_copy(update={"tenant": who.tenant_of(body.tenant)})
     body = runtime.with_defaults(body)
     runtime.admit(body, who.role)  # before the Idempotency-Key's task is looked up
-    task_id = task_id_for(idempotency_key) if idempotency_key else None
+    task_id = task_id_for(idempotency_key, who.tenant) if idempotency_key else None
     if task_id is not None:
         try:
             handle: TaskHandle | None = await runtime.find(task_id)
@@ -237,13 +245,16 @@ async def list_tasks(
     runtime: Runtime,
     who: Reader,
     status: StatusFilter | None = None,
+    tenant: TenantQuery = None,
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: Annotated[str | None, Query(max_length=4096)] = None,
 ) -> TaskPage:
     """Tasks, newest first, from Temporal's visibility (paginated), with when each last did
-    something (a running one's latest history event, read from Temporal)."""
+    something (a running one's latest history event, read from Temporal). `tenant` keeps
+    that tenant's tasks; a token bound to a tenant lists its own only."""
     token = decode_page_token(page_token) if page_token else None
-    tasks, next_token = await runtime.list_tasks(status, page_size, token)
+    tenant = who.listed_tenant(tenant)
+    tasks, next_token = await runtime.list_tasks(status, page_size, token, tenant=tenant)
     tasks = await with_latest_activity(runtime.client, tasks)
     encoded = encode_page_token(next_token) if next_token else None
     return TaskPage(tasks=tasks, next_page_token=encoded)
@@ -303,7 +314,7 @@ async def _decide(
 @router.post(f"/tasks/{TASK}/approve", response_model=ApprovalResult)
 async def approve(
     request: Request,
-    task_id: TaskId,
+    task_id: OwnedTaskId,
     runtime: Runtime,
     who: Approver,
     body: ApprovalBody | None = None,
@@ -318,7 +329,7 @@ async def approve(
 @router.post(f"/tasks/{TASK}/reject", response_model=ApprovalResult)
 async def reject(
     request: Request,
-    task_id: TaskId,
+    task_id: OwnedTaskId,
     runtime: Runtime,
     who: Approver,
     body: ApprovalBody | None = None,
@@ -331,7 +342,7 @@ async def reject(
 
 
 @router.get(f"/tasks/{TASK}/messages", response_model=list[Message])
-async def queued_messages(task_id: str, runtime: Runtime, who: Reader) -> list[Message]:
+async def queued_messages(task_id: OwnedTaskId, runtime: Runtime, who: Reader) -> list[Message]:
     """Messages the task has received and not yet taken (at its next model call)."""
     handle = await runtime.find(task_id)
     return await handle.queued_messages()
@@ -339,7 +350,7 @@ async def queued_messages(task_id: str, runtime: Runtime, who: Reader) -> list[M
 
 @router.post(f"/tasks/{TASK}/messages", status_code=202, response_model=MessageAccepted)
 async def send_message(
-    task_id: TaskId,
+    task_id: OwnedTaskId,
     body: MessageBody,
     runtime: Runtime,
     who: Approver,
@@ -374,7 +385,7 @@ async def send_message(
 
 @router.post(f"/tasks/{TASK}/answer", response_model=AnswerResult)
 async def answer(
-    task_id: TaskId, body: AnswerBody, runtime: Runtime, who: Approver
+    task_id: OwnedTaskId, body: AnswerBody, runtime: Runtime, who: Approver
 ) -> AnswerResult:
     """Answer a question the model asked (the `ask_person` tool); the answer, and who gave
     it, is the call's observation. The first answer wins: a later one gets it back. An
@@ -393,7 +404,7 @@ async def answer(
 
 @router.post(f"/tasks/{TASK}/resume", response_model=TaskView)
 async def resume(
-    task_id: TaskId, runtime: Runtime, who: Approver, body: ResumeBody | None = None
+    task_id: OwnedTaskId, runtime: Runtime, who: Approver, body: ResumeBody | None = None
 ) -> TaskView:
     """Resume a failed task from its last good point, limits raised if given."""
     body = body or ResumeBody()
@@ -404,14 +415,14 @@ async def resume(
 
 
 @router.post(f"/tasks/{TASK}/repair", response_model=TaskView)
-async def repair(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
+async def repair(task_id: OwnedTaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Reset a stuck task to its last good workflow task (signals and Updates re-applied)."""
     handle = await runtime.repair(task_id, by=who.name)
     return TaskView(id=task_id, state=await handle.state())
 
 
 @router.post(f"/tasks/{TASK}/fork", status_code=201, response_model=TaskCreated)
-async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
+async def fork(task_id: OwnedTaskId, body: ForkBody, runtime: Runtime, who: Reader) -> TaskCreated:
     """A new task from the state just after event `at_seq`; the original is untouched."""
     await runtime.find(task_id)
     handle = await runtime.fork(
@@ -426,7 +437,7 @@ async def fork(task_id: TaskId, body: ForkBody, runtime: Runtime, who: Reader) -
 
 
 @router.post(f"/tasks/{TASK}/cancel", status_code=202, response_model=TaskView)
-async def cancel(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
+async def cancel(task_id: OwnedTaskId, runtime: Runtime, who: Approver) -> TaskView:
     """Request cancellation: the running call is cancelled, a `cancelled` event follows.
     A task that has already ended is a 409 `task_ended`."""
     handle = await runtime.find(task_id)
@@ -436,7 +447,7 @@ async def cancel(task_id: TaskId, runtime: Runtime, who: Approver) -> TaskView:
 
 @router.get(f"/tasks/{TASK}/log", response_model=EventLogPage)
 async def event_log(
-    task_id: TaskId,
+    task_id: OwnedTaskId,
     runtime: Runtime,
     who: Reader,
     since: Annotated[int, Query(ge=0)] = 0,
@@ -455,7 +466,7 @@ async def event_log(
 )
 async def events(
     request: Request,
-    task_id: TaskId,
+    task_id: OwnedTaskId,
     runtime: Runtime,
     who: Reader,
     since: Annotated[int | None, Query(ge=0)] = None,
@@ -519,9 +530,10 @@ async def events(
 
 
 @router.get(f"/tasks/{TASK}", response_model=TaskView)
-async def get_task(task_id: TaskId, runtime: Runtime, who: Reader) -> TaskView:
+async def get_task(task_id: OwnedTaskId, runtime: Runtime, who: Reader) -> TaskView:
     """The folded state (status, step, pending approvals, result, usage) and the task's
     tree: its sub-agents, nested, each with its own status, and the task that called it."""
     handle = await runtime.find(task_id)
+    tenant = await task_tenant(runtime.client, task_id)
     state = await _state_or_stuck(handle)
-    return TaskView(id=task_id, state=state, tree=await handle.tree(state))
+    return TaskView(id=task_id, tenant=tenant, state=state, tree=await handle.tree(state))
