@@ -21,6 +21,9 @@ from tests.browser.conftest import OpenConsole
 from tests.browser.pages import answer, card, decided, said, shoot, start, task_id_of
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
 from tests.helpers import of_type, pending_requests, wait_for_state
+from tests.test_quota_visibility import granted as quota_granted
+from tests.test_quota_visibility import tell
+from tests.test_quota_visibility import waiting as quota_waiting
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
 
 
@@ -472,3 +475,33 @@ async def test_tokens_cached_and_reasoning_show_on_the_task_page_its_timeline_an
     await page.goto(f"{stack.url}/#/tasks")
     row = page.locator(f'tr[data-task-id="{handle.id}"] .row-usage')
     await expect(row).to_have_text("3,300 tokens · cache hit 93%")
+
+
+async def test_a_call_waiting_for_its_quota_shows_on_the_task_page_until_it_has_its_turn(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    gate = threading.Event()
+    model = fake_openai.script([Reply(content="one two three", hold_after_chunks=1, gate=gate)])
+    try:
+        handle = await start(stack, model, "Say three words")
+        await fake_openai.until_streaming(model, 1, request=0)
+        page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+        await expect(page.locator(".task-status")).to_have_text("running")
+        await tell(stack.runtime, handle.id, quota_waiting())
+        await expect(page.locator(".task-status")).to_have_text("waiting quota")
+        await expect(page.locator(".task-quota-wait")).to_have_text(
+            "for its turn under the quota of openai (requests per minute), about 12 s"
+        )
+        await expect(page.locator("li.type-waiting_quota .event-body")).to_have_text(
+            "The model call (attempt 1) waits for its turn under the quota of openai "
+            "(requests per minute), about 12 s."
+        )
+        await tell(stack.runtime, handle.id, quota_granted())
+        await expect(page.locator(".task-status")).to_have_text("running")
+        await expect(page.locator(".task-quota-wait")).to_have_count(0)
+        await expect(page.locator("li.type-quota_granted .event-body")).to_have_text(
+            "The call has its turn under openai after 3.5 s."
+        )
+    finally:
+        gate.set()
+    assert (await handle.result()).result == "one two three"
