@@ -97,9 +97,11 @@ async def test_a_call_waiting_for_its_quota_shows_until_it_has_its_turn(
         assert state.quota_wait is not None
         assert (state.quota_wait.limit, state.quota_wait.attempt) == ("requests_per_minute", 1)
         since = state.quota_wait.since
-        # Notices of an earlier attempt or step change nothing; the next one is recorded.
+        # Notices of an earlier attempt or step, or sent again, change nothing; the next
+        # one is recorded.
         await tell(dev_runtime, handle.id, granted(attempt=0))
         await tell(dev_runtime, handle.id, waiting("concurrent_requests", step=0))
+        await tell(dev_runtime, handle.id, waiting())
         await tell(dev_runtime, handle.id, waiting("input_tokens_per_minute"))
         state = await wait_for_state(handle, lambda s: limit_of(s) == "input_tokens_per_minute")
         assert state.status == "waiting_quota" and state.quota_wait is not None

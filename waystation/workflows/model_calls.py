@@ -169,10 +169,14 @@ class ModelCalls(RunCore):
             latest = wait.attempt if wait is not None else request.first_attempt
             if notice.step != request.step or notice.attempt < latest:
                 continue
-            self._clock = sample_clock()
             if notice.state == "waiting":
-                self._append(self._waiting_quota(notice))
+                told = (notice.quota, notice.limit, notice.expected_seconds, notice.attempt)
+                # A notice sent again (a retried signal) is recorded once.
+                if wait is None or told != (wait.quota, wait.limit, wait.expected_seconds, latest):
+                    self._clock = sample_clock()
+                    self._append(self._waiting_quota(notice))
             elif wait is not None and wait.attempt == notice.attempt:
+                self._clock = sample_clock()
                 waited = notice.waited_seconds or 0.0
                 self._append(
                     draft(QuotaGranted, self._state.step, quota=notice.quota, waited_seconds=waited)
