@@ -19,7 +19,7 @@ from waystation.client.agent_runtime import AgentRuntime, TaskHandle
 from waystation.testing.fake_openai import FakeOpenAI, Reply
 from waystation.workflows import search
 from waystation.workflows.agent import AgentWorkflow
-from waystation.workflows.events import AgentState
+from waystation.workflows.events import AgentState, fold
 from waystation.workflows.models import QuotaNotice
 
 
@@ -47,9 +47,10 @@ async def held_call(
 ) -> TaskHandle:
     """A task whose first model call streams one chunk, then is held until `gate` opens."""
     model = fake_openai.script([Reply(content="one two three", hold_after_chunks=1, gate=gate)])
-    # A long idle clock (below the fake's own limit on a held stream): only the gate may end
-    # the held call, however busy the machine.
-    handle = await runtime.run(agent_task(model, task="say three words", timeout=110))
+    # Long clocks (the idle one below the fake's own limit on a held stream): only the gate
+    # may end the held call, however busy the machine (a 5 s heartbeat timeout did once).
+    task = agent_task(model, task="say three words", timeout=110, heartbeat_timeout_seconds=60)
+    handle = await runtime.run(task)
     await fake_openai.until_streaming(model, 1, request=0)
     return handle
 
@@ -162,5 +163,5 @@ async def test_a_call_that_ends_while_its_task_shows_a_wait_closes_it_before_its
     ]
     [closed] = of_type(events, "quota_granted")
     assert closed.quota == "openai" and closed.waited_seconds >= 0
-    state = await handle.state()
+    state = fold(events)
     assert (state.status, state.quota_wait) == ("done", None)
