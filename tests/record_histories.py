@@ -44,6 +44,7 @@ from waystation.workflows.models import (
     Decision,
     Message,
     ModelSettings,
+    QuotaNotice,
 )
 from waystation.workflows.run import AgentOutcome, AgentRun
 
@@ -519,6 +520,46 @@ async def waited_for_a_capable_worker(runtime: AgentRuntime, fake: FakeOpenAI) -
     return handle.id
 
 
+async def quota_wait_told_by_signal(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """Model calls that tell their task of their wait under a quota (signal `quota_notice`,
+    sent here by hand as the call's activity sends it): step 1 waits, is told of another
+    limit, of an earlier attempt's turn (dropped) and of its own turn; step 2's call ends
+    while the task still shows its wait (the loop closes it)."""
+    first, second = threading.Event(), threading.Event()
+    model = fake.script(
+        [
+            tools(("calculator", {"expression": "1 + 1"}), hold_after_chunks=1, gate=first),
+            text("two", hold_after_chunks=1, gate=second),
+        ]
+    )
+    task = AgentTask(task="add, waiting for the quota", model=ModelSettings(name=model))
+    handle = await runtime.run(task, task_id="quota-wait-told-by-signal")
+    signals = runtime.client.get_workflow_handle(handle.id)
+
+    async def tell(**notice: Any) -> None:
+        await signals.signal(AgentWorkflow.quota_notice, QuotaNotice.model_validate(notice))
+
+    waiting = {"state": "waiting", "quota": "openai", "expected_seconds": 12.0}
+    try:
+        await fake.until_streaming(model, 1, request=0)
+        await tell(**waiting, step=1, attempt=1, limit="requests_per_minute")
+        await until(handle, lambda s: s.status == "waiting_quota")
+        await tell(state="granted", step=1, attempt=0, quota="openai", waited_seconds=1.0)
+        await tell(**waiting, step=1, attempt=1, limit="input_tokens_per_minute")
+        await tell(state="granted", step=1, attempt=1, quota="openai", waited_seconds=2.0)
+        await until(handle, lambda s: s.status == "running" and s.last_seq >= 3)
+        first.set()
+        await fake.until_streaming(model, 1, request=1)
+        await tell(**waiting, step=2, attempt=1, limit="paused")
+        await until(handle, lambda s: s.status == "waiting_quota")
+        second.set()
+        await handle.result()
+    finally:
+        first.set()
+        second.set()
+    return handle.id
+
+
 def turn_of(body: dict[str, Any]) -> tuple[int, int]:
     """(turn, tool results since the turn's message) of a request in chat shape."""
     messages = body["messages"]
@@ -599,6 +640,7 @@ SCENARIOS: dict[str, Scenario] = {
     "duplicate_call_ids": duplicate_call_ids,
     "responses_with_reasoning": responses_with_reasoning,
     "anthropic_thinking_with_fallback": anthropic_thinking_with_fallback,
+    "quota_wait_told_by_signal": quota_wait_told_by_signal,
 }
 
 

@@ -23,8 +23,11 @@ from waystation.workflows.events import (
     ErrorEvent,
     Failed,
     Observation,
+    QuotaGranted,
     TaskStarted,
     Thought,
+    WaitingQuota,
+    WaitingWorker,
     agent_event_adapter,
     apply,
     conversation_of,
@@ -145,6 +148,48 @@ def test_approval_moves_status_through_waiting_and_back() -> None:
     assert resumed.status == "running"
     assert resumed.pending_approvals == {}
     assert resumed.decisions["1-c1"].decision == "approve"
+
+
+def _waiting_quota(seq: int, limit: str = "requests_per_minute", attempt: int = 1) -> WaitingQuota:
+    at = T0 + timedelta(seconds=seq)
+    return WaitingQuota.model_validate(
+        {"seq": seq, "step": 1, "at": at, "quota": "openai", "limit": limit}
+        | {"expected_seconds": 12.0, "attempt": attempt}
+    )
+
+
+def test_a_wait_for_the_quota_shows_until_the_call_has_its_turn_or_ends() -> None:
+    started = _started()
+    waiting = fold([started, _waiting_quota(1)])
+    assert waiting.status == "waiting_quota" and waiting.quota_wait is not None
+    assert (waiting.quota_wait.quota, waiting.quota_wait.limit) == ("openai", "requests_per_minute")
+    assert (waiting.quota_wait.attempt, waiting.quota_wait.since) == (1, T0 + timedelta(seconds=1))
+    # Told to wait for another limit, the call still waits since it first did.
+    tokens = apply(waiting, _waiting_quota(2, "input_tokens_per_minute"))
+    assert tokens.quota_wait is not None and tokens.quota_wait.since == waiting.quota_wait.since
+    assert tokens.quota_wait.limit == "input_tokens_per_minute"
+    # The next attempt's wait is its own.
+    again = apply(tokens, _waiting_quota(3, attempt=2))
+    assert again.quota_wait is not None and again.quota_wait.since == T0 + timedelta(seconds=3)
+    granted = QuotaGranted(seq=4, step=1, at=T0, quota="openai", waited_seconds=2.5)
+    over = apply(again, granted)
+    assert (over.status, over.quota_wait) == ("running", None)
+    # A log without quota_granted still leaves the wait with whatever ended the call.
+    thought = _step_events(4, 1, 0)[0]
+    assert (apply(again, thought).status, apply(again, thought).quota_wait) == ("running", None)
+    lacks = WaitingWorker(seq=4, step=1, at=T0, missing=["agent__math"], message="lacks it")
+    assert (apply(again, lacks).status, apply(again, lacks).quota_wait) == ("waiting_worker", None)
+    failed = Failed(seq=4, step=1, at=T0, kind="llm_error", reason="r")
+    assert (apply(again, failed).status, apply(again, failed).quota_wait) == ("failed", None)
+    # A granted with no wait shown changes nothing but the seq.
+    calm = fold([started])
+    unasked = apply(calm, granted.model_copy(update={"seq": 1}))
+    assert unasked.model_dump(exclude={"last_seq", "step"}) == calm.model_dump(
+        exclude={"last_seq", "step"}
+    )
+    for event in (_waiting_quota(1), granted):
+        assert agent_event_adapter.validate_json(agent_event_adapter.dump_json(event)) == event
+    assert AgentState.model_validate_json(again.model_dump_json()) == again
 
 
 def test_a_gap_in_seq_is_refused() -> None:

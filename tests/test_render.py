@@ -27,8 +27,10 @@ from waystation.workflows.events import (
     ApprovalResolved,
     Done,
     PendingApproval,
+    QuotaGranted,
     TaskStarted,
     Thought,
+    WaitingQuota,
 )
 from waystation.workflows.models import AgentTask, ModelSettings
 from waystation.workflows.options import RETRY_SAFE_TOOL
@@ -281,3 +283,23 @@ def test_json_output_stays_the_same_json_with_nothing_a_terminal_acts_on() -> No
         shown = visible_json(json.dumps(value, ensure_ascii=False, indent=indent))
         our_own_escapes_only(shown)
         assert json.loads(shown) == value
+
+
+def test_a_wait_for_the_quota_is_one_line_and_its_turn_another() -> None:
+    waiting = WaitingQuota(
+        seq=1,
+        step=1,
+        at=AT,
+        quota="openai",
+        limit="requests_per_minute",
+        expected_seconds=12.4,
+        attempt=1,
+    )
+    paused = waiting.model_copy(update={"seq": 2, "limit": "paused", "expected_seconds": 0.2})
+    granted = QuotaGranted(seq=3, step=1, at=AT, quota="openai", waited_seconds=12.75)
+    _, out = view_of(started(), waiting, paused, granted)
+    assert out.getvalue().splitlines()[2:] == [
+        "… step 1 waits for its turn under the quota of openai (requests per minute), about 12 s",
+        "… step 1 waits for its turn under the quota of openai (paused by the provider), about 1 s",
+        "  the call has its turn under openai after 12.8 s",
+    ]

@@ -21,6 +21,9 @@ from tests.browser.conftest import OpenConsole
 from tests.browser.pages import answer, card, decided, said, shoot, start, task_id_of
 from tests.browser.stack import ALICE, BOB, RITA, ConsoleStack
 from tests.helpers import agent_task, of_type, pending_requests, wait_for_state
+from tests.test_quota_visibility import granted as quota_granted
+from tests.test_quota_visibility import tell
+from tests.test_quota_visibility import waiting as quota_waiting
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.settings.model_endpoints import BARE_NAME_ENDPOINT, DEFAULT_ENDPOINTS
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -499,3 +502,34 @@ async def test_what_a_task_cost_shows_per_step_on_its_page_and_in_its_list_row(
     await page.goto(f"{stack.url}/#/tasks")
     row = page.locator(f'tr[data-task-id="{handle.id}"] .row-usage')
     await expect(row).to_have_text("3,300 tokens · $0.0084 · cache hit 13%")
+
+
+async def test_a_call_waiting_for_its_quota_shows_on_the_task_page_until_it_has_its_turn(
+    stack: ConsoleStack, fake_openai: FakeOpenAI, open_console: OpenConsole
+) -> None:
+    gate = threading.Event()
+    model = fake_openai.script([Reply(content="one two three", hold_after_chunks=1, gate=gate)])
+    try:
+        # Only the gate may end the held call, however busy the machine.
+        handle = await start(stack, model, "Say three words", heartbeat_timeout_seconds=60)
+        await fake_openai.until_streaming(model, 1, request=0)
+        page = await open_console(ALICE, f"/#/tasks/{handle.id}")
+        await expect(page.locator(".task-status")).to_have_text("running")
+        await tell(stack.runtime, handle.id, quota_waiting())
+        await expect(page.locator(".task-status")).to_have_text("waiting quota")
+        await expect(page.locator(".task-quota-wait")).to_have_text(
+            "for its turn under the quota of openai (requests per minute), about 12 s"
+        )
+        await expect(page.locator("li.type-waiting_quota .event-body")).to_have_text(
+            "The model call (attempt 1) waits for its turn under the quota of openai "
+            "(requests per minute), about 12 s."
+        )
+        await tell(stack.runtime, handle.id, quota_granted())
+        await expect(page.locator(".task-status")).to_have_text("running")
+        await expect(page.locator(".task-quota-wait")).to_have_count(0)
+        await expect(page.locator("li.type-quota_granted .event-body")).to_have_text(
+            "The call has its turn under openai after 3.5 s."
+        )
+    finally:
+        gate.set()
+    assert (await handle.result()).result == "one two three"

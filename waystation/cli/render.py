@@ -29,10 +29,12 @@ from waystation.workflows.events import (
     Observation,
     QuestionAnswered,
     QuestionAsked,
+    QuotaGranted,
     Resumed,
     TaskStarted,
     Thought,
     UserMessage,
+    WaitingQuota,
     WaitingWorker,
     WorkerFound,
 )
@@ -157,6 +159,27 @@ def switch_text(event: ModelSwitched) -> str:
         items = "item" if event.reasoning_dropped == 1 else "items"
         text += f"; {event.reasoning_dropped} reasoning {items} could not carry over"
     return text
+
+
+def quota_wait_text(quota: str, limit: str | None, expected_seconds: float | None) -> str:
+    """What a call waits for, e.g. "for its turn under the quota of openai (requests per
+    minute), about 12 s"."""
+    text = f"for its turn under the quota of {quota}"
+    if limit == "paused":
+        text += " (paused by the provider)"
+    elif limit is not None:
+        text += f" ({limit.replace('_', ' ')})"
+    if expected_seconds is not None:
+        text += f", about {max(1, round(expected_seconds))} s"
+    return text
+
+
+def quota_line(event: WaitingQuota | QuotaGranted) -> tuple[str, str]:
+    """The live view's line of a model call's wait under a quota, and its colour."""
+    if isinstance(event, WaitingQuota):
+        text = quota_wait_text(event.quota, event.limit, event.expected_seconds)
+        return f"… step {event.step} waits {text}", "33"
+    return f"  the call has its turn under {event.quota} after {event.waited_seconds:.1f} s", "2"
 
 
 def model_in_use(state: AgentState, first_events: Sequence[AgentEvent]) -> str | None:
@@ -311,6 +334,8 @@ class LiveView:
                 self._line(f"! {data.kind}: {data.message}", "33")
             case WaitingWorker():
                 self._line(f"… waiting for a worker that offers {', '.join(data.missing)}", "33")
+            case WaitingQuota() | QuotaGranted():
+                self._line(*quota_line(data))
             case WorkerFound():
                 self._line(
                     f"  a worker that offers it took the step: {data.worker or 'another'}", "2"
@@ -486,6 +511,8 @@ def render_state(
         lines.append(f"failure   {state.failure}")
     if state.status == "waiting_worker":
         lines.append(f"waiting   for a worker that offers {', '.join(state.missing)}")
+    if (wait := state.quota_wait) is not None:
+        lines.append(f"waiting   {quota_wait_text(wait.quota, wait.limit, wait.expected_seconds)}")
     for question in state.pending_questions.values():
         choices = f" [{' / '.join(question.choices)}]" if question.choices else ""
         lines.append(f"question  [{question.request_id}] {question.question}{choices}")

@@ -56,8 +56,9 @@ class TreeNode(BaseModel):
     step: int | None = Field(default=None, description="Its caller's step that started it.")
     call_id: str | None = Field(default=None, description="The call it answers.")
     status: str = Field(
-        description="Its own status: running, waiting_approval, waiting_input, done, failed, "
-        "cancelled, stuck, terminated, timed_out, or starting (not started yet)."
+        description="Its own status: running, waiting_approval, waiting_input, waiting_worker, "
+        "waiting_quota, done, failed, cancelled, stuck, terminated, timed_out, or starting "
+        "(not started yet)."
     )
     waiting: list[PendingRequest] = Field(
         default_factory=list, description="Its requests waiting for a person."

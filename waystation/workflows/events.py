@@ -16,7 +16,13 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter
 
-from waystation.vocabulary import TERMINAL_STATUSES, ModelPrice, TaskStatus, TerminalStatus
+from waystation.vocabulary import (
+    TERMINAL_STATUSES,
+    ModelPrice,
+    QuotaLimitKind,
+    TaskStatus,
+    TerminalStatus,
+)
 from waystation.workflows.conversation import (
     MessageRef,
     assistant_message,
@@ -271,6 +277,29 @@ class WorkerFound(EventBase):
     )
 
 
+class WaitingQuota(EventBase):
+    """The step's model call waits for its turn under a model endpoint's quota (it said so,
+    signal `quota_notice`): the task shows `waiting_quota` until the call has its turn."""
+
+    type: Literal["waiting_quota"] = "waiting_quota"
+    quota: str = Field(description="The quota's key: ENDPOINT or ENDPOINT:MODEL.")
+    limit: QuotaLimitKind | None = Field(
+        default=None, description="The limit the call waits for (`paused`: a provider's pause)."
+    )
+    expected_seconds: float | None = Field(
+        default=None, ge=0, description="How long the wait should last, as the call began it."
+    )
+    attempt: int = Field(description="The call's attempt that waits (as a thought's `attempt`).")
+
+
+class QuotaGranted(EventBase):
+    """The call that waited for its quota has its turn (or ended meanwhile): the wait is over."""
+
+    type: Literal["quota_granted"] = "quota_granted"
+    quota: str
+    waited_seconds: float = Field(ge=0, description="How long the call waited.")
+
+
 class ModelSwitched(EventBase):
     """The step's model kept failing with an outage past the task's fallback_after_seconds:
     the step goes on with the next model of its fallback_models (the next turn starts at
@@ -318,6 +347,8 @@ AgentEvent = Annotated[
     | OutputRejected
     | WaitingWorker
     | WorkerFound
+    | WaitingQuota
+    | QuotaGranted
     | ModelSwitched
     | Failed
     | Cancelled,
@@ -481,6 +512,19 @@ class RejectedCall(Contract):
     message: str | None = None
 
 
+class QuotaWait(Contract):
+    """What a task whose status is waiting_quota waits for: its model call's turn."""
+
+    quota: str = Field(description="The quota's key: ENDPOINT or ENDPOINT:MODEL.")
+    limit: QuotaLimitKind | None = None
+    expected_seconds: float | None = Field(
+        default=None, description="How long the wait should last, as it was last told."
+    )
+    step: int
+    attempt: int
+    since: datetime = Field(description="When the call began to wait.")
+
+
 class AgentState(Contract):
     """The fold of a task's events: what drives the loop, and what queries and the API show."""
 
@@ -547,6 +591,11 @@ class AgentState(Contract):
         default=None,
         description="The model the task's steps call since a fallback took over "
         "(model_switched); None: the task's own model. Each turn starts again at that one.",
+    )
+    quota_wait: QuotaWait | None = Field(
+        default=None,
+        description="With status waiting_quota: the quota the model call waits for, and since "
+        "when.",
     )
 
     @property
@@ -817,6 +866,38 @@ def _worker_found(state: AgentState, event: WorkerFound) -> Changes:
     return {"status": "running", "missing": []}
 
 
+def _waiting_quota(state: AgentState, event: WaitingQuota) -> Changes:
+    earlier = state.quota_wait
+    same_wait = earlier is not None and (earlier.step, earlier.attempt) == (
+        event.step,
+        event.attempt,
+    )
+    wait = QuotaWait(
+        quota=event.quota,
+        limit=event.limit,
+        expected_seconds=event.expected_seconds,
+        step=event.step,
+        attempt=event.attempt,
+        # A call told to wait for another limit still waits since it first did.
+        since=earlier.since if earlier is not None and same_wait else event.at,
+    )
+    return {"status": "waiting_quota", "quota_wait": wait, "missing": []}
+
+
+def _quota_granted(state: AgentState, event: QuotaGranted) -> Changes:
+    return _quota_wait_over(state)
+
+
+def _quota_wait_over(state: AgentState) -> Changes:
+    """A call's wait for its quota ends with the call's turn, or with any end of the call."""
+    if state.quota_wait is None and state.status != "waiting_quota":
+        return {}
+    changes: Changes = {"quota_wait": None}
+    if state.status == "waiting_quota":
+        changes["status"] = "running"
+    return changes
+
+
 def _model_switched(state: AgentState, event: ModelSwitched) -> Changes:
     return {"model": event.to_model}
 
@@ -859,6 +940,8 @@ APPLY_RULES: dict[str, Callable[[AgentState, Any], Changes]] = {
     "output_rejected": _output_rejected,
     "waiting_worker": _waiting_worker,
     "worker_found": _worker_found,
+    "waiting_quota": _waiting_quota,
+    "quota_granted": _quota_granted,
     "model_switched": _model_switched,
     "failed": _failed,
     "cancelled": _cancelled,
@@ -872,6 +955,10 @@ def apply(state: AgentState, event: AgentEvent) -> AgentState:
             f"event seq {event.seq} does not follow {state.last_seq}: the log has a gap"
         )
     changes = APPLY_RULES[event.type](state, event)
+    if event.type != "waiting_quota":
+        # The loop closes a wait with quota_granted before whatever ends the call; a log
+        # that lacks it still leaves the wait with the event after it (its status, if any).
+        changes = {**_quota_wait_over(state), **changes}
     changes["last_seq"] = event.seq
     changes["step"] = max(state.step, event.step)
     # model_copy keeps any key it is given: a misspelled field would be state nobody reads.

@@ -28,7 +28,9 @@ from waystation.workflows.events import (
     Interrupted,
     ModelSwitched,
     OutputRejected,
+    QuotaGranted,
     Thought,
+    WaitingQuota,
     WaitingWorker,
     WorkerFound,
     draft,
@@ -39,6 +41,7 @@ from waystation.workflows.models import (
     LlmRequest,
     LlmResult,
     ModelSettings,
+    QuotaNotice,
     SummaryRequest,
 )
 from waystation.workflows.plan import Fail
@@ -86,10 +89,12 @@ class ModelCalls(RunCore):
                 wait_for_capable_worker=self._state.status == "waiting_worker",
             )
             retried_here = falls_back and not request.wait_for_capable_worker
+            # Whatever came before the call is scheduled cannot be of it.
+            self._quota_notices.clear()
             call = activity_calls.start_model_call(
                 self._task, request, retried_by_workflow=retried_here
             )
-            interrupting = await self._until_done_or_interrupted(call)
+            interrupting = await self._until_done_or_interrupted(call, request)
             try:
                 result: LlmResult = await call
             except ActivityError as err:
@@ -132,19 +137,72 @@ class ModelCalls(RunCore):
             told = outputs.rejection(result.output_problem, outputs.mode(self._task.model))
             self._append(draft(OutputRejected, step, problem=result.output_problem, message=told))
 
-    async def _until_done_or_interrupted(self, call: workflow.ActivityHandle[LlmResult]) -> bool:
-        """Wait for the call, or cancel it for a message that interrupts: whether one did."""
+    async def _until_done_or_interrupted(
+        self, call: workflow.ActivityHandle[LlmResult], request: LlmRequest
+    ) -> bool:
+        """Wait for the call, or cancel it for a message that interrupts: whether one did.
+        Meanwhile the call's notices of its wait under a quota are recorded as they come;
+        the wait is closed (quota_granted) before whatever ends the call."""
+
+        def woken() -> bool:
+            return call.done() or messages.interrupting(self._incoming) or bool(self._quota_notices)
+
         try:
-            await workflow.wait_condition(
-                lambda: call.done() or messages.interrupting(self._incoming)
-            )
+            await workflow.wait_condition(woken)
+            while self._quota_notices:
+                self._record_quota_notices(request)
+                await workflow.wait_condition(woken)
         except asyncio.CancelledError:
             await activity_calls.cancelled_call(call)
             raise
+        self._close_quota_wait()
         if call.done():
             return False
         call.cancel()
         return True
+
+    def _record_quota_notices(self, request: LlmRequest) -> None:
+        """The notices that came, in the order they came; those of an earlier attempt (or
+        of a wait that is not recorded) change nothing."""
+        notices, self._quota_notices = self._quota_notices, []
+        for notice in notices:
+            wait = self._state.quota_wait
+            latest = wait.attempt if wait is not None else request.first_attempt
+            if notice.step != request.step or notice.attempt < latest:
+                continue
+            if notice.state == "waiting":
+                told = (notice.quota, notice.limit, notice.expected_seconds, notice.attempt)
+                # A notice sent again (a retried signal) is recorded once.
+                if wait is None or told != (wait.quota, wait.limit, wait.expected_seconds, latest):
+                    self._clock = sample_clock()
+                    self._append(self._waiting_quota(notice))
+            elif wait is not None and wait.attempt == notice.attempt:
+                self._clock = sample_clock()
+                waited = notice.waited_seconds or 0.0
+                self._append(
+                    draft(QuotaGranted, self._state.step, quota=notice.quota, waited_seconds=waited)
+                )
+
+    def _waiting_quota(self, notice: QuotaNotice) -> WaitingQuota:
+        return draft(
+            WaitingQuota,
+            notice.step,
+            quota=notice.quota,
+            limit=notice.limit,
+            expected_seconds=notice.expected_seconds,
+            attempt=notice.attempt,
+        )
+
+    def _close_quota_wait(self) -> None:
+        """The call ended (or is being cancelled) while the task still shows its wait."""
+        wait = self._state.quota_wait
+        if wait is None:
+            return
+        self._clock = sample_clock()
+        waited = max(0.0, (self._clock.now - wait.since).total_seconds())
+        self._append(
+            draft(QuotaGranted, self._state.step, quota=wait.quota, waited_seconds=round(waited, 3))
+        )
 
     def _fallback_after(self) -> timedelta:
         return timedelta(seconds=self._task.model.fallback_after_seconds)

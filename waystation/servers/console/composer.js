@@ -16,6 +16,7 @@ const WHAT_SENDING_DOES = {
   running: "Steers the task: the model reads your message at its next call, after the current step's tool calls.",
   waiting_approval: "The task waits for an approval: your message is kept, and the model reads it after the decision.",
   waiting_input: "The task waits for an answer to its question (answer it above): your message is kept, and the model reads it after the answer.",
+  waiting_quota: "Steers the task: its model call waits for its turn under the quota; the model reads your message at its next call (\"interrupt\" cancels the waiting call).",
   done: "Follows up: the same task goes on, with the whole conversation so far.",
 };
 // Why nothing can be sent, and which way goes on.
@@ -103,7 +104,7 @@ export class MessageBox {
     this.options.hidden = !this.open; // nothing to choose for a message that cannot be sent
     this.submit.disabled = !this.open || this.busy;
     // Only a model call in flight can be interrupted; an answered task has none.
-    this.interruptField.hidden = !["pending", "running"].includes(status) || !this.open;
+    this.interruptField.hidden = !["pending", "running", "waiting_quota"].includes(status) || !this.open;
     if (this.interruptField.hidden) this.interrupt.checked = false;
     this.renderQueue();
   }

@@ -36,10 +36,16 @@ export class TaskFold {
     this.failure = null;
     this.failureKind = null;
     this.missing = []; // with status waiting_worker: what the worker that took it lacked
+    this.quotaWait = null; // with status waiting_quota: {quota, limit, expected_seconds, attempt, since}
   }
 
   apply(e) {
     this.step = Math.max(this.step, e.step);
+    if (this.quotaWait && e.type !== "waiting_quota") {
+      // Whatever comes after a wait for the quota ends it (the loop says quota_granted first).
+      this.quotaWait = null;
+      if (this.status === "waiting_quota") this.status = "running";
+    }
     switch (e.type) {
       case "task_started":
         this.status = "running";
@@ -129,6 +135,17 @@ export class TaskFold {
         this.status = "running";
         this.missing = [];
         break;
+      case "waiting_quota": {
+        // Told to wait for another limit, the same attempt still waits since it first did.
+        const same = this.quotaWait && this.quotaWait.attempt === e.attempt && this.quotaWait.step === e.step;
+        this.status = "waiting_quota";
+        this.missing = [];
+        this.quotaWait = {
+          quota: e.quota, limit: e.limit, expected_seconds: e.expected_seconds,
+          step: e.step, attempt: e.attempt, since: same ? this.quotaWait.since : e.at,
+        };
+        break;
+      }
       case "model_switched":
         this.model = e.to_model;
         break;

@@ -15,7 +15,7 @@ import { TaskFold } from "./fold.js";
 import { LiveSteps } from "./live.js";
 import { questionCard } from "./question.js";
 import { TERMINAL, followStream } from "./stream.js";
-import { eventRow } from "./timeline.js";
+import { eventRow, quotaWaitText } from "./timeline.js";
 import { SubAgents } from "./tree.js";
 import { Conversation } from "./turns.js";
 
@@ -334,6 +334,9 @@ class TaskPage {
     const turnSteps = f.turn > 0 ? `${f.step} · ${f.step - f.turnFirstStep} of ${f.maxSteps} in this turn` : `${f.step} of ${f.maxSteps}`;
     replace(this.figures,
       h("div", {}, h("dt", {}, "Status"), h("dd", { class: "task-status" }, statusBadge(f.status))),
+      f.quotaWait
+        ? h("div", {}, h("dt", {}, "Waiting"), h("dd", { class: "task-quota-wait" }, quotaWaitText(f.quotaWait)))
+        : null,
       h("div", {}, h("dt", {}, "Step"), h("dd", { class: "task-step" }, f.maxSteps ? turnSteps : String(f.step))),
       f.turn > 0 ? h("div", {}, h("dt", {}, "Turns"), h("dd", { class: "task-turns" }, `${f.turn + 1} (${f.turn} follow-up${f.turn > 1 ? "s" : ""})`)) : null,
       h("div", {}, h("dt", {}, "Tokens"), h("dd", { class: "task-usage" },

@@ -29,10 +29,24 @@ const TITLES = {
   interrupted: "Interrupted",
   context_compacted: "Context compacted",
   model_switched: "Model switched",
+  waiting_quota: "Waiting for the quota",
+  quota_granted: "Quota granted",
   done: "Answer",
   failed: "Failed",
   cancelled: "Cancelled",
 };
+
+/** What a model call waits for under a quota, as `ws status` says it: "for its turn under
+ * the quota of openai (requests per minute), about 12 s". */
+export function quotaWaitText(wait) {
+  let text = `for its turn under the quota of ${wait.quota}`;
+  if (wait.limit === "paused") text += " (paused by the provider)";
+  else if (wait.limit) text += ` (${wait.limit.replaceAll("_", " ")})`;
+  if (wait.expected_seconds !== null && wait.expected_seconds !== undefined) {
+    text += `, about ${Math.max(1, Math.round(wait.expected_seconds))} s`;
+  }
+  return text;
+}
 
 /** A long text, folded after FOLD_AT characters with a button to show the rest. */
 function longText(text, className) {
@@ -221,6 +235,12 @@ const BODIES = {
     e.reasoning_dropped
       ? h("p", { class: "muted reasoning-dropped" }, `${e.reasoning_dropped} reasoning item${e.reasoning_dropped > 1 ? "s" : ""} could not carry over.`)
       : null,
+  ],
+  waiting_quota: (e) => [
+    h("p", { class: "text" }, `The model call (attempt ${e.attempt}) waits ${quotaWaitText(e)}.`),
+  ],
+  quota_granted: (e) => [
+    h("p", { class: "muted" }, `The call has its turn under ${e.quota} after ${e.waited_seconds.toFixed(1)} s.`),
   ],
   worker_found: (e) => [h("p", { class: "muted" }, e.worker ? `taken up by ${e.worker}` : "a worker that offers it took the call")],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
