@@ -11,13 +11,14 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from waystation.activities.quotas import QuotaGate, QuotaTurn
+from waystation.activities.quotas import QuotaGate, QuotaTurn, rate_limit_reset
 from waystation.activities.storage import Storage
 from waystation.activities.storage.backend import Backend
 from waystation.activities.storage.postgres import PostgresBackend
@@ -351,3 +352,19 @@ async def test_an_endpoint_without_limits_never_touches_the_storage() -> None:
     async with gate.turn([], tenant=None, input_tokens=10) as turn:
         turn.record(Usage(input_tokens=10))
     await gate.pause([], 5)
+
+
+def test_a_providers_rate_limit_headers_say_how_long_a_used_up_limit_lasts() -> None:
+    openai_headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m2.5s"}
+    assert rate_limit_reset(openai_headers) == timedelta(seconds=62.5)
+    tokens = {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "20ms"}
+    assert rate_limit_reset(tokens) == timedelta(milliseconds=20)
+    reset = datetime.fromtimestamp(time.time() + 30, tz=UTC).isoformat().replace("+00:00", "Z")
+    anthropic = {
+        "anthropic-ratelimit-input-tokens-remaining": "0",
+        "anthropic-ratelimit-input-tokens-reset": reset,
+    }
+    waited = rate_limit_reset(anthropic)
+    assert waited is not None and 28 < waited.total_seconds() <= 30
+    left = {"x-ratelimit-remaining-requests": "12", "x-ratelimit-reset-requests": "1s"}
+    assert rate_limit_reset(left) is None

@@ -40,6 +40,7 @@ from waystation.activities.quotas import (
     QuotaGate,
     Quotas,
     QuotaTurn,
+    listening_for_rate_limits,
 )
 from waystation.activities.redaction import Redactor
 from waystation.activities.spans import span
@@ -459,16 +460,23 @@ class LlmActivities:
         message = AssembledMessage()
         options = {"response_format": response_format} if response_format is not None else {}
         shown = self._redactor.stream()
+        exhausted: list[float] = []  # a response that says a limit is used up, until when
         async with self._turn(quotas, tenant, messages, tools, watchdog, notices) as turn:
             watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
+            listening = (
+                listening_for_rate_limits(exhausted.append) if quotas else contextlib.nullcontext()
+            )
             try:
-                async for delta in backend.stream(messages, tools, model, **options):
-                    message.add(delta)
-                    if watchdog.progress == 0:
-                        watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
-                    watchdog.advance()
-                    if delta.text and tokens is not None and (text := shown.feed(delta.text)):
-                        tokens.publish(text)
+                with listening:
+                    async for delta in backend.stream(messages, tools, model, **options):
+                        message.add(delta)
+                        if watchdog.progress == 0:
+                            watchdog.expect(
+                                model.request_timeout_seconds + 5, "streaming the answer"
+                            )
+                        watchdog.advance()
+                        if delta.text and tokens is not None and (text := shown.feed(delta.text)):
+                            tokens.publish(text)
             except ApplicationError as err:
                 if err.next_retry_delay is not None and self._quotas is not None:
                     # The provider asked every caller of this key to wait: the whole fleet does.
@@ -479,6 +487,8 @@ class LlmActivities:
                 raise redacted from redacted.__cause__
             finally:
                 turn.record(message.usage)
+            if exhausted and self._quotas is not None:
+                await self._quotas.pause(quotas, max(exhausted))
         if tokens is not None and (rest := shown.end()):
             tokens.publish(rest)
         if self._redactor and message.text:

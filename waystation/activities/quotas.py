@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
+import re
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from waystation.activities.storage.backend import Backend
@@ -264,3 +267,71 @@ class QuotaGate:
 async def _shielded(operation: Awaitable[None]) -> None:
     """Run `operation` to its end even when the caller is cancelled meanwhile."""
     await asyncio.wait_for(asyncio.shield(operation), _RELEASE_SECONDS)
+
+
+# --- a provider's rate-limit headers ---------------------------------------------------------
+
+# (remaining, reset) header pairs: OpenAI's reset is a duration ("1s", "6m0s", "20ms"),
+# Anthropic's an RFC 3339 time.
+_RATE_LIMIT_HEADERS = (
+    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset"),
+    ("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"),
+    ("anthropic-ratelimit-input-tokens-remaining", "anthropic-ratelimit-input-tokens-reset"),
+    ("anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-output-tokens-reset"),
+)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def rate_limit_reset(headers: object) -> timedelta | None:
+    """How long until a limit the provider says is used up resets (None: none is)."""
+    get = getattr(headers, "get", None)
+    if get is None:
+        return None
+    waits = [
+        seconds
+        for remaining, reset in _RATE_LIMIT_HEADERS
+        if str(get(remaining, "")).strip() == "0"
+        and (seconds := _reset_seconds(str(get(reset, "")))) is not None
+    ]
+    return timedelta(seconds=max(waits)) if waits else None
+
+
+def _reset_seconds(value: str) -> float | None:
+    value = value.strip()
+    if not value:
+        return None
+    parts = _DURATION_PART.findall(value)
+    if parts and "".join(n + u for n, u in parts) == value:
+        return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    try:
+        return max(
+            0.0, datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() - time.time()
+        )
+    except ValueError:
+        return None
+
+
+# What the call being sent does with a used-up limit a successful response reports (set by
+# the LLM activity around each call; the protocol backends report to it).
+_rate_limit_listener: contextvars.ContextVar[Callable[[float], None] | None] = (
+    contextvars.ContextVar("rate_limit_listener", default=None)
+)
+
+
+def report_rate_limits(headers: object) -> None:
+    """A response's headers, from a protocol backend: a used-up limit pauses the quota."""
+    listener = _rate_limit_listener.get()
+    if listener is not None and (reset := rate_limit_reset(headers)) is not None:
+        listener(reset.total_seconds())
+
+
+@contextlib.contextmanager
+def listening_for_rate_limits(listener: Callable[[float], None]) -> Iterator[None]:
+    token = _rate_limit_listener.set(listener)
+    try:
+        yield
+    finally:
+        _rate_limit_listener.reset(token)

@@ -331,46 +331,7 @@ class PostgresBackend:
 
         async def admit(connection: Connection) -> list[QuotaDecision]:
             async with connection.transaction(), connection.cursor() as cursor:
-                # Each quota's row, locked in one order by every worker: no deadlock.
-                await cursor.executemany(
-                    "INSERT INTO quota_state (quota) VALUES (%s) ON CONFLICT DO NOTHING",
-                    [(key,) for key in keys],
-                )
-                await cursor.execute(
-                    "SELECT quota, paused_until FROM quota_state WHERE quota = ANY(%s)"
-                    " ORDER BY quota FOR UPDATE",
-                    (keys,),
-                )
-                views = {key: QuotaView() for key in keys}
-                for key, paused in await cursor.fetchall():
-                    views[key].paused_until = paused
-                await cursor.execute(f"SELECT {_NOW}")
-                row = await cursor.fetchone()
-                assert row is not None
-                now = float(row[0])
-                await cursor.execute(
-                    "DELETE FROM quota_waiters WHERE quota = ANY(%s) AND lease_until <= %s",
-                    (keys, now),
-                )
-                await cursor.execute(
-                    "DELETE FROM quota_calls WHERE quota = ANY(%s) AND admitted_at <= %s"
-                    " AND lease_until <= %s",
-                    (keys, now - WINDOW_SECONDS, now),
-                )
-                await cursor.execute(
-                    "SELECT call_id, quota, tenant, admitted_at, input_tokens, output_tokens,"
-                    " lease_until > %s FROM quota_calls WHERE quota = ANY(%s)",
-                    (now, keys),
-                )
-                for call_id, key, tenant, at, given, got, live in await cursor.fetchall():
-                    views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
-                await cursor.execute(
-                    "SELECT call_id, quota, tenant, since, blocked_on FROM quota_waiters"
-                    " WHERE quota = ANY(%s)",
-                    (keys,),
-                )
-                for call_id, key, tenant, since, blocked_on in await cursor.fetchall():
-                    views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on))
+                now, views = await _quota_views(cursor, keys)
                 outcome = decide(now, views, requests)
                 waiting = [
                     (r.call_id, key, r.tenant, owner, since[key], now + r.lease_seconds, on)
@@ -439,3 +400,49 @@ class PostgresBackend:
             " SET paused_until = greatest(quota_state.paused_until, excluded.paused_until)",
             (quotas, seconds),
         )
+
+
+async def _quota_views(
+    cursor: psycopg.AsyncCursor[TupleRow], keys: list[str]
+) -> tuple[float, dict[str, QuotaView]]:
+    """The server's time and what it holds for `keys`, their rows locked until the
+    transaction ends; lapsed waiters and calls past the window are deleted first."""
+    # Each quota's row, locked in one order by every worker: no deadlock.
+    await cursor.executemany(
+        "INSERT INTO quota_state (quota) VALUES (%s) ON CONFLICT DO NOTHING",
+        [(key,) for key in keys],
+    )
+    await cursor.execute(
+        "SELECT quota, paused_until FROM quota_state WHERE quota = ANY(%s)"
+        " ORDER BY quota FOR UPDATE",
+        (keys,),
+    )
+    views = {key: QuotaView() for key in keys}
+    for key, paused in await cursor.fetchall():
+        views[key].paused_until = paused
+    await cursor.execute(f"SELECT {_NOW}")
+    row = await cursor.fetchone()
+    assert row is not None
+    now = float(row[0])
+    await cursor.execute(
+        "DELETE FROM quota_waiters WHERE quota = ANY(%s) AND lease_until <= %s",
+        (keys, now),
+    )
+    await cursor.execute(
+        "DELETE FROM quota_calls WHERE quota = ANY(%s) AND admitted_at <= %s AND lease_until <= %s",
+        (keys, now - WINDOW_SECONDS, now),
+    )
+    await cursor.execute(
+        "SELECT call_id, quota, tenant, admitted_at, input_tokens, output_tokens,"
+        " lease_until > %s FROM quota_calls WHERE quota = ANY(%s)",
+        (now, keys),
+    )
+    for call_id, key, tenant, at, given, got, live in await cursor.fetchall():
+        views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
+    await cursor.execute(
+        "SELECT call_id, quota, tenant, since, blocked_on FROM quota_waiters WHERE quota = ANY(%s)",
+        (keys,),
+    )
+    for call_id, key, tenant, since, blocked_on in await cursor.fetchall():
+        views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on))
+    return now, views
