@@ -1,7 +1,8 @@
-"""Real worker processes share one endpoint's quota through their storage (the SQLite file of
-one machine): calls never overlap past `concurrent_requests`, a worker killed while its
-call waits loses nothing and leaks no slot (a dead worker's slot comes back within the
-heartbeat timeout), and one 429 with retry-after pauses the endpoint for every worker."""
+"""Real worker processes share one endpoint's quota through their storage (the SQLite file
+of one machine, or PostgreSQL): calls never overlap past `concurrent_requests`, a worker
+killed while its call waits loses nothing and leaks no slot (a dead worker's slot comes back
+within the heartbeat timeout), and one 429 with retry-after pauses the endpoint for every
+worker."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from waystation.activities.storage.storage import SQLITE_FILE
@@ -23,12 +25,14 @@ from waystation.client.agent_runtime import AgentRuntime
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import parse_endpoints
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text
+from waystation.testing.postgres import PostgresServer
 from waystation.testing.settings import isolated_settings
 from waystation.testing.workers import WorkerProcess
 from waystation.workflows.models import AgentTask, ModelSettings
 
 HEARTBEAT_SECONDS = 3.0
-CALL_SECONDS = 0.4
+# Six calls of this long, one at a time: the last waits longer than a heartbeat timeout.
+CALL_SECONDS = 1.0
 
 
 class Arrivals:
@@ -51,10 +55,14 @@ class Arrivals:
                 await asyncio.sleep(0.05)
 
 
-def limited(fake: FakeOpenAI, tmp_path: Path, limits: dict[str, Any]) -> tuple[Settings, str]:
+def limited(
+    fake: FakeOpenAI, tmp_path: Path, limits: dict[str, Any], **fields: Any
+) -> tuple[Settings, str]:
     """Settings whose endpoint `limited` is the fake with these limits, and its JSON."""
     declared = json.dumps({"limited": {"protocol": "chat", "base_url": fake.url, "limits": limits}})
-    settings = isolated_settings(tmp_path, fake.url, model_endpoints=parse_endpoints(declared))
+    settings = isolated_settings(
+        tmp_path, fake.url, model_endpoints=parse_endpoints(declared), **fields
+    )
     return settings, declared
 
 
@@ -89,10 +97,16 @@ def quota_rows(settings: Settings, statement: str) -> list[Any]:
         return db.execute(statement).fetchall()
 
 
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
 async def test_calls_of_every_worker_never_overlap_past_the_concurrent_limit(
-    dev_env: WorkflowEnvironment, fake_openai: FakeOpenAI, tmp_path: Path
+    dev_env: WorkflowEnvironment,
+    fake_openai: FakeOpenAI,
+    tmp_path: Path,
+    postgres: PostgresServer,
+    storage: str,
 ) -> None:
-    settings, declared = limited(fake_openai, tmp_path, {"concurrent_requests": 1})
+    shared = {"database_url": postgres.create_database()} if storage == "postgresql" else {}
+    settings, declared = limited(fake_openai, tmp_path, {"concurrent_requests": 1}, **shared)
     arrivals = Arrivals(lambda _: text("ok", delay_seconds=CALL_SECONDS))
     model = fake_openai.script(arrivals)
     runtime = AgentRuntime(dev_env.client, settings)
@@ -100,6 +114,8 @@ async def test_calls_of_every_worker_never_overlap_past_the_concurrent_limit(
         handles = [await runtime.run(task(model)) for _ in range(6)]
         outcomes = [await h.result() for h in handles]
     assert [o.result for o in outcomes] == ["ok"] * 6
+    # A wait is progress: no waiting call missed its heartbeat and was sent again.
+    assert len(arrivals.times) == 6
     starts = sorted(arrivals.times)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # Each request is answered CALL_SECONDS after it arrives: the next may not come sooner.

@@ -521,6 +521,7 @@ class LlmActivities:
             long = (expected or 0) > NOTICE_AFTER_SECONDS or waited > NOTICE_AFTER_SECONDS
             if notices is not None and decision.limit is not None and long and not told:
                 told = True
+                # 0: not known in advance (a running call's end, another waiter's turn).
                 await notices.waiting(decision.quota, decision.limit, expected or 0.0)
 
         async def on_granted(quota: str, waited: float) -> None:

@@ -243,9 +243,9 @@ class QuotaGate:
 
         coordinator = self.coordinator
         await coordinator.admit(request, heard)
-        if last and on_granted is not None:
-            await on_granted(last[0].quota, time.monotonic() - started)
-        try:
+        try:  # from here the slot is held: whatever happens, it is released
+            if last and on_granted is not None:
+                await on_granted(last[0].quota, time.monotonic() - started)
             yield turn
         finally:
             reported = turn.usage.input_tokens or None
