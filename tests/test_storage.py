@@ -58,6 +58,9 @@ class Place:
     def storage(self) -> Storage:
         return Storage(self.backend())
 
+    def known_migrations(self) -> tuple[schema.Migration, ...]:
+        return schema.SQLITE if self.kind == "sqlite" else schema.POSTGRES
+
     def sql(self, statement: str) -> list[Any]:
         """Run SQL on the database directly, as an operator would."""
         if self.kind == "sqlite":
@@ -214,8 +217,9 @@ async def test_migrations_are_idempotent_and_safe_when_workers_start_together(
         assert len({s.deployment_id for s in storages}) == 1
         async with place.storage() as again:
             assert again.deployment_id == storages[0].deployment_id
-            assert (await again.backend.stats())["schema_version"] == 1
-        assert place.sql("SELECT version FROM schema_version") == [(1,)]
+            assert (await again.backend.stats())["schema_version"] == len(place.known_migrations())
+        versions = place.sql("SELECT version FROM schema_version ORDER BY version")
+        assert versions == [(m.version,) for m in place.known_migrations()]
         assert len(place.sql("SELECT id FROM deployment")) == 1
     finally:
         await asyncio.gather(*(s.close() for s in storages))
@@ -224,15 +228,17 @@ async def test_migrations_are_idempotent_and_safe_when_workers_start_together(
 async def test_a_new_migration_applies_once_and_an_older_worker_refuses_a_newer_schema(
     place: Place,
 ) -> None:
-    known = schema.SQLITE if place.kind == "sqlite" else schema.POSTGRES
-    later = (*known, schema.Migration(2, "extra", ("CREATE TABLE extra (id INTEGER)",)))
+    known = place.known_migrations()
+    extra = len(known) + 1
+    later = (*known, schema.Migration(extra, "extra", ("CREATE TABLE extra (id INTEGER)",)))
     async with place.storage() as first:
         deployment = first.deployment_id
     upgraded = [Storage(place.backend(later)) for _ in range(3)]
     await asyncio.gather(*(s.open() for s in upgraded))
     assert {s.deployment_id for s in upgraded} == {deployment}
     await asyncio.gather(*(s.close() for s in upgraded))
-    assert place.sql("SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
+    versions = place.sql("SELECT version FROM schema_version ORDER BY version")
+    assert versions == [(version,) for version in range(1, extra + 1)]
     assert place.sql("SELECT count(*) FROM extra") == [(0,)]
     with pytest.raises(SchemaTooNewError, match="upgrade waystation"):
         await place.storage().open()

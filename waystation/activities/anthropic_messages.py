@@ -19,7 +19,12 @@ import anthropic
 from temporalio.exceptions import ApplicationError
 
 from waystation.activities.chat import ChatDelta
-from waystation.activities.openai_chat import _UNREACHABLE_REASONS, retry_after
+from waystation.activities.openai_chat import (
+    _UNREACHABLE_REASONS,
+    retry_after,
+    with_rate_limits_reported,
+)
+from waystation.activities.quotas import rate_limit_reset
 from waystation.activities.redaction import url_without_credentials
 from waystation.activities.stream_clocks import clocked_events
 from waystation.workflows import errors
@@ -254,7 +259,8 @@ def classify_anthropic_error(err: Exception) -> ApplicationError:
             return ApplicationError(
                 detail,
                 type=errors.LLM_UNAVAILABLE,
-                next_retry_delay=retry_after(err.response.headers),
+                next_retry_delay=retry_after(err.response.headers)
+                or rate_limit_reset(err.response.headers),
             )
         return ApplicationError(detail, type=errors.LLM_REQUEST_REJECTED, non_retryable=True)
     if isinstance(err, anthropic.APITimeoutError):
@@ -444,10 +450,10 @@ class AnthropicMessages:
         create: Any = self._client.messages.create
         reader = _StreamReader(model.name)
 
-        def open_stream() -> Any:
+        async def open_stream() -> Any:
             # The body goes as `extra_body`, sent as it is, in our key order: the typed
             # parameters would be walked and re-serialised for the same bytes.
-            return create(
+            opened = await create(
                 model=body["model"],
                 max_tokens=body["max_tokens"],
                 messages=[],
@@ -455,6 +461,7 @@ class AnthropicMessages:
                 timeout=anthropic.Timeout(backstop, connect=min(first_wait, 10.0)),
                 extra_body=body,
             )
+            return with_rate_limits_reported(opened)
 
         def timed_out(sentence: str) -> ApplicationError:
             return ApplicationError(sentence, type=errors.LLM_UNAVAILABLE)

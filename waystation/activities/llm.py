@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -32,14 +33,29 @@ from waystation.activities.heartbeat import Watchdog, watched
 from waystation.activities.mcp.activities import McpActivities, check_call, with_unavailable_servers
 from waystation.activities.model_backends import ModelBackends
 from waystation.activities.offline_model import OfflineModel
+from waystation.activities.quota_notices import QuotaNoticeSender
+from waystation.activities.quotas import (
+    DEFAULT_LEASE_SECONDS,
+    NOTICE_AFTER_SECONDS,
+    QuotaGate,
+    Quotas,
+    QuotaTurn,
+    listening_for_rate_limits,
+)
 from waystation.activities.redaction import Redactor
 from waystation.activities.spans import span
+from waystation.activities.storage.quota_state import QuotaDecision
 from waystation.activities.structured_output import final_answer_call, native_answer
 from waystation.activities.text_tool_calls import recover_tool_calls
 from waystation.activities.tools import ToolRegistry
-from waystation.settings.model_endpoints import ModelEndpoint
+from waystation.settings.model_endpoints import ModelEndpoint, all_endpoints
 from waystation.workflows import errors, outputs
-from waystation.workflows.conversation import assistant_message, conversation_digest, message_digest
+from waystation.workflows.conversation import (
+    assistant_message,
+    conversation_digest,
+    estimate_tokens,
+    message_digest,
+)
 from waystation.workflows.models import (
     FINAL_ANSWER_TOOL,
     ChatMessage,
@@ -214,10 +230,12 @@ class LlmActivities:
         redactor: Redactor | None = None,
         endpoints: Mapping[str, ModelEndpoint] | None = None,
         environ: Mapping[str, str] | None = None,
+        quotas: QuotaGate | None = None,
     ) -> None:
         """`api_key` and `base_url` are the OpenAI endpoints' (as OPENAI_API_KEY and
         OPENAI_BASE_URL in `environ`, the variables every endpoint reads its key and place
-        from); `endpoints` the declared ones; `backends` serve models by their whole name."""
+        from); `endpoints` the declared ones; `backends` serve models by their whole name;
+        `quotas` the gate that holds calls to their endpoints' limits (None: no limits)."""
         self._registry = registry
         self._store = store
         self._mcp = mcp
@@ -231,6 +249,8 @@ class LlmActivities:
         if base_url:
             environ["OPENAI_BASE_URL"] = base_url
         self._backends = ModelBackends(endpoints, environ, backends)
+        self._endpoints = all_endpoints(endpoints or {})
+        self._quotas = quotas
 
     @property
     def conversations(self) -> ConversationCache:
@@ -239,6 +259,8 @@ class LlmActivities:
 
     async def close(self) -> None:
         """Close the endpoints' HTTP clients (the worker does this as it shuts down)."""
+        if self._quotas is not None:
+            await self._quotas.close()
         await self._backends.close()
 
     def _backend(self, model: ModelSettings) -> tuple[ChatBackend, ModelSettings]:
@@ -248,6 +270,15 @@ class LlmActivities:
         return backend, model if model_id == model.name else model.model_copy(
             update={"name": model_id}
         )
+
+    def _quotas_of(self, model_name: str) -> Quotas:
+        """The quotas a call of `model_name` counts against (none without a gate)."""
+        if self._quotas is None:
+            return []
+        endpoint, model_id = self._backends.endpoint_of(model_name)
+        if endpoint is None:
+            return []
+        return self._endpoints[endpoint].quotas_of(endpoint, model_id)
 
     # --- the conversation -------------------------------------------------------------------
 
@@ -381,7 +412,16 @@ class LlmActivities:
                 ChatMessage(role="system", content=SUMMARY_INSTRUCTIONS),
                 ChatMessage(role="user", content=transcript),
             ]
-            message = await self._stream(backend, prompt, [], model, watchdog, None)
+            message = await self._stream(
+                backend,
+                prompt,
+                [],
+                model,
+                watchdog,
+                None,
+                quotas=self._quotas_of(request.model.name),
+                notices=QuotaNoticeSender(request.step, activity.info().attempt),
+            )
         return self._summarized(request, conversation, "".join(message.text), message.usage)
 
     def _summarized(
@@ -409,32 +449,95 @@ class LlmActivities:
         tokens: TokenPublisher | None,
         *,
         response_format: dict[str, Any] | None = None,
+        quotas: Quotas = (),
+        tenant: str | None = None,
+        notices: QuotaNoticeSender | None = None,
     ) -> AssembledMessage:
-        """One streamed completion; the watchdog allows the first chunk more time. Known
-        secrets are redacted from its text, its tokens and the endpoint's error texts (an
-        endpoint may echo the request's Authorization header)."""
+        """One streamed completion, sent once its quotas give it its turn; the watchdog
+        allows the first chunk more time. Known secrets are redacted from its text, its
+        tokens and the endpoint's error texts (an endpoint may echo the request's
+        Authorization header)."""
         message = AssembledMessage()
-        watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
         options = {"response_format": response_format} if response_format is not None else {}
         shown = self._redactor.stream()
-        try:
-            async for delta in backend.stream(messages, tools, model, **options):
-                message.add(delta)
-                if watchdog.progress == 0:
-                    watchdog.expect(model.request_timeout_seconds + 5, "streaming the answer")
-                watchdog.advance()
-                if delta.text and tokens is not None and (text := shown.feed(delta.text)):
-                    tokens.publish(text)
-        except ApplicationError as err:
-            redacted = self._redactor.error(err)
-            if redacted is err:
-                raise
-            raise redacted from redacted.__cause__
+        exhausted: list[float] = []  # a response that says a limit is used up, until when
+        async with self._turn(quotas, tenant, messages, tools, watchdog, notices) as turn:
+            watchdog.expect(model.first_chunk_timeout_seconds + 5, "waiting for the model")
+            listening = (
+                listening_for_rate_limits(exhausted.append) if quotas else contextlib.nullcontext()
+            )
+            try:
+                with listening:
+                    async for delta in backend.stream(messages, tools, model, **options):
+                        message.add(delta)
+                        if watchdog.progress == 0:
+                            watchdog.expect(
+                                model.request_timeout_seconds + 5, "streaming the answer"
+                            )
+                        watchdog.advance()
+                        if delta.text and tokens is not None and (text := shown.feed(delta.text)):
+                            tokens.publish(text)
+            except ApplicationError as err:
+                if err.next_retry_delay is not None and self._quotas is not None:
+                    # The provider asked every caller of this key to wait: the whole fleet does.
+                    await self._quotas.pause(quotas, err.next_retry_delay.total_seconds())
+                redacted = self._redactor.error(err)
+                if redacted is err:
+                    raise
+                raise redacted from redacted.__cause__
+            finally:
+                turn.record(message.usage)
+            if exhausted and self._quotas is not None:
+                await self._quotas.pause(quotas, max(exhausted))
         if tokens is not None and (rest := shown.end()):
             tokens.publish(rest)
         if self._redactor and message.text:
             message.text = [self._redactor.redact("".join(message.text))]
         return message
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self,
+        quotas: Quotas,
+        tenant: str | None,
+        messages: list[ChatMessage],
+        tools: list[dict[str, object]],
+        watchdog: Watchdog,
+        notices: QuotaNoticeSender | None,
+    ) -> AsyncIterator[QuotaTurn]:
+        """The call's turn under its quotas; while it waits it heartbeats (a wait is
+        progress), stays cancellable, and tells the task of a wait longer than a second."""
+        if self._quotas is None or not quotas:
+            yield QuotaTurn((), 0)
+            return
+        estimate = sum(estimate_tokens(m) for m in messages) + len(json.dumps(tools)) // 4
+        watchdog.expect(CONVERSATION_READ_SECONDS, "waiting for the model's quota")
+        told = False
+
+        async def on_wait(decision: QuotaDecision, waited: float) -> None:
+            nonlocal told
+            watchdog.advance()
+            expected = decision.wait_seconds
+            long = (expected or 0) > NOTICE_AFTER_SECONDS or waited > NOTICE_AFTER_SECONDS
+            if notices is not None and decision.limit is not None and long and not told:
+                told = True
+                # 0: not known in advance (a running call's end, another waiter's turn).
+                await notices.waiting(decision.quota, decision.limit, expected or 0.0)
+
+        async def on_granted(quota: str, waited: float) -> None:
+            if notices is not None:
+                await notices.granted(quota, waited)
+
+        heartbeat = activity.info().heartbeat_timeout if activity.in_activity() else None
+        async with self._quotas.turn(
+            quotas,
+            tenant=tenant,
+            input_tokens=estimate,
+            lease_seconds=heartbeat.total_seconds() if heartbeat else DEFAULT_LEASE_SECONDS,
+            on_wait=on_wait,
+            on_granted=on_granted,
+        ) as turn:
+            yield turn
 
     def _check(
         self, conversation: Conversation, call_id: str, name: str, arguments: str
@@ -584,6 +687,9 @@ class LlmActivities:
                         watchdog,
                         tokens,
                         response_format=native,
+                        quotas=self._quotas_of(request.model.name),
+                        tenant=request.tenant,
+                        notices=QuotaNoticeSender(request.step, attempt),
                     )
             s.set_attribute("llm.input_tokens", message.usage.input_tokens)
             s.set_attribute("llm.output_tokens", message.usage.output_tokens)

@@ -18,6 +18,7 @@ import openai
 from temporalio.exceptions import ApplicationError
 
 from waystation.activities.chat import ChatDelta, to_openai_messages, tool_choice_option
+from waystation.activities.quotas import rate_limit_reset, report_rate_limits
 from waystation.activities.redaction import url_without_credentials
 from waystation.activities.stream_clocks import clocked_events
 from waystation.workflows import errors
@@ -58,6 +59,14 @@ def retry_after(headers: object) -> timedelta | None:
     return timedelta(seconds=max(0.0, parsed.timestamp() - time.time()))
 
 
+def with_rate_limits_reported(stream: Any) -> Any:
+    """The opened stream, its response's rate-limit headers told to the quota gate."""
+    response = getattr(stream, "response", None)
+    if response is not None:
+        report_rate_limits(response.headers)
+    return stream
+
+
 def _provider_message(err: openai.APIStatusError) -> str:
     body = err.body
     if isinstance(body, dict):
@@ -86,7 +95,8 @@ def classify_provider_error(err: Exception) -> ApplicationError:
         return ApplicationError(
             detail,
             type=errors.LLM_UNAVAILABLE,
-            next_retry_delay=retry_after(err.response.headers),
+            next_retry_delay=retry_after(err.response.headers)
+            or rate_limit_reset(err.response.headers),
         )
     if isinstance(err, openai.APITimeoutError):
         detail = str(err) if str(err) != "Request timed out." else "model endpoint timed out"
@@ -203,17 +213,19 @@ class OpenAIChat:
         create: Any = self._client.chat.completions.create  # options vary by endpoint
         request = httpx2.Request("POST", self._client.base_url.join("chat/completions"))
 
-        def open_stream() -> Any:
+        async def open_stream() -> Any:
             # The body goes as `extra_body`, which the SDK sends as it is: `create` would walk
             # every message against its typed schema first, for the same bytes, ~30 ms more
             # per call at 120 messages (bench.request_body).
-            return create(
-                model=model.name,
-                messages=[],
-                stream=True,
-                stream_options={"include_usage": True},
-                timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
-                extra_body=self._body(messages, tools, model, response_format),
+            return with_rate_limits_reported(
+                await create(
+                    model=model.name,
+                    messages=[],
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
+                    extra_body=self._body(messages, tools, model, response_format),
+                )
             )
 
         def timed_out(sentence: str) -> StreamTimeoutError:

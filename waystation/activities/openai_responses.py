@@ -18,7 +18,11 @@ import openai
 from temporalio.exceptions import ApplicationError
 
 from waystation.activities.chat import TOOL_CHOICE_MODES, ChatDelta
-from waystation.activities.openai_chat import StreamTimeoutError, classify_provider_error
+from waystation.activities.openai_chat import (
+    StreamTimeoutError,
+    classify_provider_error,
+    with_rate_limits_reported,
+)
 from waystation.activities.stream_clocks import clocked_events
 from waystation.workflows import errors
 from waystation.workflows.models import ChatMessage, ModelSettings, ReasoningItem, Usage
@@ -215,13 +219,14 @@ class OpenAIResponses:
         body = request_body(messages, tools, model, response_format)
         reading = _StreamReader(model.name)
 
-        def open_stream() -> Any:
+        async def open_stream() -> Any:
             # The body goes as `extra_body`, sent as it is (see OpenAIChat).
-            return create(
+            opened = await create(
                 stream=True,
                 timeout=openai.Timeout(backstop, connect=min(first_wait, 10.0)),
                 extra_body=body,
             )
+            return with_rate_limits_reported(opened)
 
         def timed_out(sentence: str) -> StreamTimeoutError:
             return StreamTimeoutError(sentence, request)

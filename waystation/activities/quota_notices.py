@@ -6,6 +6,7 @@ for the call to fail."""
 from __future__ import annotations
 
 from temporalio import activity
+from temporalio.client import WorkflowHandle
 
 from waystation.vocabulary import QuotaLimitKind
 from waystation.workflows.models import QuotaNotice
@@ -48,9 +49,10 @@ class QuotaNoticeSender:
 
 async def _send(notice: QuotaNotice) -> bool:
     from waystation.workflows.agent import AgentWorkflow  # the workflow module imports this one
+    from waystation.workflows.run import AgentOutcome
 
     info = activity.info()
-    handle = activity.client().get_workflow_handle_for(
+    handle: WorkflowHandle[AgentWorkflow, AgentOutcome] = activity.client().get_workflow_handle_for(
         AgentWorkflow.run, info.workflow_id or "", run_id=info.workflow_run_id
     )
     try:

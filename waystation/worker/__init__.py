@@ -33,6 +33,7 @@ from waystation.activities.mcp.manager import McpClientManager
 from waystation.activities.notify.delivery import NotificationActivities, webhook_retry
 from waystation.activities.payload_codec import codec_for
 from waystation.activities.program_environment import program_environment
+from waystation.activities.quotas import QuotaGate
 from waystation.activities.redaction import RedactingInterceptor, Redactor
 from waystation.activities.sealed_blobs import SealedBlobs
 from waystation.activities.storage import DeploymentMismatchError, Storage, StorageError
@@ -292,6 +293,8 @@ def served_activities(
         conversations=conversations,
         mcp=mcp,
         redactor=redactor,
+        # The storage opens before the worker polls, so before any call reaches the gate.
+        quotas=QuotaGate(storage.backend),
     )
     tools = ToolActivities(
         registry,

@@ -87,6 +87,7 @@ class ModelCalls(RunCore):
                 first_attempt=1 + blocks * model.max_attempts + failures,
                 requires=self._task.requires,
                 wait_for_capable_worker=self._state.status == "waiting_worker",
+                tenant=self._task.tenant,
             )
             retried_here = falls_back and not request.wait_for_capable_worker
             # Whatever came before the call is scheduled cannot be of it.

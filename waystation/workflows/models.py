@@ -577,6 +577,10 @@ class LlmRequest(Contract):
         "fails the attempt to be retried; the one that has it makes the call once (its "
         "failure ends the wait, and the call is made again as usual).",
     )
+    tenant: str | None = Field(
+        default=None,
+        description="The task's tenant: whose turn the call takes under its endpoint's quota.",
+    )
 
 
 class SummaryRequest(Contract):

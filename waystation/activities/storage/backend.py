@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from waystation.activities.storage.quota_state import QuotaDecision, QuotaRequest
+
 # A blob read or written is marked as used at most this often (a read stays a read).
 BLOB_USE_RESOLUTION_SECONDS = 24 * 3600.0
 
@@ -94,3 +96,22 @@ class Backend(Protocol):
     async def blobs_get(self, digests: list[str]) -> dict[str, bytes]: ...
 
     async def blobs_prune(self, older_than: float) -> int: ...
+
+    async def quota_admit(self, owner: str, requests: list[QuotaRequest]) -> list[QuotaDecision]:
+        """In one transaction that holds every quota involved: admit, in order, the
+        requests their quotas let through now (each counted against each of its quotas,
+        its slot a lease of `owner`); the others wait, as waiters whose lease this renews."""
+
+    async def quota_renew(self, owner: str) -> None:
+        """Extend the lease of every call slot `owner` holds."""
+
+    async def quota_release(
+        self, call_id: str, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        """End a call's slot; its tokens, as the provider reported them, count in the window."""
+
+    async def quota_leave(self, call_ids: list[str]) -> None:
+        """Remove waiters that stopped waiting (cancelled)."""
+
+    async def quota_pause(self, quotas: list[str], seconds: float) -> None:
+        """Send nothing under these quotas for `seconds` from now (a pause never shortens)."""

@@ -45,6 +45,25 @@ SQLITE: tuple[Migration, ...] = (
             "CREATE INDEX blobs_by_use ON blobs (used_at)",
         ),
     ),
+    Migration(
+        2,
+        "model quotas: admitted calls, waiters with leases, pauses",
+        (
+            "CREATE TABLE quota_state (quota TEXT PRIMARY KEY,"
+            " paused_until REAL NOT NULL DEFAULT 0)",
+            "CREATE TABLE quota_calls (call_id TEXT NOT NULL, quota TEXT NOT NULL,"
+            " tenant TEXT NOT NULL, owner TEXT NOT NULL, admitted_at REAL NOT NULL,"
+            " input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL DEFAULT 0,"
+            " lease_until REAL NOT NULL, lease_seconds REAL NOT NULL,"
+            " PRIMARY KEY (call_id, quota))",
+            "CREATE INDEX quota_calls_by_time ON quota_calls (quota, admitted_at)",
+            "CREATE INDEX quota_calls_by_owner ON quota_calls (owner, lease_until)",
+            "CREATE TABLE quota_waiters (call_id TEXT NOT NULL, quota TEXT NOT NULL,"
+            " tenant TEXT NOT NULL, owner TEXT NOT NULL, since REAL NOT NULL,"
+            " lease_until REAL NOT NULL, blocked_on TEXT, PRIMARY KEY (call_id, quota))",
+            "CREATE INDEX quota_waiters_by_quota ON quota_waiters (quota, since)",
+        ),
+    ),
 )
 
 POSTGRES: tuple[Migration, ...] = (
@@ -65,6 +84,26 @@ POSTGRES: tuple[Migration, ...] = (
             "CREATE TABLE blobs (digest TEXT PRIMARY KEY, content BYTEA NOT NULL,"
             " used_at TIMESTAMPTZ NOT NULL DEFAULT now())",
             "CREATE INDEX blobs_by_use ON blobs (used_at)",
+        ),
+    ),
+    Migration(
+        2,
+        "model quotas: admitted calls, waiters with leases, pauses",
+        (
+            "CREATE TABLE quota_state (quota TEXT PRIMARY KEY,"
+            " paused_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
+            "CREATE TABLE quota_calls (call_id TEXT NOT NULL, quota TEXT NOT NULL,"
+            " tenant TEXT NOT NULL, owner TEXT NOT NULL, admitted_at DOUBLE PRECISION NOT NULL,"
+            " input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL DEFAULT 0,"
+            " lease_until DOUBLE PRECISION NOT NULL, lease_seconds DOUBLE PRECISION NOT NULL,"
+            " PRIMARY KEY (call_id, quota))",
+            "CREATE INDEX quota_calls_by_time ON quota_calls (quota, admitted_at)",
+            "CREATE INDEX quota_calls_by_owner ON quota_calls (owner, lease_until)",
+            "CREATE TABLE quota_waiters (call_id TEXT NOT NULL, quota TEXT NOT NULL,"
+            " tenant TEXT NOT NULL, owner TEXT NOT NULL, since DOUBLE PRECISION NOT NULL,"
+            " lease_until DOUBLE PRECISION NOT NULL, blocked_on TEXT,"
+            " PRIMARY KEY (call_id, quota))",
+            "CREATE INDEX quota_waiters_by_quota ON quota_waiters (quota, since)",
         ),
     ),
 )

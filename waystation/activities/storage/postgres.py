@@ -20,6 +20,15 @@ from waystation.activities.storage.backend import (
     LedgerEntry,
 )
 from waystation.activities.storage.errors import StorageError, StorageUnavailableError
+from waystation.activities.storage.quota_state import (
+    WINDOW_SECONDS,
+    AdmittedCall,
+    QuotaDecision,
+    QuotaRequest,
+    QuotaView,
+    Waiter,
+    decide,
+)
 from waystation.activities.storage.retry import retrying
 
 T = TypeVar("T")
@@ -29,6 +38,7 @@ MIGRATION_LOCK = 0x77617973  # "ways"
 CONNECT_TIMEOUT_SECONDS = 10
 POOL_SIZE = 10
 _LEASE_UNTIL = "clock_timestamp() + make_interval(secs => %s)"
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
 _ENTRY_COLUMNS = (
     "key, tool, state, detail, result, is_error, owner, host, lease_until > clock_timestamp()"
 )
@@ -315,3 +325,124 @@ class PostgresBackend:
         return await self._count(
             "DELETE FROM blobs WHERE used_at < now() - make_interval(secs => %s)", (older_than,)
         )
+
+    async def quota_admit(self, owner: str, requests: list[QuotaRequest]) -> list[QuotaDecision]:
+        keys = sorted({key for r in requests for key, _ in r.quotas})
+
+        async def admit(connection: Connection) -> list[QuotaDecision]:
+            async with connection.transaction(), connection.cursor() as cursor:
+                now, views = await _quota_views(cursor, keys)
+                outcome = decide(now, views, requests)
+                waiting = [
+                    (r.call_id, key, r.tenant, owner, since[key], now + r.lease_seconds, on)
+                    for r, since, on in outcome.waiting
+                    for key, _ in r.quotas
+                ]
+                if waiting:
+                    await cursor.executemany(
+                        "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since,"
+                        " lease_until, blocked_on) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                        " ON CONFLICT (call_id, quota) DO UPDATE"
+                        " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on",
+                        waiting,
+                    )
+                if outcome.admitted:
+                    await cursor.execute(
+                        "DELETE FROM quota_waiters WHERE call_id = ANY(%s)",
+                        ([r.call_id for r in outcome.admitted],),
+                    )
+                    await cursor.executemany(
+                        "INSERT INTO quota_calls (call_id, quota, tenant, owner, admitted_at,"
+                        " input_tokens, lease_until, lease_seconds)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        [
+                            (
+                                r.call_id,
+                                key,
+                                r.tenant,
+                                owner,
+                                now,
+                                r.input_tokens,
+                                now + r.lease_seconds,
+                                r.lease_seconds,
+                            )
+                            for r in outcome.admitted
+                            for key, _ in r.quotas
+                        ],
+                    )
+                return outcome.decisions
+
+        return await self._run(admit) if requests else []
+
+    async def quota_renew(self, owner: str) -> None:
+        await self._count(
+            f"UPDATE quota_calls SET lease_until = {_NOW} + lease_seconds"
+            f" WHERE owner = %s AND lease_until > {_NOW}",
+            (owner,),
+        )
+
+    async def quota_release(
+        self, call_id: str, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        await self._count(
+            "UPDATE quota_calls SET lease_until = 0,"
+            " input_tokens = coalesce(%s, input_tokens), output_tokens = %s WHERE call_id = %s",
+            (input_tokens, output_tokens, call_id),
+        )
+
+    async def quota_leave(self, call_ids: list[str]) -> None:
+        await self._count("DELETE FROM quota_waiters WHERE call_id = ANY(%s)", (call_ids,))
+
+    async def quota_pause(self, quotas: list[str], seconds: float) -> None:
+        await self._count(
+            f"INSERT INTO quota_state (quota, paused_until) SELECT unnest(%s::text[]), {_NOW} + %s"
+            " ON CONFLICT (quota) DO UPDATE"
+            " SET paused_until = greatest(quota_state.paused_until, excluded.paused_until)",
+            (quotas, seconds),
+        )
+
+
+async def _quota_views(
+    cursor: psycopg.AsyncCursor[TupleRow], keys: list[str]
+) -> tuple[float, dict[str, QuotaView]]:
+    """The server's time and what it holds for `keys`, their rows locked until the
+    transaction ends; lapsed waiters and calls past the window are deleted first."""
+    # Each quota's row, locked in one order by every worker: no deadlock.
+    await cursor.executemany(
+        "INSERT INTO quota_state (quota) VALUES (%s) ON CONFLICT DO NOTHING",
+        [(key,) for key in keys],
+    )
+    await cursor.execute(
+        "SELECT quota, paused_until FROM quota_state WHERE quota = ANY(%s)"
+        " ORDER BY quota FOR UPDATE",
+        (keys,),
+    )
+    views = {key: QuotaView() for key in keys}
+    for key, paused in await cursor.fetchall():
+        views[key].paused_until = paused
+    await cursor.execute(f"SELECT {_NOW}")
+    row = await cursor.fetchone()
+    assert row is not None
+    now = float(row[0])
+    await cursor.execute(
+        "DELETE FROM quota_waiters WHERE quota = ANY(%s) AND lease_until <= %s",
+        (keys, now),
+    )
+    await cursor.execute(
+        "DELETE FROM quota_calls WHERE quota = ANY(%s) AND admitted_at <= %s AND lease_until <= %s",
+        (keys, now - WINDOW_SECONDS, now),
+    )
+    await cursor.execute(
+        "SELECT call_id, quota, tenant, admitted_at, input_tokens, output_tokens,"
+        " lease_until > %s FROM quota_calls WHERE quota = ANY(%s)",
+        (now, keys),
+    )
+    for call_id, key, tenant, at, given, got, live in await cursor.fetchall():
+        views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
+    await cursor.execute(
+        "SELECT call_id, quota, tenant, since, blocked_on FROM quota_waiters WHERE quota = ANY(%s)",
+        (keys,),
+    )
+    for call_id, key, tenant, since, blocked_on in await cursor.fetchall():
+        views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on))
+    return now, views

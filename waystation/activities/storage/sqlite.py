@@ -19,6 +19,15 @@ from waystation.activities.storage.backend import (
     Deployment,
     LedgerEntry,
 )
+from waystation.activities.storage.quota_state import (
+    WINDOW_SECONDS,
+    AdmittedCall,
+    QuotaDecision,
+    QuotaRequest,
+    QuotaView,
+    Waiter,
+    decide,
+)
 from waystation.activities.storage.retry import retrying
 
 T = TypeVar("T")
@@ -296,3 +305,119 @@ class SqliteBackend:
                 ).rowcount
             )
         )
+
+    async def quota_admit(self, owner: str, requests: list[QuotaRequest]) -> list[QuotaDecision]:
+        def admit(db: sqlite3.Connection) -> list[QuotaDecision]:
+            keys = sorted({key for r in requests for key, _ in r.quotas})
+            marks = ",".join("?" * len(keys))
+            db.execute("BEGIN IMMEDIATE")  # the whole file: every quota of the batch
+            try:
+                now = time.time()
+                db.execute(
+                    f"DELETE FROM quota_waiters WHERE quota IN ({marks}) AND lease_until <= ?",
+                    [*keys, now],
+                )
+                db.execute(
+                    f"DELETE FROM quota_calls WHERE quota IN ({marks})"
+                    " AND admitted_at <= ? AND lease_until <= ?",
+                    [*keys, now - WINDOW_SECONDS, now],
+                )
+                views = {key: QuotaView() for key in keys}
+                for key, paused in db.execute(
+                    f"SELECT quota, paused_until FROM quota_state WHERE quota IN ({marks})", keys
+                ):
+                    views[key].paused_until = paused
+                for call_id, key, tenant, at, given, got, live in db.execute(
+                    "SELECT call_id, quota, tenant, admitted_at, input_tokens, output_tokens,"
+                    f" lease_until > ? FROM quota_calls WHERE quota IN ({marks})",
+                    [now, *keys],
+                ):
+                    views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
+                for call_id, key, tenant, since, blocked_on in db.execute(
+                    "SELECT call_id, quota, tenant, since, blocked_on FROM quota_waiters"
+                    f" WHERE quota IN ({marks})",
+                    keys,
+                ):
+                    views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on))
+                outcome = decide(now, views, requests)
+                db.executemany(
+                    "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since, lease_until,"
+                    " blocked_on) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (call_id, quota)"
+                    " DO UPDATE SET lease_until = excluded.lease_until,"
+                    " blocked_on = excluded.blocked_on",
+                    [
+                        (r.call_id, key, r.tenant, owner, since[key], now + r.lease_seconds, on)
+                        for r, since, on in outcome.waiting
+                        for key, _ in r.quotas
+                    ],
+                )
+                db.executemany(
+                    "DELETE FROM quota_waiters WHERE call_id = ?",
+                    [(r.call_id,) for r in outcome.admitted],
+                )
+                db.executemany(
+                    "INSERT INTO quota_calls (call_id, quota, tenant, owner, admitted_at,"
+                    " input_tokens, lease_until, lease_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            r.call_id,
+                            key,
+                            r.tenant,
+                            owner,
+                            now,
+                            r.input_tokens,
+                            now + r.lease_seconds,
+                            r.lease_seconds,
+                        )
+                        for r in outcome.admitted
+                        for key, _ in r.quotas
+                    ],
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return outcome.decisions
+
+        return await self._call(admit) if requests else []
+
+    async def quota_renew(self, owner: str) -> None:
+        def renew(db: sqlite3.Connection) -> None:
+            now = time.time()
+            db.execute(
+                "UPDATE quota_calls SET lease_until = ? + lease_seconds"
+                " WHERE owner = ? AND lease_until > ?",
+                (now, owner, now),
+            )
+
+        await self._call(renew)
+
+    async def quota_release(
+        self, call_id: str, input_tokens: int | None, output_tokens: int
+    ) -> None:
+        await self._call(
+            lambda db: db.execute(
+                "UPDATE quota_calls SET lease_until = 0,"
+                " input_tokens = coalesce(?, input_tokens), output_tokens = ? WHERE call_id = ?",
+                (input_tokens, output_tokens, call_id),
+            )
+        )
+
+    async def quota_leave(self, call_ids: list[str]) -> None:
+        await self._call(
+            lambda db: db.executemany(
+                "DELETE FROM quota_waiters WHERE call_id = ?", [(c,) for c in call_ids]
+            )
+        )
+
+    async def quota_pause(self, quotas: list[str], seconds: float) -> None:
+        def pause(db: sqlite3.Connection) -> None:
+            until = time.time() + seconds
+            db.executemany(
+                "INSERT INTO quota_state (quota, paused_until) VALUES (?, ?)"
+                " ON CONFLICT (quota) DO UPDATE SET paused_until ="
+                " max(paused_until, excluded.paused_until)",
+                [(key, until) for key in quotas],
+            )
+
+        await self._call(pause)

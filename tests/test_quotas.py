@@ -1,0 +1,370 @@
+"""The quota gate on both backends: requests, tokens (estimated, then corrected by the
+provider's usage), concurrent slots, a model's quota on top of its endpoint's, the order
+between tenants, a dead worker's waiter and slot lapsing, a cancelled wait leaving the
+queue, and a pause. Each gate here is a worker of its own, with its own connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from waystation.activities.quotas import QuotaGate, QuotaTurn, rate_limit_reset
+from waystation.activities.storage import Storage
+from waystation.activities.storage.backend import Backend
+from waystation.activities.storage.postgres import PostgresBackend
+from waystation.activities.storage.quota_state import QuotaDecision, QuotaRequest
+from waystation.activities.storage.sqlite import SqliteBackend
+from waystation.settings.model_endpoints import EndpointLimits, ModelEndpoint, QuotaLimits
+from waystation.testing.postgres import PostgresServer
+from waystation.workflows.models import Usage
+
+LEASE = 1.0
+
+
+@dataclass
+class Place:
+    kind: str
+    path: Path
+    url: str
+
+    def backend(self) -> Backend:
+        return SqliteBackend(self.path) if self.kind == "sqlite" else PostgresBackend(self.url)
+
+    def sql(self, statement: str) -> list[Any]:
+        if self.kind == "sqlite":
+            with sqlite3.connect(self.path) as db:
+                return db.execute(statement).fetchall()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cursor = conn.execute(statement.encode())
+            return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def place(request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer) -> Place:
+    url = postgres.create_database() if request.param == "postgresql" else ""
+    return Place(request.param, tmp_path / "storage.sqlite3", url)
+
+
+@pytest.fixture
+async def machines(place: Place) -> AsyncIterator[list[QuotaGate]]:
+    """Three workers' gates, each over its own connection to the place."""
+    storages = [Storage(place.backend()) for _ in range(3)]
+    for storage in storages:
+        await storage.open()
+    gates = [QuotaGate(s.backend) for s in storages]
+    yield gates
+    for gate in gates:
+        await gate.close()
+    for storage in storages:
+        await storage.close()
+
+
+@dataclass
+class Call:
+    """A call through a gate, held open until `done` is set; what it heard while it waited."""
+
+    heard: list[QuotaDecision] = field(default_factory=list)
+    waiting: asyncio.Event = field(default_factory=asyncio.Event)
+    admitted: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    usage: Usage = field(default_factory=Usage)
+    admitted_at: float = 0.0
+
+
+def endpoint_quotas(**limits: Any) -> list[tuple[str, QuotaLimits]]:
+    return ModelEndpoint(protocol="chat", limits=EndpointLimits(**limits)).quotas_of("ep", "m")
+
+
+def start(
+    gate: QuotaGate,
+    quotas: list[tuple[str, QuotaLimits]],
+    *,
+    tenant: str = "t",
+    tokens: int = 10,
+) -> tuple[Call, asyncio.Task[None]]:
+    call = Call()
+
+    async def heard(decision: QuotaDecision, waited: float) -> None:
+        call.heard.append(decision)
+        call.waiting.set()
+
+    async def run() -> None:
+        turn: QuotaTurn
+        async with gate.turn(
+            quotas, tenant=tenant, input_tokens=tokens, lease_seconds=LEASE, on_wait=heard
+        ) as turn:
+            call.admitted_at = time.monotonic()
+            call.admitted.set()
+            await call.done.wait()
+            turn.record(call.usage)
+
+    return call, asyncio.create_task(run())
+
+
+async def admitted(*calls: Call) -> None:
+    async with asyncio.timeout(30):
+        for call in calls:
+            await call.admitted.wait()
+
+
+async def waiting(*calls: Call) -> None:
+    async with asyncio.timeout(30):
+        for call in calls:
+            await call.waiting.wait()
+
+
+async def finish(call: Call, task: asyncio.Task[None], usage: Usage | None = None) -> None:
+    call.usage = usage or Usage()
+    call.done.set()
+    await task
+
+
+async def test_requests_per_minute_are_counted_across_workers(
+    place: Place, machines: list[QuotaGate]
+) -> None:
+    quotas = endpoint_quotas(requests_per_minute=3)
+    first = [start(gate, quotas) for gate in machines]
+    await admitted(*(c for c, _ in first))
+    for call, task in first:
+        await finish(call, task)
+    fourth, task = start(machines[0], quotas)
+    await waiting(fourth)
+    refusal = fourth.heard[0]
+    assert (refusal.quota, refusal.limit) == ("ep", "requests_per_minute")
+    assert refusal.wait_seconds is not None and 55 < refusal.wait_seconds <= 60
+    assert not fourth.admitted.is_set()
+    # A minute later (by the database's record), the oldest request has left the window.
+    place.sql("UPDATE quota_calls SET admitted_at = admitted_at - 60")
+    await admitted(fourth)
+    await finish(fourth, task)
+
+
+async def test_input_tokens_are_estimated_then_corrected_and_output_tokens_counted(
+    machines: list[QuotaGate],
+) -> None:
+    quotas = endpoint_quotas(input_tokens_per_minute=1000, output_tokens_per_minute=100)
+    big, big_task = start(machines[0], quotas, tokens=600)
+    await admitted(big)
+    second, second_task = start(machines[1], quotas, tokens=600)
+    await waiting(second)
+    assert second.heard[0].limit == "input_tokens_per_minute"
+    # The provider read 300 tokens of the 600 estimated: 300 + 600 fit the minute's 1000.
+    await finish(big, big_task, Usage(input_tokens=300, output_tokens=60))
+    await admitted(second)
+    await finish(second, second_task, Usage(input_tokens=600, output_tokens=40))
+    # The minute's output (60 + 40) has reached its limit: the next call waits for it.
+    third, third_task = start(machines[2], quotas, tokens=1)
+    await waiting(third)
+    assert third.heard[0].limit == "output_tokens_per_minute"
+    third_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await third_task
+
+
+async def test_a_call_bigger_than_a_minutes_quota_goes_alone(
+    place: Place, machines: list[QuotaGate]
+) -> None:
+    quotas = endpoint_quotas(input_tokens_per_minute=1000)
+    huge, huge_task = start(machines[0], quotas, tokens=5000)
+    await admitted(huge)  # alone in its minute: never a deadlock
+    small, small_task = start(machines[1], quotas, tokens=5)
+    await waiting(small)
+    assert small.heard[0].limit == "input_tokens_per_minute"
+    await finish(huge, huge_task, Usage(input_tokens=5000))
+    place.sql("UPDATE quota_calls SET admitted_at = admitted_at - 60")
+    await admitted(small)
+    await finish(small, small_task)
+
+
+async def test_a_concurrent_slot_is_given_to_a_waiter_as_soon_as_it_frees(
+    place: Place,
+    machines: list[QuotaGate],
+) -> None:
+    quotas = endpoint_quotas(concurrent_requests=1)
+    holder, holder_task = start(machines[0], quotas)
+    await admitted(holder)
+    same, same_task = start(machines[0], quotas)
+    await waiting(same)
+    other, other_task = start(machines[1], quotas)
+    await waiting(other)
+    assert {d.limit for d in same.heard + other.heard} == {"concurrent_requests"}
+    assert same.heard[0].wait_seconds is None  # when a call ends is not known in advance
+    # The slot is renewed while its call runs: past its first lease it is still held.
+    [(first_lease,)] = place.sql("SELECT lease_until FROM quota_calls")
+    async with asyncio.timeout(30):
+        while place.sql("SELECT lease_until FROM quota_calls")[0][0] < first_lease + LEASE:
+            await asyncio.sleep(0.05)
+    assert not same.admitted.is_set() and not other.admitted.is_set()
+    await finish(holder, holder_task)
+    # The waiter of the same worker was queued first.
+    await admitted(same)
+    assert not other.admitted.is_set()
+    await finish(same, same_task)
+    await admitted(other)
+    await finish(other, other_task)
+
+
+async def test_a_models_own_quota_applies_on_top_of_its_endpoints(
+    machines: list[QuotaGate],
+) -> None:
+    endpoint = ModelEndpoint(
+        protocol="chat",
+        limits=EndpointLimits(
+            requests_per_minute=100, per_model={"small": QuotaLimits(concurrent_requests=1)}
+        ),
+    )
+    small = endpoint.quotas_of("ep", "small")
+    assert [key for key, _ in small] == ["ep", "ep:small"]
+    first, first_task = start(machines[0], small)
+    await admitted(first)
+    second, second_task = start(machines[1], small)
+    await waiting(second)
+    assert (second.heard[0].quota, second.heard[0].limit) == ("ep:small", "concurrent_requests")
+    other, other_task = start(machines[2], endpoint.quotas_of("ep", "large"))
+    await admitted(other)  # another model of the endpoint is not held by small's slot
+    for call, task in ((first, first_task), (other, other_task)):
+        await finish(call, task)
+    await admitted(second)
+    await finish(second, second_task)
+
+
+async def test_the_tenant_admitted_least_goes_next_then_the_oldest_waiter(
+    machines: list[QuotaGate],
+) -> None:
+    quotas = endpoint_quotas(concurrent_requests=1)
+    holder, holder_task = start(machines[0], quotas, tenant="busy")
+    await admitted(holder)
+    queued = []
+    for name, gate, tenant in (("busy-1", 1, "busy"), ("busy-2", 2, "busy"), ("quiet", 1, "q")):
+        call, task = start(machines[gate], quotas, tenant=tenant)
+        await waiting(call)  # in the queue before the next joins
+        queued.append((name, call, task))
+    order: list[str] = []
+    running = (holder, holder_task)
+    for _ in queued:
+        await finish(*running)
+        async with asyncio.timeout(30):
+            while not (
+                ready := [q for q in queued if q[1].admitted.is_set() and q[0] not in order]
+            ):
+                await asyncio.sleep(0.05)
+        [(name, call, task)] = ready
+        order.append(name)
+        running = (call, task)
+    await finish(*running)
+    # "busy" had one admission in the window, "q" none; then each has one: the oldest goes.
+    assert order == ["quiet", "busy-1", "busy-2"]
+
+
+async def test_a_dead_workers_waiter_and_slot_lapse_with_their_leases(
+    place: Place, machines: list[QuotaGate]
+) -> None:
+    quotas = tuple(endpoint_quotas(concurrent_requests=1))
+    dead = place.backend()
+    await dead.open()
+    try:
+        # A worker that took the slot, and one queued behind it, then both died: nobody
+        # renews their leases.
+        [slot] = await dead.quota_admit("dead-1", [QuotaRequest("slot", "t", quotas, 1, LEASE)])
+        assert slot.admitted
+        [queued] = await dead.quota_admit("dead-2", [QuotaRequest("queued", "t", quotas, 1, LEASE)])
+        assert not queued.admitted
+    finally:
+        await dead.close()
+    began = time.monotonic()
+    live, live_task = start(machines[0], quotas=list(quotas))
+    await admitted(live)
+    assert time.monotonic() - began >= LEASE * 0.5
+    assert place.sql("SELECT call_id FROM quota_waiters") == []
+    await finish(live, live_task)
+
+
+async def test_a_cancelled_wait_leaves_the_queue_at_once(
+    place: Place, machines: list[QuotaGate]
+) -> None:
+    quotas = endpoint_quotas(concurrent_requests=1)
+    holder, holder_task = start(machines[0], quotas)
+    await admitted(holder)
+    gone, gone_task = start(machines[1], quotas)
+    await waiting(gone)
+    assert len(place.sql("SELECT call_id FROM quota_waiters")) == 1
+    gone_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone_task
+    assert place.sql("SELECT call_id FROM quota_waiters") == []
+    await finish(holder, holder_task)
+    assert place.sql("SELECT count(*) FROM quota_calls WHERE lease_until > 0") == [(0,)]
+
+
+async def test_a_pause_holds_every_worker_until_it_ends(machines: list[QuotaGate]) -> None:
+    quotas = endpoint_quotas(requests_per_minute=1000)
+    began = time.monotonic()
+    await machines[0].pause(quotas, 1.5)
+    calls = [start(gate, quotas) for gate in machines]
+    await waiting(*(c for c, _ in calls))
+    assert {(d.quota, d.limit) for c, _ in calls for d in c.heard} == {("ep", "paused")}
+    assert all(0 < (c.heard[0].wait_seconds or 0) <= 1.5 for c, _ in calls)
+    await admitted(*(c for c, _ in calls))
+    assert min(c.admitted_at for c, _ in calls) - began >= 1.45
+    for call, task in calls:
+        await finish(call, task)
+
+
+async def test_one_worker_asks_once_for_all_of_its_waiters(machines: list[QuotaGate]) -> None:
+    quotas = endpoint_quotas(concurrent_requests=1)
+    holder, holder_task = start(machines[0], quotas)
+    await admitted(holder)
+    gate = machines[1]
+    queued = [start(gate, quotas) for _ in range(5)]
+    await waiting(*(c for c, _ in queued))
+    asked = gate.coordinator.asks
+    async with asyncio.timeout(30):
+        while sum(len(c.heard) for c, _ in queued) < 25:
+            await asyncio.sleep(0.05)
+    # Each poll answered all five waiters: about a fifth as many asks as refusals heard.
+    assert gate.coordinator.asks - asked <= 7
+    await finish(holder, holder_task)
+    for call, task in queued:
+        await admitted(call)
+        await finish(call, task)
+
+
+class Unreachable:
+    """A storage that must never be asked."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the gate asked the storage ({name}) for an unlimited endpoint")
+
+
+async def test_an_endpoint_without_limits_never_touches_the_storage() -> None:
+    gate = QuotaGate(Unreachable())  # type: ignore[arg-type]
+    assert ModelEndpoint(protocol="chat").quotas_of("ep", "m") == []
+    async with gate.turn([], tenant=None, input_tokens=10) as turn:
+        turn.record(Usage(input_tokens=10))
+    await gate.pause([], 5)
+
+
+def test_a_providers_rate_limit_headers_say_how_long_a_used_up_limit_lasts() -> None:
+    openai_headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m2.5s"}
+    assert rate_limit_reset(openai_headers) == timedelta(seconds=62.5)
+    tokens = {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "20ms"}
+    assert rate_limit_reset(tokens) == timedelta(milliseconds=20)
+    reset = datetime.fromtimestamp(time.time() + 30, tz=UTC).isoformat().replace("+00:00", "Z")
+    anthropic = {
+        "anthropic-ratelimit-input-tokens-remaining": "0",
+        "anthropic-ratelimit-input-tokens-reset": reset,
+    }
+    waited = rate_limit_reset(anthropic)
+    assert waited is not None and 28 < waited.total_seconds() <= 30
+    left = {"x-ratelimit-remaining-requests": "12", "x-ratelimit-reset-requests": "1s"}
+    assert rate_limit_reset(left) is None
