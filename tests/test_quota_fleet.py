@@ -31,8 +31,12 @@ from waystation.testing.workers import WorkerProcess
 from waystation.workflows.models import AgentTask, ModelSettings
 
 HEARTBEAT_SECONDS = 3.0
-# Six calls of this long, one at a time: the last waits longer than a heartbeat timeout.
+# Calls of this long, one at a time: the last waits longer than its heartbeat timeout.
 CALL_SECONDS = 1.0
+# A heartbeat timeout that a starved machine (both cores busy, Temporal answering in
+# seconds) does not miss, for the tests whose point is not the lease.
+PATIENT_HEARTBEAT_SECONDS = 8.0
+QUEUED_CALLS = 12
 
 
 class Arrivals:
@@ -84,11 +88,11 @@ async def workers(
             worker.kill()
 
 
-def task(model: str) -> AgentTask:
+def task(model: str, heartbeat: float = HEARTBEAT_SECONDS) -> AgentTask:
     return AgentTask(
         task="hello",
         model=ModelSettings(name=f"limited:{model}"),
-        heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
+        heartbeat_timeout_seconds=heartbeat,
     )
 
 
@@ -111,11 +115,14 @@ async def test_calls_of_every_worker_never_overlap_past_the_concurrent_limit(
     model = fake_openai.script(arrivals)
     runtime = AgentRuntime(dev_env.client, settings)
     async with workers(dev_env, settings, declared, 2):
-        handles = [await runtime.run(task(model)) for _ in range(6)]
+        patient = task(model, PATIENT_HEARTBEAT_SECONDS)
+        handles = [await runtime.run(patient) for _ in range(QUEUED_CALLS)]
         outcomes = [await h.result() for h in handles]
-    assert [o.result for o in outcomes] == ["ok"] * 6
-    # A wait is progress: no waiting call missed its heartbeat and was sent again.
-    assert len(arrivals.times) == 6
+    assert [o.result for o in outcomes] == ["ok"] * QUEUED_CALLS
+    # A wait is progress: no call waiting longer than its heartbeat timeout missed its
+    # heartbeat and was sent again.
+    assert QUEUED_CALLS * CALL_SECONDS > PATIENT_HEARTBEAT_SECONDS + CALL_SECONDS
+    assert len(arrivals.times) == QUEUED_CALLS
     starts = sorted(arrivals.times)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # Each request is answered CALL_SECONDS after it arrives: the next may not come sooner.
@@ -172,12 +179,12 @@ async def test_one_429_pauses_the_endpoint_for_every_worker_until_retry_after(
     model = fake_openai.script(arrivals)
     runtime = AgentRuntime(dev_env.client, settings)
     async with workers(dev_env, settings, declared, 2):
-        first = await runtime.run(task(model))
+        first = await runtime.run(task(model, PATIENT_HEARTBEAT_SECONDS))
         await arrivals.until(1)
         async with asyncio.timeout(30):
             while not quota_rows(settings, "SELECT quota FROM quota_state WHERE paused_until > 0"):
                 await asyncio.sleep(0.02)
-        others = [await runtime.run(task(model)) for _ in range(4)]
+        others = [await runtime.run(task(model, PATIENT_HEARTBEAT_SECONDS)) for _ in range(4)]
         outcomes = [await h.result() for h in [first, *others]]
     assert [o.result for o in outcomes] == ["ok"] * 5
     refused, *sent = arrivals.times

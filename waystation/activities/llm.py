@@ -420,7 +420,10 @@ class LlmActivities:
                 watchdog,
                 None,
                 quotas=self._quotas_of(request.model.name),
-                notices=QuotaNoticeSender(request.step, activity.info().attempt),
+                tenant=request.tenant,
+                # A summary's wait is not told: only the loop's model calls are (its attempts
+                # are not theirs).
+                notices=None,
             )
         return self._summarized(request, conversation, "".join(message.text), message.usage)
 

@@ -297,6 +297,7 @@ class ModelCalls(RunCore):
             end=end,
             model=self._model_in_use(),
             conversation_digest=self._conversation_digest(),
+            tenant=self._task.tenant,
         )
         try:
             result = await activity_calls.summarize(self._task, request)

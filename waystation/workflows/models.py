@@ -592,6 +592,9 @@ class SummaryRequest(Contract):
     end: int
     model: ModelSettings
     conversation_digest: str
+    tenant: str | None = Field(
+        default=None, description="The task's tenant: whose turn the summary takes."
+    )
 
 
 class SummaryResult(Contract):
