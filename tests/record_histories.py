@@ -29,6 +29,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
 from waystation.client.starting import start_agent
 from waystation.settings.mcp_servers import McpServerConfig
+from waystation.settings.model_endpoints import ModelEndpoint, parse_endpoints
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from waystation.testing.mcp import CallLog, demo_stdio
 from waystation.testing.servers import start_dev_env
@@ -560,6 +561,53 @@ async def quota_wait_told_by_signal(runtime: AgentRuntime, fake: FakeOpenAI) -> 
     return handle.id
 
 
+# The recorder's worker's endpoint with a quota of one call at a time, and a price.
+LIMITED_ENDPOINT = "limited"
+
+
+def limited_endpoint(url: str) -> dict[str, ModelEndpoint]:
+    declared = {
+        LIMITED_ENDPOINT: {
+            "protocol": "chat",
+            "base_url": url,
+            "limits": {"concurrent_requests": 1},
+            "prices": {"*": {"input": 2.0, "output": 8.0, "cached_input": 0.5}},
+        }
+    }
+    return parse_endpoints(json.dumps(declared))
+
+
+async def waited_for_its_quota(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A priced task of tenant `b` whose model call waits for the one slot of its endpoint's
+    quota while tenant `a`'s call holds it (the gate tells it: waiting_quota), then has its
+    turn (quota_granted), calls a tool and answers."""
+    gate = threading.Event()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        _, results = turn_of(body)
+        first_user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        if first_user == "hold the slot":
+            return text("held", hold_after_chunks=1, gate=gate)
+        if not results:
+            return tools(("calculator", {"expression": "6 * 7"}))
+        return text("42")
+
+    model = ModelSettings(name=f"{LIMITED_ENDPOINT}:{fake.script(reply)}")
+    holder = AgentTask(task="hold the slot", model=model, tenant="a")
+    waiter = AgentTask(task="What is 6 * 7?", model=model, tenant="b")
+    try:
+        holding = await runtime.run(holder, task_id="quota-slot-holder")
+        await fake.until_streaming(model.name.partition(":")[2], 1, request=0)
+        handle = await runtime.run(waiter, task_id="waited-for-its-quota")
+        await until(handle, lambda s: s.status == "waiting_quota")
+        gate.set()
+        await handle.result()
+        await holding.result()
+    finally:
+        gate.set()
+    return handle.id
+
+
 def turn_of(body: dict[str, Any]) -> tuple[int, int]:
     """(turn, tool results since the turn's message) of a request in chat shape."""
     messages = body["messages"]
@@ -641,6 +689,7 @@ SCENARIOS: dict[str, Scenario] = {
     "responses_with_reasoning": responses_with_reasoning,
     "anthropic_thinking_with_fallback": anthropic_thinking_with_fallback,
     "quota_wait_told_by_signal": quota_wait_told_by_signal,
+    "waited_for_its_quota": waited_for_its_quota,
 }
 
 
@@ -668,7 +717,13 @@ async def record(replace: bool, only: list[str]) -> None:
     demo_server = demo_stdio(CallLog(scratch / "demo-calls.jsonl"))
     servers = {"time": time_server, "demo": demo_server}
     agents = json.dumps([FINDER_SPEC.model_dump(mode="json", exclude_defaults=True)])
-    settings = isolated_settings(scratch, fake.url, mcp_servers=servers, agents=agents)
+    settings = isolated_settings(
+        scratch,
+        fake.url,
+        mcp_servers=servers,
+        agents=agents,
+        model_endpoints=limited_endpoint(fake.url),
+    )
     # The worker's anthropic endpoint, as a user's environment points it.
     os.environ.update(ANTHROPIC_BASE_URL=fake.anthropic_url, ANTHROPIC_API_KEY="sk-ant-record")
     HISTORIES.mkdir(exist_ok=True)
