@@ -18,11 +18,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from waystation.activities.quotas import QuotaGate, QuotaTurn, rate_limit_reset
+from waystation.activities.quotas import InputCalibration, QuotaGate, QuotaTurn, rate_limit_reset
 from waystation.activities.storage import Storage
 from waystation.activities.storage.backend import Backend
 from waystation.activities.storage.postgres import PostgresBackend
-from waystation.activities.storage.quota_state import QuotaDecision, QuotaRequest
+from waystation.activities.storage.quota_state import (
+    AdmittedCall,
+    QuotaDecision,
+    QuotaRequest,
+    QuotaView,
+    decide,
+)
 from waystation.activities.storage.sqlite import SqliteBackend
 from waystation.settings.model_endpoints import EndpointLimits, ModelEndpoint, QuotaLimits
 from waystation.testing.postgres import PostgresServer
@@ -368,3 +374,58 @@ def test_a_providers_rate_limit_headers_say_how_long_a_used_up_limit_lasts() -> 
     assert waited is not None and 28 < waited.total_seconds() <= 30
     left = {"x-ratelimit-remaining-requests": "12", "x-ratelimit-reset-requests": "1s"}
     assert rate_limit_reset(left) is None
+
+
+def test_the_input_estimate_learns_how_the_provider_counts_its_quotas_tokens() -> None:
+    calibration = InputCalibration()
+    assert calibration.scaled("endpoint", 1000) == 1000  # nothing learnt: the estimate
+    for _ in range(30):  # the provider counts a fifth more than four characters a token
+        calibration.learn("endpoint", 1000, 1200)
+    assert calibration.scaled("endpoint", 1000) == 1200
+    assert calibration.scaled("another", 1000) == 1000
+    calibration.learn("endpoint", 1000, 0)  # a call that reported no usage teaches nothing
+    calibration.learn("wild", 10, 1_000_000)  # nor believes an absurd ratio
+    assert calibration.scaled("endpoint", 1000) == 1200
+    assert calibration.scaled("wild", 1000) == 4000
+
+
+def test_turns_follow_the_endpoints_order_so_two_waiters_never_wait_for_each_other() -> None:
+    endpoint = QuotaLimits(requests_per_minute=100)
+    model = QuotaLimits(requests_per_minute=100)
+    quotas = (("e", endpoint), ("e:x", model))
+    # On the endpoint, tenant b made more calls (of another model); on model x, tenant a
+    # did: by each quota's own counts, each waiter would be the other's turn.
+    views = {
+        "e": QuotaView(calls=[AdmittedCall(f"b{n}", "b", 0.0, 10, 0, False) for n in range(5)]),
+        "e:x": QuotaView(calls=[AdmittedCall(f"a{n}", "a", 0.0, 10, 0, False) for n in range(3)]),
+    }
+    views["e"].calls += views["e:x"].calls
+    first = QuotaRequest("first", "a", quotas, 10, 10.0)
+    second = QuotaRequest("second", "b", quotas, 10, 10.0)
+    outcome = decide(1.0, views, [second, first])
+    assert [d.call_id for d in outcome.decisions if d.admitted] == ["first"]
+    outcome = decide(1.1, views, [second])
+    assert [d.call_id for d in outcome.decisions if d.admitted] == ["second"]
+
+
+async def test_only_the_slots_a_worker_still_holds_are_renewed(
+    place: Place, machines: list[QuotaGate]
+) -> None:
+    quotas = endpoint_quotas(concurrent_requests=2)
+    kept, kept_task = start(machines[0], quotas)
+    lost, lost_task = start(machines[0], quotas)
+    await admitted(kept, lost)
+    [(lost_id,)] = place.sql("SELECT call_id FROM quota_calls ORDER BY admitted_at DESC LIMIT 1")
+    # Its release never reached the database (and the process forgot it): it must lapse,
+    # however long the worker goes on renewing its other slot.
+    machines[0].coordinator._held.pop(lost_id)
+    async with asyncio.timeout(30):
+        while True:
+            leases = dict(place.sql("SELECT call_id, lease_until FROM quota_calls"))
+            if leases[lost_id] < time.time():
+                break
+            await asyncio.sleep(0.05)
+    # Read in the same moment: the kept slot's lease, renewed meanwhile, is live.
+    assert all(lease > time.time() for call, lease in leases.items() if call != lost_id)
+    await finish(kept, kept_task)
+    await finish(lost, lost_task)

@@ -37,6 +37,7 @@ from waystation.activities.quota_notices import QuotaNoticeSender
 from waystation.activities.quotas import (
     DEFAULT_LEASE_SECONDS,
     NOTICE_AFTER_SECONDS,
+    InputCalibration,
     QuotaGate,
     Quotas,
     QuotaTurn,
@@ -44,6 +45,7 @@ from waystation.activities.quotas import (
 )
 from waystation.activities.redaction import Redactor
 from waystation.activities.spans import span
+from waystation.activities.storage.errors import StorageError
 from waystation.activities.storage.quota_state import QuotaDecision
 from waystation.activities.structured_output import final_answer_call, native_answer
 from waystation.activities.text_tool_calls import recover_tool_calls
@@ -251,6 +253,7 @@ class LlmActivities:
         self._backends = ModelBackends(endpoints, environ, backends)
         self._endpoints = all_endpoints(endpoints or {})
         self._quotas = quotas
+        self._input_calibration = InputCalibration()
 
     @property
     def conversations(self) -> ConversationCache:
@@ -481,22 +484,32 @@ class LlmActivities:
                         if delta.text and tokens is not None and (text := shown.feed(delta.text)):
                             tokens.publish(text)
             except ApplicationError as err:
-                if err.next_retry_delay is not None and self._quotas is not None:
+                if err.next_retry_delay is not None:
                     # The provider asked every caller of this key to wait: the whole fleet does.
-                    await self._quotas.pause(quotas, err.next_retry_delay.total_seconds())
+                    await self._pause(quotas, err.next_retry_delay.total_seconds())
                 redacted = self._redactor.error(err)
                 if redacted is err:
                     raise
                 raise redacted from redacted.__cause__
             finally:
                 turn.record(message.usage)
-            if exhausted and self._quotas is not None:
-                await self._quotas.pause(quotas, max(exhausted))
+            if exhausted:
+                await self._pause(quotas, max(exhausted))
         if tokens is not None and (rest := shown.end()):
             tokens.publish(rest)
         if self._redactor and message.text:
             message.text = [self._redactor.redact("".join(message.text))]
         return message
+
+    async def _pause(self, quotas: Quotas, seconds: float) -> None:
+        """Pause the quotas for the fleet; a database that cannot take it loses the pause,
+        never the answer in hand (a paid call) nor the provider's own error."""
+        if self._quotas is None:
+            return
+        try:
+            await self._quotas.pause(quotas, seconds)
+        except StorageError as err:
+            activity.logger.warning("could not pause the quota for the fleet: %s", err)
 
     @contextlib.asynccontextmanager
     async def _turn(
@@ -514,6 +527,8 @@ class LlmActivities:
             yield QuotaTurn((), 0)
             return
         estimate = sum(estimate_tokens(m) for m in messages) + len(json.dumps(tools)) // 4
+        # Calibrated by the endpoint's quota: its provider's count is what the quota counts.
+        calibrated_by = quotas[0][0]
         watchdog.expect(CONVERSATION_READ_SECONDS, "waiting for the model's quota")
         told = False
 
@@ -535,12 +550,16 @@ class LlmActivities:
         async with self._quotas.turn(
             quotas,
             tenant=tenant,
-            input_tokens=estimate,
+            input_tokens=self._input_calibration.scaled(calibrated_by, estimate),
             lease_seconds=heartbeat.total_seconds() if heartbeat else DEFAULT_LEASE_SECONDS,
             on_wait=on_wait,
             on_granted=on_granted,
         ) as turn:
-            yield turn
+            try:
+                yield turn
+            finally:
+                reported = turn.usage.input_tokens
+                self._input_calibration.learn(calibrated_by, estimate, reported)
 
     def _check(
         self, conversation: Conversation, call_id: str, name: str, arguments: str
@@ -692,7 +711,9 @@ class LlmActivities:
                         response_format=native,
                         quotas=self._quotas_of(request.model.name),
                         tenant=request.tenant,
-                        notices=QuotaNoticeSender(request.step, attempt),
+                        notices=QuotaNoticeSender(
+                            request.step, attempt, retried=activity.info().attempt > 1
+                        ),
                     )
             s.set_attribute("llm.input_tokens", message.usage.input_tokens)
             s.set_attribute("llm.output_tokens", message.usage.output_tokens)

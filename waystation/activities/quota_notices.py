@@ -15,10 +15,12 @@ from waystation.workflows.models import QuotaNotice
 class QuotaNoticeSender:
     """The notices of one model call (a step's attempt)."""
 
-    def __init__(self, step: int, attempt: int) -> None:
+    def __init__(self, step: int, attempt: int, *, retried: bool = False) -> None:
+        """`retried`: an earlier attempt of the call may have told a wait it never ended
+        (its worker died while it waited), so this one tells its turn whether it waited."""
         self._step = step
         self._attempt = attempt
-        self._told_waiting = False
+        self._told_waiting = retried
 
     async def waiting(self, quota: str, limit: QuotaLimitKind, expected_seconds: float) -> None:
         """The call waits for `limit` of `quota`, about `expected_seconds` from now."""

@@ -37,6 +37,9 @@ from waystation.workflows.models import Usage
 logger = logging.getLogger("waystation.quotas")
 
 POLL_SECONDS = 0.2
+# The longest a coordinator goes without asking while calls wait (a wait's progress, under
+# the watchdog's limit of the call's work without any).
+MAX_ASK_SECONDS = 30.0
 # A waiter's and a slot's lease when the call has no heartbeat timeout of its own.
 DEFAULT_LEASE_SECONDS = 10.0
 # A wait longer than this is told to the task (waiting_quota).
@@ -63,6 +66,7 @@ class QuotaCoordinator:
         self._waiting: dict[str, _Waiting] = {}
         self._held: dict[str, float] = {}  # call id -> its lease
         self._wake = asyncio.Event()
+        self._held_changed = asyncio.Event()
         self._asking: asyncio.Task[None] | None = None
         self._renewing: asyncio.Task[None] | None = None
         self._ask_in_flight: asyncio.Future[list[QuotaDecision]] | None = None
@@ -93,15 +97,23 @@ class QuotaCoordinator:
             if (asking := self._ask_in_flight) is not None and not asking.done():
                 # Its answer may still admit this call or record it waiting: settle it first.
                 await asyncio.wait([asking], timeout=_RELEASE_SECONDS)
-            if waiting.admitted.done() and not waiting.admitted.cancelled():
-                await _shielded(self.release(request.call_id, None, Usage()))
-            else:
-                await _shielded(self._backend.quota_leave([request.call_id]))
+            admitted = waiting.admitted.done() and not waiting.admitted.cancelled()
+            leaving = (
+                self.release(request.call_id, None, Usage())
+                if admitted
+                else self._backend.quota_leave([request.call_id])
+            )
+            # The cancellation stands whatever the database says: what is left lapses.
+            try:
+                await _shielded(leaving)
+            except (StorageError, TimeoutError) as err:
+                logger.warning("a cancelled wait could not leave the quota's queue: %s", err)
             raise
         self._hold(request)
 
     def _hold(self, request: QuotaRequest) -> None:
         self._held[request.call_id] = request.lease_seconds
+        self._held_changed.set()  # a shorter lease than the renewer sleeps for
         if self._renewing is None or self._renewing.done():
             self._renewing = asyncio.create_task(self._renew_while_holding())
 
@@ -148,10 +160,8 @@ class QuotaCoordinator:
                     self._waiting.pop(decision.call_id, None)
                 if decision.admitted and not gone:
                     waiting.admitted.set_result(None)
-                elif decision.admitted:
-                    await self._backend.quota_release(decision.call_id, None, 0)
-                elif gone:
-                    await self._backend.quota_leave([decision.call_id])
+                elif decision.admitted or gone:
+                    await self._let_go(decision.call_id, decision.admitted)
                 else:
                     waiting.decisions.put_nowait(decision)
                     known.append(decision.wait_seconds or 0.0)
@@ -159,10 +169,21 @@ class QuotaCoordinator:
                 return
             lease = min(w.request.lease_seconds for w in self._waiting.values())
             pause = min(known, default=0.0)
-            pause = min(max(pause, POLL_SECONDS), lease / 3)
+            # Asked at least every MAX_ASK_SECONDS: each answer is a waiting call's progress.
+            pause = min(max(pause, POLL_SECONDS), lease / 3, MAX_ASK_SECONDS)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._wake.wait()
+
+    async def _let_go(self, call_id: str, admitted: bool) -> None:
+        """A call whose wait was cancelled as its answer came: give back what it got."""
+        try:
+            if admitted:
+                await self._backend.quota_release(call_id, None, 0)
+            else:
+                await self._backend.quota_leave([call_id])
+        except StorageError as err:  # its waiter's or slot's lease lapses instead
+            logger.warning("could not give back a cancelled call's quota: %s", err)
 
     async def close(self) -> None:
         """Stop asking and renewing (the worker shuts down): what is left lapses."""
@@ -174,13 +195,40 @@ class QuotaCoordinator:
 
     async def _renew_while_holding(self) -> None:
         while self._held:
-            await asyncio.sleep(min(self._held.values()) / 3)
+            self._held_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(self._held.values()) / 3):
+                    await self._held_changed.wait()
             if not self._held:
                 return
             try:
-                await self._backend.quota_renew(self.owner)
+                await self._backend.quota_renew(self.owner, list(self._held))
             except StorageError as err:
                 logger.warning("could not renew the quota slots of %s: %s", self.owner, err)
+
+
+class InputCalibration:
+    """How a provider counts input tokens against our estimate, learnt per quota from the
+    usage it reports: a tokenizer that counts a fifth more than four characters a token
+    would otherwise have calls admitted that its own quota refuses."""
+
+    # How much one call's report moves the ratio, and the ratios believed at all.
+    WEIGHT = 0.2
+    BOUNDS = (0.25, 4.0)
+
+    def __init__(self) -> None:
+        self._ratios: dict[str, float] = {}
+
+    def scaled(self, quota: str, estimate: int) -> int:
+        return round(estimate * self._ratios.get(quota, 1.0))
+
+    def learn(self, quota: str, estimate: int, reported: int) -> None:
+        if estimate <= 0 or reported <= 0:
+            return
+        low, high = self.BOUNDS
+        seen = min(high, max(low, reported / estimate))
+        known = self._ratios.get(quota)
+        self._ratios[quota] = seen if known is None else known + self.WEIGHT * (seen - known)
 
 
 class QuotaTurn:
@@ -221,7 +269,7 @@ class QuotaGate:
     ) -> AsyncIterator[QuotaTurn]:
         """Wait for the turn of a call under `quotas`, hold its slot while the block runs,
         and count what the provider reported (`turn.record`) when it ends. `on_wait` hears
-        each refusal with the seconds waited so far; `on_granted` the end of a wait."""
+        each refusal with the seconds waited so far; `on_granted` the turn (waited or not)."""
         turn = QuotaTurn(quotas, input_tokens)
         if not quotas:
             yield turn
@@ -244,8 +292,9 @@ class QuotaGate:
         coordinator = self.coordinator
         await coordinator.admit(request, heard)
         try:  # from here the slot is held: whatever happens, it is released
-            if last and on_granted is not None:
-                await on_granted(last[0].quota, time.monotonic() - started)
+            if on_granted is not None:
+                quota = last[0].quota if last else quotas[0][0]
+                await on_granted(quota, time.monotonic() - started)
             yield turn
         finally:
             reported = turn.usage.input_tokens or None

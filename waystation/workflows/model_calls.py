@@ -177,7 +177,8 @@ class ModelCalls(RunCore):
                 if wait is None or told != (wait.quota, wait.limit, wait.expected_seconds, latest):
                     self._clock = sample_clock()
                     self._append(self._waiting_quota(notice))
-            elif wait is not None and wait.attempt == notice.attempt:
+            elif wait is not None and notice.attempt >= wait.attempt:
+                # A later attempt's turn ends the wait an earlier one told and died in.
                 self._clock = sample_clock()
                 waited = notice.waited_seconds or 0.0
                 self._append(

@@ -102,8 +102,9 @@ class Backend(Protocol):
         requests their quotas let through now (each counted against each of its quotas,
         its slot a lease of `owner`); the others wait, as waiters whose lease this renews."""
 
-    async def quota_renew(self, owner: str) -> None:
-        """Extend the lease of every call slot `owner` holds."""
+    async def quota_renew(self, owner: str, call_ids: list[str]) -> None:
+        """Extend the leases of these call slots `owner` holds (a slot its process no longer
+        tracks, its release lost, lapses)."""
 
     async def quota_release(
         self, call_id: str, input_tokens: int | None, output_tokens: int

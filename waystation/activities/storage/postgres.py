@@ -354,7 +354,9 @@ class PostgresBackend:
                     await cursor.executemany(
                         "INSERT INTO quota_calls (call_id, quota, tenant, owner, admitted_at,"
                         " input_tokens, lease_until, lease_seconds)"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                        # A batch asked again after a lost commit answer: its slot stands.
+                        " ON CONFLICT (call_id, quota) DO NOTHING",
                         [
                             (
                                 r.call_id,
@@ -374,11 +376,13 @@ class PostgresBackend:
 
         return await self._run(admit) if requests else []
 
-    async def quota_renew(self, owner: str) -> None:
+    async def quota_renew(self, owner: str, call_ids: list[str]) -> None:
+        if not call_ids:
+            return
         await self._count(
             f"UPDATE quota_calls SET lease_until = {_NOW} + lease_seconds"
-            f" WHERE owner = %s AND lease_until > {_NOW}",
-            (owner,),
+            f" WHERE owner = %s AND lease_until > {_NOW} AND call_id = ANY(%s)",
+            (owner, call_ids),
         )
 
     async def quota_release(

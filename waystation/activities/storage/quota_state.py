@@ -117,10 +117,13 @@ def _blocked(
         if capacity is not None:
             limit, wait = capacity
             return QuotaDecision(request.call_id, False, key, limit, wait), True
-    for key, limits in request.quotas:
-        head = _next_in_turn(now, key, views[key], request.call_id)
-        if head is not None and head.call_id != request.call_id:
-            return QuotaDecision(request.call_id, False, key, _first_limit(limits), None), False
+    # Whose turn it is, by the call's first quota alone (the endpoint's: it counts every
+    # model's calls). Turns taken by each quota's own counts could disagree, and two calls
+    # each wait for the other's turn.
+    key, limits = request.quotas[0]
+    head = _next_in_turn(now, key, views[key], request.call_id)
+    if head is not None and head.call_id != request.call_id:
+        return QuotaDecision(request.call_id, False, key, _first_limit(limits), None), False
     return None, False
 
 

@@ -356,7 +356,8 @@ class SqliteBackend:
                     [(r.call_id,) for r in outcome.admitted],
                 )
                 db.executemany(
-                    "INSERT INTO quota_calls (call_id, quota, tenant, owner, admitted_at,"
+                    # A batch asked again after a lost answer: the slot it took stands.
+                    "INSERT OR IGNORE INTO quota_calls (call_id, quota, tenant, owner, admitted_at,"
                     " input_tokens, lease_until, lease_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
@@ -381,14 +382,18 @@ class SqliteBackend:
 
         return await self._call(admit) if requests else []
 
-    async def quota_renew(self, owner: str) -> None:
+    async def quota_renew(self, owner: str, call_ids: list[str]) -> None:
         def renew(db: sqlite3.Connection) -> None:
             now = time.time()
+            marks = ",".join("?" * len(call_ids))
             db.execute(
                 "UPDATE quota_calls SET lease_until = ? + lease_seconds"
-                " WHERE owner = ? AND lease_until > ?",
-                (now, owner, now),
+                f" WHERE owner = ? AND lease_until > ? AND call_id IN ({marks})",
+                (now, owner, now, *call_ids),
             )
+
+        if not call_ids:
+            return
 
         await self._call(renew)
 
