@@ -351,3 +351,28 @@ async def test_the_apis_start_body_takes_a_cost_budget_and_get_shows_the_cost(
         view = (await http.get(f"/tasks/{task_id}")).json()
     assert view["usage"]["cost_usd"] == pytest.approx(cost(PRICE, (2000, 100)))
     assert view["usage"]["unpriced_tokens"] == 0
+
+
+async def test_the_apis_resume_raises_a_cost_budget_that_stopped_a_task(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    price = ModelPrice(input=1.0, output=6.0)  # $0.001 a step below
+    replies = [tools(("calculator", {"expression": f"{n} + 1"}), usage=(400, 100)) for n in (1, 2)]
+    model = fake_openai.script([*replies, text("all done", usage=(400, 100))])
+    api_settings = priced(settings, {model: price})
+    runtime = AgentRuntime(dev_env.client, api_settings)
+    async with (
+        serving_api(create_app(api_settings, runtime)) as port,
+        running_worker(dev_env.client, settings),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):
+        body = {"task": "add", "model": {"name": model}, "cost_budget": 0.0015}
+        created = await http.post("/tasks", json=body)
+        task_id = created.json()["id"]
+        with pytest.raises(TaskFailedError, match="cost_budget"):
+            await runtime.get(task_id).result()
+        resumed = await http.post(f"/tasks/{task_id}/resume", json={"cost_budget": 0.01})
+        assert resumed.status_code == 200, resumed.text
+        assert (await runtime.get(task_id).result()).result == "all done"
+        view = (await http.get(f"/tasks/{task_id}")).json()
+    assert view["usage"]["cost_usd"] == pytest.approx(0.003)

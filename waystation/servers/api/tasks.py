@@ -135,6 +135,9 @@ class AnswerResult(BaseModel):
 class ResumeBody(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, le=100_000)
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    cost_budget: float | None = Field(
+        default=None, gt=0, le=10**9, description="US dollars: raise the task's cost_budget."
+    )
     message: str | None = Field(
         default=None, min_length=1, max_length=100_000, description="Told to the model first."
     )
@@ -149,6 +152,9 @@ class ForkBody(BaseModel):
     )
     max_steps: int | None = Field(default=None, ge=1, le=100_000)
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    cost_budget: float | None = Field(
+        default=None, gt=0, le=10**9, description="US dollars: raise the task's cost_budget."
+    )
 
 
 class MessageBody(BaseModel):
@@ -409,7 +415,11 @@ async def resume(
     """Resume a failed task from its last good point, limits raised if given."""
     body = body or ResumeBody()
     handle = await runtime.resume(
-        task_id, max_steps=body.max_steps, token_budget=body.token_budget, message=body.message
+        task_id,
+        max_steps=body.max_steps,
+        token_budget=body.token_budget,
+        cost_budget=body.cost_budget,
+        message=body.message,
     )
     return TaskView(id=task_id, state=await handle.state())
 
@@ -431,6 +441,7 @@ async def fork(task_id: OwnedTaskId, body: ForkBody, runtime: Runtime, who: Read
         message=body.message,
         max_steps=body.max_steps,
         token_budget=body.token_budget,
+        cost_budget=body.cost_budget,
         role=who.role,
     )
     return TaskCreated(id=handle.id, status="running", links=links(handle.id))
