@@ -21,13 +21,14 @@ from waystation.activities.builtin_tools import builtin_registry
 from waystation.cli.render import cost_text, render_state, spent_text
 from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.task_rights import TaskRefusedError
+from waystation.prices import ModelPrice
 from waystation.servers.http_api import create_app
 from waystation.servers.usage import TaskUsage
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import BARE_NAME_ENDPOINT, DEFAULT_ENDPOINTS
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
 from waystation.testing.workers import running_worker
-from waystation.vocabulary import FailureKind, ModelPrice
+from waystation.vocabulary import FailureKind
 from waystation.workflows import agents
 from waystation.workflows.events import AgentState, Thought
 from waystation.workflows.models import AgentSpec, AgentTask, ModelSettings, Usage

@@ -1,6 +1,7 @@
 """The layers of the package import one way (docs/architecture.md, "Layers").
 
-    vocabulary  <-  settings, workflows  <-  activities  <-  client  <-  worker, servers  <-  cli
+    vocabulary, prices  <-  settings, workflows  <-  activities  <-  client
+        <-  worker, servers  <-  cli
 
 A module may import its own layer and the layers below it, never one above it nor a
 sibling of the same rank (settings and workflows; worker and servers). The facade
@@ -28,6 +29,7 @@ PACKAGE = Path(waystation.__file__).parent
 # The rank of each layer: a module imports only layers of lower rank, or its own.
 LAYERS = {
     "waystation.vocabulary": 0,
+    "waystation.prices": 0,
     "waystation.settings": 1,
     "waystation.workflows": 1,
     "waystation.activities": 2,

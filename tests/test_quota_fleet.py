@@ -31,12 +31,12 @@ from waystation.testing.workers import WorkerProcess
 from waystation.workflows.models import AgentTask, ModelSettings
 
 HEARTBEAT_SECONDS = 3.0
-# Calls of this long, one at a time: the last waits longer than its heartbeat timeout.
-CALL_SECONDS = 1.0
 # A heartbeat timeout that a starved machine (both cores busy, Temporal answering in
 # seconds) does not miss, for the tests whose point is not the lease.
-PATIENT_HEARTBEAT_SECONDS = 8.0
+PATIENT_HEARTBEAT_SECONDS = 20.0
 QUEUED_CALLS = 12
+# Calls of this long, one at a time: the last waits longer than its heartbeat timeout.
+QUEUED_CALL_SECONDS = 2.0
 
 
 class Arrivals:
@@ -111,7 +111,7 @@ async def test_calls_of_every_worker_never_overlap_past_the_concurrent_limit(
 ) -> None:
     shared = {"database_url": postgres.create_database()} if storage == "postgresql" else {}
     settings, declared = limited(fake_openai, tmp_path, {"concurrent_requests": 1}, **shared)
-    arrivals = Arrivals(lambda _: text("ok", delay_seconds=CALL_SECONDS))
+    arrivals = Arrivals(lambda _: text("ok", delay_seconds=QUEUED_CALL_SECONDS))
     model = fake_openai.script(arrivals)
     runtime = AgentRuntime(dev_env.client, settings)
     async with workers(dev_env, settings, declared, 2):
@@ -121,12 +121,12 @@ async def test_calls_of_every_worker_never_overlap_past_the_concurrent_limit(
     assert [o.result for o in outcomes] == ["ok"] * QUEUED_CALLS
     # A wait is progress: no call waiting longer than its heartbeat timeout missed its
     # heartbeat and was sent again.
-    assert QUEUED_CALLS * CALL_SECONDS > PATIENT_HEARTBEAT_SECONDS + CALL_SECONDS
+    assert QUEUED_CALLS * QUEUED_CALL_SECONDS > PATIENT_HEARTBEAT_SECONDS + QUEUED_CALL_SECONDS
     assert len(arrivals.times) == QUEUED_CALLS
     starts = sorted(arrivals.times)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    # Each request is answered CALL_SECONDS after it arrives: the next may not come sooner.
-    assert min(gaps) >= CALL_SECONDS, gaps
+    # Each request is answered QUEUED_CALL_SECONDS after it arrives: the next may not come sooner.
+    assert min(gaps) >= QUEUED_CALL_SECONDS, gaps
 
 
 async def test_a_worker_killed_while_its_call_waits_loses_nothing_and_leaks_no_slot(

@@ -25,9 +25,9 @@ from tests.test_quota_visibility import granted as quota_granted
 from tests.test_quota_visibility import tell
 from tests.test_quota_visibility import waiting as quota_waiting
 from waystation.client.agent_runtime import AgentRuntime
+from waystation.prices import ModelPrice
 from waystation.settings.model_endpoints import BARE_NAME_ENDPOINT, DEFAULT_ENDPOINTS
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
-from waystation.vocabulary import ModelPrice
 
 
 async def test_start_from_the_form_watch_tokens_and_a_retry_approve_in_the_inbox(

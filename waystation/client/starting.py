@@ -21,6 +21,7 @@ from waystation.activities.redaction import url_without_credentials
 from waystation.client.task_errors import UnknownToolsError
 from waystation.client.task_list import run_attributes
 from waystation.client.task_rights import TaskRefusedError
+from waystation.prices import ModelPrice
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import (
     BARE_NAME_ENDPOINT,
@@ -31,7 +32,7 @@ from waystation.settings.model_endpoints import (
     split_model_name,
 )
 from waystation.settings.model_facts import fact_updates
-from waystation.vocabulary import OFFLINE_MODEL, ModelPrice
+from waystation.vocabulary import OFFLINE_MODEL
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.models import (

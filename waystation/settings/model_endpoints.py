@@ -24,8 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from waystation.prices import ModelPrice
 from waystation.settings.validation import validation_sentence
-from waystation.vocabulary import ModelPrice
 
 EndpointProtocol = Literal["chat", "responses", "anthropic"]
 ENDPOINT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter
 
+from waystation.prices import ModelPrice
 from waystation.vocabulary import (
     TERMINAL_STATUSES,
-    ModelPrice,
     QuotaLimitKind,
     TaskStatus,
     TerminalStatus,

@@ -19,12 +19,12 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from waystation.prices import ModelPrice
 from waystation.vocabulary import (
     AGENT_TOOL_PREFIX,
     OFFLINE_MODEL,
     ApprovalRule,
     FailureKind,
-    ModelPrice,
     QuotaLimitKind,
     TerminalStatus,
 )
