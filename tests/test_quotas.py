@@ -23,6 +23,7 @@ from waystation.activities.storage import Storage
 from waystation.activities.storage.backend import Backend
 from waystation.activities.storage.postgres import PostgresBackend
 from waystation.activities.storage.quota_state import (
+    WINDOW_SECONDS,
     AdmittedCall,
     QuotaDecision,
     QuotaRequest,
@@ -147,10 +148,10 @@ async def test_requests_per_minute_are_counted_across_workers(
     await waiting(fourth)
     refusal = fourth.heard[0]
     assert (refusal.quota, refusal.limit) == ("ep", "requests_per_minute")
-    assert refusal.wait_seconds is not None and 55 < refusal.wait_seconds <= 60
+    assert refusal.wait_seconds is not None and 55 < refusal.wait_seconds <= WINDOW_SECONDS
     assert not fourth.admitted.is_set()
     # A minute later (by the database's record), the oldest request has left the window.
-    place.sql("UPDATE quota_calls SET admitted_at = admitted_at - 60")
+    place.sql(f"UPDATE quota_calls SET admitted_at = admitted_at - {WINDOW_SECONDS}")
     await admitted(fourth)
     await finish(fourth, task)
 
@@ -187,7 +188,7 @@ async def test_a_call_bigger_than_a_minutes_quota_goes_alone(
     await waiting(small)
     assert small.heard[0].limit == "input_tokens_per_minute"
     await finish(huge, huge_task, Usage(input_tokens=5000))
-    place.sql("UPDATE quota_calls SET admitted_at = admitted_at - 60")
+    place.sql(f"UPDATE quota_calls SET admitted_at = admitted_at - {WINDOW_SECONDS}")
     await admitted(small)
     await finish(small, small_task)
 

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 from waystation.settings.model_endpoints import QuotaLimits
 from waystation.vocabulary import QuotaLimitKind
 
-WINDOW_SECONDS = 60.0
+# A provider counts a call in the minute after it arrives. A call admitted here reaches it a
+# moment later, and the next may reach it sooner: counted a little longer than the provider
+# counts it, a call never arrives while the provider still counts the one it follows.
+PROVIDER_WINDOW_SECONDS = 60.0
+ARRIVAL_MARGIN_SECONDS = 2.0
+WINDOW_SECONDS = PROVIDER_WINDOW_SECONDS + ARRIVAL_MARGIN_SECONDS
 # Waiters that join in one batch keep their order by this much apart.
 _SINCE_STEP = 1e-6
 
