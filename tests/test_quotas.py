@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,13 +14,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
+from tests.test_storage import Place
 from waystation.activities.quotas import InputCalibration, QuotaGate, QuotaTurn, rate_limit_reset
 from waystation.activities.storage import Storage
-from waystation.activities.storage.backend import Backend
-from waystation.activities.storage.postgres import PostgresBackend
 from waystation.activities.storage.quota_state import (
     WINDOW_SECONDS,
     AdmittedCall,
@@ -30,30 +27,11 @@ from waystation.activities.storage.quota_state import (
     QuotaView,
     decide,
 )
-from waystation.activities.storage.sqlite import SqliteBackend
 from waystation.settings.model_endpoints import EndpointLimits, ModelEndpoint, QuotaLimits
 from waystation.testing.postgres import PostgresServer
 from waystation.workflows.models import Usage
 
 LEASE = 1.0
-
-
-@dataclass
-class Place:
-    kind: str
-    path: Path
-    url: str
-
-    def backend(self) -> Backend:
-        return SqliteBackend(self.path) if self.kind == "sqlite" else PostgresBackend(self.url)
-
-    def sql(self, statement: str) -> list[Any]:
-        if self.kind == "sqlite":
-            with sqlite3.connect(self.path) as db:
-                return db.execute(statement).fetchall()
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            cursor = conn.execute(statement.encode())
-            return cursor.fetchall() if cursor.description else []
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
