@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,8 +22,11 @@ from tests.test_storage import Place
 from waystation.activities.quotas import InputCalibration, QuotaGate, QuotaTurn, rate_limit_reset
 from waystation.activities.storage import Storage
 from waystation.activities.storage.quota_state import (
+    PACE_PERIOD_SECONDS,
+    PROVIDER_WINDOW_SECONDS,
     WINDOW_SECONDS,
     AdmittedCall,
+    Outcome,
     QuotaDecision,
     QuotaRequest,
     QuotaView,
@@ -114,27 +119,43 @@ async def finish(call: Call, task: asyncio.Task[None], usage: Usage | None = Non
     await task
 
 
-async def test_requests_per_minute_are_counted_across_workers(
+def elapse(place: Place, seconds: float) -> None:
+    """Let `seconds` pass by the database's record of the calls it admitted."""
+    place.sql(f"UPDATE quota_calls SET admitted_at = admitted_at - {seconds}")
+
+
+async def test_requests_per_minute_are_paced_and_counted_across_workers(
     place: Place, machines: list[QuotaGate]
 ) -> None:
     quotas = endpoint_quotas(requests_per_minute=3)
-    first = [start(gate, quotas) for gate in machines]
-    await admitted(*(c for c, _ in first))
-    for call, task in first:
+    period = PACE_PERIOD_SECONDS / 3
+    for number, gate in enumerate(machines):
+        call, task = start(gate, quotas)
+        if number:
+            # The minute's three requests are spread over it: each waits for its pace.
+            await waiting(call)
+            refusal = call.heard[0]
+            assert (refusal.quota, refusal.limit) == ("ep", "requests_per_minute")
+            assert refusal.wait_seconds is not None
+            assert period - 3 < refusal.wait_seconds < period
+            assert not call.admitted.is_set()
+            elapse(place, period)
+        await admitted(call)
         await finish(call, task)
     fourth, task = start(machines[0], quotas)
     await waiting(fourth)
     refusal = fourth.heard[0]
     assert (refusal.quota, refusal.limit) == ("ep", "requests_per_minute")
-    assert refusal.wait_seconds is not None and 55 < refusal.wait_seconds <= WINDOW_SECONDS
-    assert not fourth.admitted.is_set()
-    # A minute later (by the database's record), the oldest request has left the window.
-    place.sql(f"UPDATE quota_calls SET admitted_at = admitted_at - {WINDOW_SECONDS}")
+    # The first request is still in the window: the fourth goes once it leaves.
+    assert refusal.wait_seconds is not None
+    assert 0 < refusal.wait_seconds <= WINDOW_SECONDS - 2 * period
+    elapse(place, WINDOW_SECONDS)
     await admitted(fourth)
     await finish(fourth, task)
 
 
 async def test_input_tokens_are_estimated_then_corrected_and_output_tokens_counted(
+    place: Place,
     machines: list[QuotaGate],
 ) -> None:
     quotas = endpoint_quotas(input_tokens_per_minute=1000, output_tokens_per_minute=100)
@@ -143,8 +164,10 @@ async def test_input_tokens_are_estimated_then_corrected_and_output_tokens_count
     second, second_task = start(machines[1], quotas, tokens=600)
     await waiting(second)
     assert second.heard[0].limit == "input_tokens_per_minute"
-    # The provider read 300 tokens of the 600 estimated: 300 + 600 fit the minute's 1000.
+    # The provider read 300 tokens of the 600 estimated: 300 + 600 fit the minute's 1000,
+    # once the pace has spread the first call's 300 tokens.
     await finish(big, big_task, Usage(input_tokens=300, output_tokens=60))
+    elapse(place, PACE_PERIOD_SECONDS * 300 / 1000)
     await admitted(second)
     await finish(second, second_task, Usage(input_tokens=600, output_tokens=40))
     # The minute's output (60 + 40) has reached its limit: the next call waits for it.
@@ -375,15 +398,15 @@ def test_turns_follow_the_endpoints_order_so_two_waiters_never_wait_for_each_oth
     # On the endpoint, tenant b made more calls (of another model); on model x, tenant a
     # did: by each quota's own counts, each waiter would be the other's turn.
     views = {
-        "e": QuotaView(calls=[AdmittedCall(f"b{n}", "b", 0.0, 10, 0, False) for n in range(5)]),
-        "e:x": QuotaView(calls=[AdmittedCall(f"a{n}", "a", 0.0, 10, 0, False) for n in range(3)]),
+        "e": QuotaView(calls=[AdmittedCall(f"b{n}", "b", -30.0, 10, 0, False) for n in range(5)]),
+        "e:x": QuotaView(calls=[AdmittedCall(f"a{n}", "a", -30.0, 10, 0, False) for n in range(3)]),
     }
     views["e"].calls += views["e:x"].calls
     first = QuotaRequest("first", "a", quotas, 10, 10.0)
     second = QuotaRequest("second", "b", quotas, 10, 10.0)
     outcome = decide(1.0, views, [second, first])
     assert [d.call_id for d in outcome.decisions if d.admitted] == ["first"]
-    outcome = decide(1.1, views, [second])
+    outcome = decide(2.0, views, [second])  # a pace (0.65 s) later
     assert [d.call_id for d in outcome.decisions if d.admitted] == ["second"]
 
 
@@ -408,3 +431,54 @@ async def test_only_the_slots_a_worker_still_holds_are_renewed(
     assert all(lease > time.time() for call, lease in leases.items() if call != lost_id)
     await finish(kept, kept_task)
     await finish(lost, lost_task)
+
+
+@dataclass
+class Backlog:
+    """Tenant a keeps `size` calls waiting, asked for together as a worker asks."""
+
+    quotas: tuple[tuple[str, QuotaLimits], ...]
+    size: int
+    views: dict[str, QuotaView] = field(default_factory=dict)
+    waiting: list[QuotaRequest] = field(default_factory=list)
+    admitted_at: list[float] = field(default_factory=list)
+
+    def ask(self, now: float, joining: tuple[QuotaRequest, ...] = ()) -> Outcome:
+        self.waiting += [self.call(f"a{now}-{n}") for n in range(self.size - len(self.waiting))]
+        outcome = decide(now, self.views, [*self.waiting, *joining])
+        went = {r.call_id for r in outcome.admitted if r.tenant == "a"}
+        self.admitted_at += [now] * len(went)
+        self.waiting = [r for r in self.waiting if r.call_id not in went]
+        return outcome
+
+    def call(self, call_id: str, tenant: str = "a") -> QuotaRequest:
+        return QuotaRequest(call_id, tenant, self.quotas, 100, 10.0)
+
+
+def test_a_quotas_minute_is_paced_so_its_capacity_frees_a_little_at_a_time() -> None:
+    backlog = Backlog(
+        (("ep", QuotaLimits(requests_per_minute=60, input_tokens_per_minute=5_000)),), 40
+    )
+    for tick in range(1500):  # five minutes, asked every 0.2 s
+        backlog.ask(tick * 0.2)
+    admitted_at = backlog.admitted_at
+    # Tokens bind (50 calls of 100 a minute): never more than the quota in a window, and
+    # never a minute's worth at once followed by a minute of nothing.
+    for start_at in admitted_at:
+        assert sum(start_at <= at < start_at + PROVIDER_WINDOW_SECONDS for at in admitted_at) <= 50
+    gaps = [later - earlier for earlier, later in itertools.pairwise(admitted_at)]
+    assert max(gaps) <= PACE_PERIOD_SECONDS * 100 / 5_000 + 0.2
+    assert max(Counter(admitted_at).values()) <= 3  # the start: what the tolerances allow
+    late = [at for at in admitted_at if at >= 60.0]
+    assert len(late) / 240.0 * 60 >= 0.9 * 50  # the quota is used, not wasted
+
+
+def test_a_tenant_with_little_to_send_goes_at_once_beside_anothers_backlog() -> None:
+    backlog = Backlog((("ep", QuotaLimits(requests_per_minute=120)),), 200)
+    for tick in range(900):  # a's backlog alone for three minutes, then b's calls among it
+        joining = (backlog.call(f"b{tick}", "b"),) if tick > 450 and tick % 7 == 0 else ()
+        outcome = backlog.ask(tick * 0.2, joining)
+        if joining:
+            assert outcome.decisions[-1].admitted, f"b's call at {tick * 0.2:.1f} s waited"
+    # a spent none of the credit kept for b, and lost little of its pace to b.
+    assert len(backlog.admitted_at) >= 0.9 * 180 * 120 / 60 - len(range(451, 900, 7))

@@ -1,6 +1,13 @@
 """Who may send a model call now under the quotas it counts against: the decision both
 backends take inside one locked transaction, over what the database holds for those quotas
-(the calls admitted in the last minute, the live waiters, a pause). Pure: no I/O here."""
+(the calls admitted in the last minute, the live waiters, a pause). Pure: no I/O here.
+
+A quota's minute is paced, not admitted at once: a rate limit's calls are spread evenly
+over its minute (a GCRA over the window's calls), so capacity frees a little at a time and
+whoever's turn it is goes within a moment. Admitted as a burst whenever the window had
+room, a minute's calls all left it together a minute later: capacity came back in waves,
+and a tenant with one call waiting waited for the next wave, whatever its turn.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,15 @@ from waystation.vocabulary import QuotaLimitKind
 PROVIDER_WINDOW_SECONDS = 60.0
 ARRIVAL_MARGIN_SECONDS = 2.0
 WINDOW_SECONDS = PROVIDER_WINDOW_SECONDS + ARRIVAL_MARGIN_SECONDS
+# Pacing: a quota of N a minute admits one unit every PACE_PERIOD_SECONDS / N seconds. Any
+# call may go up to ASK_TOLERANCE_SECONDS early (one ask admits what its poll interval
+# freed); a tenant that no other active tenant trails may go FAIR_SHARE_SECONDS earlier
+# still, credit the busiest tenant never spends, so a tenant with little to send goes at
+# once beside one with a backlog. The period counts both allowances: however the credit is
+# spent, no window holds more than the limit.
+ASK_TOLERANCE_SECONDS = 0.5
+FAIR_SHARE_SECONDS = 2.0
+PACE_PERIOD_SECONDS = WINDOW_SECONDS + ASK_TOLERANCE_SECONDS + FAIR_SHARE_SECONDS
 # Waiters that join in one batch keep their order by this much apart.
 _SINCE_STEP = 1e-6
 
@@ -88,23 +104,22 @@ def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]
             waiters = views.setdefault(key, QuotaView()).waiters
             if not any(w.call_id == request.call_id for w in waiters):
                 waiters.append(Waiter(request.call_id, request.tenant, now + index * _SINCE_STEP))
+    books = {key: _QuotaBook(now, view) for key, view in views.items()}
     outcome = Outcome([], [], [])
     for request in requests:
-        blocked, by_capacity = _blocked(now, views, request)
+        blocked, by_capacity = _blocked(books, request)
         if blocked is not None:
             outcome.decisions.append(blocked)
             blocked_on = blocked.quota if by_capacity else None
             since = {}
             for key, _ in request.quotas:
-                mine = next(w for w in views[key].waiters if w.call_id == request.call_id)
+                mine = books[key].waiter(request.call_id)
                 mine.blocked_on = blocked_on
                 since[key] = mine.since
             outcome.waiting.append((request, since, blocked_on))
             continue
         for key, _ in request.quotas:
-            view = views[key]
-            view.waiters = [w for w in view.waiters if w.call_id != request.call_id]
-            view.calls.append(
+            books[key].admit(
                 AdmittedCall(request.call_id, request.tenant, now, request.input_tokens, 0, True)
             )
         outcome.decisions.append(QuotaDecision(request.call_id, admitted=True))
@@ -113,12 +128,12 @@ def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]
 
 
 def _blocked(
-    now: float, views: dict[str, QuotaView], request: QuotaRequest
+    books: dict[str, _QuotaBook], request: QuotaRequest
 ) -> tuple[QuotaDecision | None, bool]:
     """What keeps `request` from going now, and whether it is a quota's capacity (else
     another waiter's turn, for a time not known in advance)."""
     for key, limits in request.quotas:
-        capacity = _capacity_blocked(now, limits, views[key], request.input_tokens)
+        capacity = books[key].capacity_blocked(limits, request)
         if capacity is not None:
             limit, wait = capacity
             return QuotaDecision(request.call_id, False, key, limit, wait), True
@@ -126,66 +141,121 @@ def _blocked(
     # model's calls). Turns taken by each quota's own counts could disagree, and two calls
     # each wait for the other's turn.
     key, limits = request.quotas[0]
-    head = _next_in_turn(now, key, views[key], request.call_id)
+    head = books[key].next_in_turn(key, request.call_id)
     if head is not None and head.call_id != request.call_id:
         return QuotaDecision(request.call_id, False, key, _first_limit(limits), None), False
     return None, False
 
 
-def _capacity_blocked(
-    now: float, limits: QuotaLimits, view: QuotaView, input_tokens: int
-) -> tuple[QuotaLimitKind, float | None] | None:
-    """The limit that keeps a call of `input_tokens` from going now, and for how long."""
-    if view.paused_until > now:
-        return "paused", view.paused_until - now
-    if limits.concurrent_requests is not None:
-        if sum(c.live for c in view.calls) >= limits.concurrent_requests:
+class _QuotaBook:
+    """One quota during a decision: its window's calls, sums and tenants' admissions, kept
+    up to date as calls are admitted (a batch of a hundred waiters reads them once)."""
+
+    def __init__(self, now: float, view: QuotaView) -> None:
+        self.now = now
+        self.view = view
+        self._waiters = {w.call_id: w for w in view.waiters}
+        self._count()
+
+    def _count(self) -> None:
+        window_start = self.now - WINDOW_SECONDS
+        self.recent = sorted(
+            (c for c in self.view.calls if c.admitted_at > window_start),
+            key=lambda c: c.admitted_at,
+        )
+        self.leaves = [c.admitted_at + WINDOW_SECONDS - self.now for c in self.recent]
+        self.live = sum(c.live for c in self.view.calls)
+        self.admissions = Counter(c.tenant for c in self.recent)
+        active = set(self.admissions) | {w.tenant for w in self.view.waiters}
+        self.fewest = min((self.admissions[t] for t in active), default=0)
+        self._paced: dict[tuple[QuotaLimitKind, int], float] = {}
+        # Waiters in turn order: the tenant admitted least in the window, then the oldest.
+        self._turns = sorted(
+            self.view.waiters, key=lambda w: (self.admissions[w.tenant], w.since, w.call_id)
+        )
+
+    def waiter(self, call_id: str) -> Waiter:
+        return self._waiters[call_id]
+
+    def admit(self, call: AdmittedCall) -> None:
+        self.view.waiters = [w for w in self.view.waiters if w.call_id != call.call_id]
+        self._waiters.pop(call.call_id, None)
+        self.view.calls.append(call)
+        self._count()
+
+    def next_in_turn(self, key: str, asking: str) -> Waiter | None:
+        """The waiter whose turn it is, among those no other quota held back at their last
+        ask (`asking` is asking again)."""
+        return next(
+            (w for w in self._turns if w.blocked_on in (None, key) or w.call_id == asking),
+            None,
+        )
+
+    def capacity_blocked(
+        self, limits: QuotaLimits, request: QuotaRequest
+    ) -> tuple[QuotaLimitKind, float | None] | None:
+        """The limit that keeps `request` from going now, and for how long."""
+        if self.view.paused_until > self.now:
+            return "paused", self.view.paused_until - self.now
+        if limits.concurrent_requests is not None and self.live >= limits.concurrent_requests:
             return "concurrent_requests", None
-    recent = sorted(
-        (c for c in view.calls if c.admitted_at > now - WINDOW_SECONDS),
-        key=lambda c: c.admitted_at,
-    )
-    leaves = [c.admitted_at + WINDOW_SECONDS - now for c in recent]
-    if limits.requests_per_minute is not None and len(recent) >= limits.requests_per_minute:
-        return "requests_per_minute", leaves[len(recent) - limits.requests_per_minute]
-    if limits.input_tokens_per_minute is not None:
-        wait = _tokens_wait(
-            [c.input_tokens for c in recent], leaves, input_tokens, limits.input_tokens_per_minute
-        )
-        if wait is not None:
-            return "input_tokens_per_minute", wait
-    if limits.output_tokens_per_minute is not None:
-        # Output is known only once a call ends: the minute's output must be under the limit.
-        wait = _tokens_wait(
-            [c.output_tokens for c in recent], leaves, 1, limits.output_tokens_per_minute
-        )
-        if wait is not None:
-            return "output_tokens_per_minute", wait
-    return None
+        rates: list[tuple[QuotaLimitKind, int | None, list[int], int]] = [
+            ("requests_per_minute", limits.requests_per_minute, [1] * len(self.recent), 1),
+            (
+                "input_tokens_per_minute",
+                limits.input_tokens_per_minute,
+                [c.input_tokens for c in self.recent],
+                request.input_tokens,
+            ),
+            # Output is known only once a call ends: the minute's output must be under the limit.
+            (
+                "output_tokens_per_minute",
+                limits.output_tokens_per_minute,
+                [c.output_tokens for c in self.recent],
+                1,
+            ),
+        ]
+        declared = [(kind, limit, used, wanted) for kind, limit, used, wanted in rates if limit]
+        for kind, limit, used, wanted in declared:  # a full minute first, then the pace
+            if (wait := _window_wait(used, self.leaves, wanted, limit)) is not None:
+                return kind, wait
+        favoured = self.admissions[request.tenant] <= self.fewest
+        for kind, limit, used, _ in declared:
+            if (wait := self._pace_wait(kind, limit, used, favoured)) is not None:
+                return kind, wait
+        return None
+
+    def _pace_wait(
+        self, kind: QuotaLimitKind, limit: int, used: list[int], favoured: bool
+    ) -> float | None:
+        """None if the pace lets a call go now; else how long until it does."""
+        paced = self._paced.get((kind, limit))
+        if paced is None:
+            # The theoretical time the window's calls, spaced at the pace, would have ended.
+            period = PACE_PERIOD_SECONDS / limit
+            paced = float("-inf")
+            for call, units in zip(self.recent, used, strict=True):
+                paced = max(paced, call.admitted_at) + units * period
+            self._paced[kind, limit] = paced
+        early = ASK_TOLERANCE_SECONDS + (FAIR_SHARE_SECONDS if favoured else 0.0)
+        wait = paced - early - self.now
+        if wait <= 0:
+            return None
+        # The window forgets its oldest call then, and the pace with it: ask again.
+        return min(wait, self.leaves[0])
 
 
-def _tokens_wait(used: list[int], leaves: list[float], wanted: int, limit: int) -> float | None:
-    """None if `wanted` more tokens fit the minute; else how long until they do. A call
+def _window_wait(used: list[int], leaves: list[float], wanted: int, limit: int) -> float | None:
+    """None if `wanted` more units fit the minute; else how long until they do. A call
     bigger than the whole minute's quota fits a minute that holds nothing else."""
     total = sum(used)
     if total == 0 or total + wanted <= limit:
         return None
-    for tokens, leaving in zip(used, leaves, strict=True):
-        total -= tokens
+    for units, leaving in zip(used, leaves, strict=True):
+        total -= units
         if total == 0 or total + wanted <= limit:
             return max(0.0, leaving)
     return None
-
-
-def _next_in_turn(now: float, key: str, view: QuotaView, asking: str) -> Waiter | None:
-    """The waiter whose turn it is: the oldest of the tenant admitted least in the window,
-    among those no other quota held back at their last ask (`asking` is asking again)."""
-    admissions = Counter(c.tenant for c in view.calls if c.admitted_at > now - WINDOW_SECONDS)
-    return min(
-        (w for w in view.waiters if w.blocked_on in (None, key) or w.call_id == asking),
-        key=lambda w: (admissions[w.tenant], w.since, w.call_id),
-        default=None,
-    )
 
 
 def _first_limit(limits: QuotaLimits) -> QuotaLimitKind:
