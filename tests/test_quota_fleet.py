@@ -72,11 +72,17 @@ def limited(
 
 @asynccontextmanager
 async def workers(
-    env: WorkflowEnvironment, settings: Settings, declared: str, count: int
+    env: WorkflowEnvironment,
+    settings: Settings,
+    declared: str,
+    count: int,
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[list[WorkerProcess]]:
     address = env.client.service_client.config.target_host
     started = [
-        WorkerProcess(address, settings, {"WAYSTATION_MODEL_ENDPOINTS": declared})
+        WorkerProcess(
+            address, settings, {"WAYSTATION_MODEL_ENDPOINTS": declared, **(extra_env or {})}
+        )
         for _ in range(count)
     ]
     try:

@@ -1,6 +1,7 @@
 """The quota gate end to end, in a real worker process: a task whose call waits for its turn
 shows `waiting_quota` (what it waits for) until the call has it, and another tenant's task
-is served before the first tenant's backlog drains."""
+is served before the first tenant's backlog drains, the backlog's waiting calls holding
+none of the worker's slots for other activities."""
 
 from __future__ import annotations
 
@@ -98,7 +99,9 @@ async def test_another_tenants_task_goes_before_the_first_tenants_backlog_drains
     model = fake_openai.script(replies)
     runtime = AgentRuntime(dev_env.client, settings)
     try:
-        async with workers(dev_env, settings, declared, 1):
+        # Two slots for activities other than model calls: the waiting calls take none.
+        slots = {"WAYSTATION_WORKER_ACTIVITY_SLOTS": "2"}
+        async with workers(dev_env, settings, declared, 1, slots):
             backlog = [await runtime.run(task(model, f"a{n}", "a")) for n in range(6)]
             await fake_openai.until_streaming(model, 1, request=0)
             await until_waiting(backlog, 5)  # every other call of tenant a queues for its turn

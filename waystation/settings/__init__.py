@@ -146,6 +146,20 @@ class Settings(BaseSettings):
         "SDK's default size). With more tasks moving than this, an evicted task is replayed "
         "from its history at its next step; each cached task costs about 0.1 MB.",
     )
+    worker_activity_slots: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Tool calls, notifications and other activities (model calls apart) a "
+        "worker runs at once (Temporal's default).",
+    )
+    worker_model_call_slots: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Model calls a worker takes at once, apart from its other activities: a "
+        "call waiting for its quota's turn holds one of these, never a tool call's slot.",
+    )
     heartbeat_timeout_seconds: float | None = Field(
         default=None,
         ge=1,

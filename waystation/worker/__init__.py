@@ -65,6 +65,7 @@ from waystation.settings import Settings
 from waystation.settings.errors import SettingsProblem, load_settings
 from waystation.settings.webhooks import WebhookConfigError, check_console_url
 from waystation.worker import log as worker_log
+from waystation.worker.activity_slots import ActivitySlots, worker_tuner
 from waystation.worker.child_outcomes import ChildActivities
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.notifications import NotificationWorkflow
@@ -376,6 +377,12 @@ def build_worker(
         interceptors=[RedactingInterceptor(served.redactor)],
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_cached_workflows=settings.worker_cached_tasks,
+        tuner=worker_tuner(
+            ActivitySlots(
+                other=settings.worker_activity_slots,
+                model_calls=settings.worker_model_call_slots,
+            )
+        ),
         graceful_shutdown_timeout=graceful_shutdown,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         identity=named,
