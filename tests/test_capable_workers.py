@@ -20,6 +20,7 @@ from tests.test_resume_fork_edges import api_over
 from waystation.activities.storage import Storage
 from waystation.activities.tool_activities import ToolActivities
 from waystation.activities.tools import ToolRegistry
+from waystation.client import pollers, serving_workers
 from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.serving_workers import offers_of
 from waystation.client.task_rights import TaskRefusedError
@@ -181,3 +182,27 @@ async def test_a_tool_call_on_a_worker_without_the_tool_runs_nothing_and_says_so
         await storage.close()
     assert lacking.value.type == errors.WORKER_LACKS and lacking.value.non_retryable
     assert "lacks shopper_tool" in lacking.value.message
+
+
+async def test_tasks_started_at_once_ask_temporal_for_the_workers_once(
+    dev_env: WorkflowEnvironment, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    listing = pollers.polling_workers
+
+    async def counted(client: Client, queue: str, *args: object, **kwargs: object) -> list[str]:
+        asked.append(queue)
+        return await listing(client, queue, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(serving_workers, "polling_workers", counted)
+    async with running_worker(dev_env.client, settings):
+        runtime = AgentRuntime(dev_env.client, settings)
+        handles = await asyncio.gather(
+            *(runtime.run(agent_task(OFFLINE_MODEL, f"task {n}")) for n in range(20))
+        )
+        assert len(asked) < 5  # one listing in flight served the starts that came meanwhile
+        for handle in handles:
+            await handle.result()
+        # Asked again later, the answer is a fresh one.
+        await runtime.run(agent_task(OFFLINE_MODEL, "one more"))
+        assert len(asked) >= 2

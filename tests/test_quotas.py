@@ -482,3 +482,15 @@ def test_a_tenant_with_little_to_send_goes_at_once_beside_anothers_backlog() -> 
             assert outcome.decisions[-1].admitted, f"b's call at {tick * 0.2:.1f} s waited"
     # a spent none of the credit kept for b, and lost little of its pace to b.
     assert len(backlog.admitted_at) >= 0.9 * 180 * 120 / 60 - len(range(451, 900, 7))
+
+
+def test_a_backlog_alone_leaves_the_credit_to_a_tenant_that_comes_later() -> None:
+    limits = QuotaLimits(requests_per_minute=300, input_tokens_per_minute=200_000)
+    backlog = Backlog((("ep", limits),), 150)
+    for tick in range(5):  # a's 150 calls first, alone: it may not spend the credit
+        backlog.ask(tick * 0.2)
+    assert backlog.admitted_at.count(0.0) == 3  # the pace's half a second, not its credit
+    # b's five calls come a second later: they all go in the ask they join.
+    quiet = tuple(backlog.call(f"b{n}", "b") for n in range(5))
+    outcome = backlog.ask(1.0, quiet)
+    assert all(d.admitted for d in outcome.decisions[-5:])

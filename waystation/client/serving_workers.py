@@ -10,6 +10,7 @@ is refused only when every live worker's offer is known and none serves it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 
 from temporalio.client import Client
@@ -55,9 +56,32 @@ async def _with_offers(
     return [(i, _known.get(offer_digest_in(i) or "")) for i in identities]
 
 
-async def offers_of(client: Client, settings: Settings) -> list[tuple[str, WorkerOffer | None]]:
+Offers = list[tuple[str, WorkerOffer | None]]
+# The listings in flight, by client and settings: a hundred tasks started at once ask
+# Temporal once, not a hundred times (each answer is as fresh as a call of its own).
+_listing: dict[tuple[int, int], asyncio.Future[Offers]] = {}
+
+
+async def offers_of(client: Client, settings: Settings) -> Offers:
     """`live_offers` of the settings' queue; the settings' storage is opened only for
-    offers not seen yet. A server that cannot list pollers: no worker is known."""
+    offers not seen yet. A server that cannot list pollers: no worker is known. Callers
+    that ask while a listing of theirs is in flight share its answer."""
+    key = (id(client), id(settings))
+    listing = _listing.get(key)
+    if listing is None:
+        listing = _listing[key] = asyncio.ensure_future(_list_offers(client, settings))
+        listing.add_done_callback(lambda done: _forget(key, done))
+    # One caller cancelled leaves the listing to the others.
+    return await asyncio.shield(listing)
+
+
+def _forget(key: tuple[int, int], listing: asyncio.Future[Offers]) -> None:
+    _listing.pop(key, None)
+    if not listing.cancelled():
+        listing.exception()  # read here too: its callers may all have left
+
+
+async def _list_offers(client: Client, settings: Settings) -> Offers:
     try:
         identities = await polling_workers(
             client, settings.task_queue, "activity", this_process=True

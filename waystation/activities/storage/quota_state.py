@@ -25,10 +25,11 @@ ARRIVAL_MARGIN_SECONDS = 2.0
 WINDOW_SECONDS = PROVIDER_WINDOW_SECONDS + ARRIVAL_MARGIN_SECONDS
 # Pacing: a quota of N a minute admits one unit every PACE_PERIOD_SECONDS / N seconds. Any
 # call may go up to ASK_TOLERANCE_SECONDS early (one ask admits what its poll interval
-# freed); a tenant that no other active tenant trails may go FAIR_SHARE_SECONDS earlier
-# still, credit the busiest tenant never spends, so a tenant with little to send goes at
-# once beside one with a backlog. The period counts both allowances: however the credit is
-# spent, no window holds more than the limit.
+# freed); a tenant that no other active tenant trails, with no more waiting than that
+# would let go, may go FAIR_SHARE_SECONDS earlier still: credit neither the busiest tenant
+# nor a backlog ever spends, so a tenant with a few calls goes at once beside another's
+# backlog, however the two arrived. The period counts both allowances: however the credit
+# is spent, no window holds more than the limit.
 ASK_TOLERANCE_SECONDS = 0.5
 FAIR_SHARE_SECONDS = 2.0
 PACE_PERIOD_SECONDS = WINDOW_SECONDS + ASK_TOLERANCE_SECONDS + FAIR_SHARE_SECONDS
@@ -166,7 +167,8 @@ class _QuotaBook:
         self.leaves = [c.admitted_at + WINDOW_SECONDS - self.now for c in self.recent]
         self.live = sum(c.live for c in self.view.calls)
         self.admissions = Counter(c.tenant for c in self.recent)
-        active = set(self.admissions) | {w.tenant for w in self.view.waiters}
+        self.waiting = Counter(w.tenant for w in self.view.waiters)
+        active = set(self.admissions) | set(self.waiting)
         self.fewest = min((self.admissions[t] for t in active), default=0)
         self._paced: dict[tuple[QuotaLimitKind, int], float] = {}
         # Waiters in turn order: the tenant admitted least in the window, then the oldest.
@@ -219,8 +221,10 @@ class _QuotaBook:
         for kind, limit, used, wanted in declared:  # a full minute first, then the pace
             if (wait := _window_wait(used, self.leaves, wanted, limit)) is not None:
                 return kind, wait
-        favoured = self.admissions[request.tenant] <= self.fewest
-        for kind, limit, used, _ in declared:
+        trailing = self.admissions[request.tenant] <= self.fewest
+        for kind, limit, used, wanted in declared:
+            credit = FAIR_SHARE_SECONDS * limit / PACE_PERIOD_SECONDS
+            favoured = trailing and self.waiting[request.tenant] * wanted <= credit
             if (wait := self._pace_wait(kind, limit, used, favoured)) is not None:
                 return kind, wait
         return None
