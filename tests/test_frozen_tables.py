@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
@@ -22,6 +23,7 @@ from temporalio.worker import Replayer
 from tests.helpers import agent_task, of_type, pending_requests
 from waystation.activities.payload_codec import data_converter
 from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.handle import TaskHandle
 from waystation.prices import ModelPrice
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import BARE_NAME_ENDPOINT, DEFAULT_ENDPOINTS
@@ -64,15 +66,25 @@ def step_cost(price: ModelPrice) -> float:
     return price.cost(STEP_USAGE[0], STEP_USAGE[1], 0, 0)
 
 
-def frozen_task(model: str) -> AgentTask:
+def waiting_task(model: str) -> AgentTask:
     """A task whose first step waits for a person: a point a deploy is sure to meet."""
-    task = agent_task(
-        model,
-        "add one and one",
-        approval=ApprovalSettings(policy={"calculator": "always"}),
-        max_steps=5,
-    )
-    return task
+    policy = ApprovalSettings(policy={"calculator": "always"})
+    return agent_task(model, "add one and one", approval=policy, max_steps=5)
+
+
+async def started_waiting(
+    runtime: AgentRuntime, settings: Settings, model: str, env: dict[str, str]
+) -> TaskHandle[Any]:
+    """The task, started with a worker of `env` that takes its first step and then stops
+    while the task waits for the approval."""
+    address = runtime.client.service_client.config.target_host
+    first = await WorkerProcess(address, settings, env).ready()
+    try:
+        handle = await runtime.run(waiting_task(model))
+        await pending_requests(handle)
+    finally:
+        await stop(first)
+    return handle
 
 
 async def test_a_worker_restarted_with_other_settings_changes_nothing_in_a_running_task(
@@ -87,12 +99,7 @@ async def test_a_worker_restarted_with_other_settings_changes_nothing_in_a_runni
         ]
     )
     runtime = AgentRuntime(dev_env.client, with_endpoints(settings, PRICE))
-    first = await WorkerProcess(address, settings, endpoints_env(PRICE)).ready()
-    try:
-        handle = await runtime.run(frozen_task(model))
-        await pending_requests(handle)
-    finally:
-        await stop(first)
+    handle = await started_waiting(runtime, settings, model, endpoints_env(PRICE))
 
     # The deployment restarts its workers with other prices: they are not the running task's.
     second = await WorkerProcess(address, settings, endpoints_env(REPRICED)).ready()
@@ -119,6 +126,33 @@ async def test_a_worker_restarted_with_other_settings_changes_nothing_in_a_runni
     assert fake_openai.calls(model) == 3
 
     await replays_without_failure(dev_env, handle.id, runs=2)
+
+
+async def test_the_endpoint_is_the_deployments_and_a_restart_moves_a_waiting_task_to_its_new_place(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    """Deliberately not the task's: an endpoint moved while a task waits is where its next
+    step calls the model (docs/production.md, "Frozen at
+    the start"). What the loop does is unchanged, and the history replays."""
+    address = dev_env.client.service_client.config.target_host
+    model = fake_openai.script([tools(("calculator", {"expression": "1 + 1"}))])
+    moved = FakeOpenAI()
+    try:
+        moved.script([text("two")], model=model)
+        runtime = AgentRuntime(dev_env.client, settings)
+        handle = await started_waiting(runtime, settings, model, {})
+        second = await WorkerProcess(address, settings, {"OPENAI_BASE_URL": moved.url}).ready()
+        try:
+            await handle.approve()
+            assert (await handle.result()).result == "two"
+        finally:
+            await stop(second)
+        assert fake_openai.calls(model) == 1 and moved.calls(model) == 1
+        [(request, _, _)] = moved.request_log(model)
+        assert request["messages"][-1]["role"] == "tool"  # the step after the approved call
+    finally:
+        moved.close()
+    await replays_without_failure(dev_env, handle.id, runs=1)
 
 
 async def replays_without_failure(dev_env: WorkflowEnvironment, task_id: str, runs: int) -> None:
