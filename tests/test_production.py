@@ -282,13 +282,19 @@ async def test_two_worker_processes_share_fifty_tasks_and_one_survives_the_other
         second.kill()
 
 
+OWN_IMAGE = "waystation:"
+
+
 def test_docker_compose_file_is_complete_and_pinned() -> None:
     """There is no Docker engine here: the file is checked as data."""
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
     assert {"postgresql", "temporal", "temporal-ui", "setup", "worker", "api"} <= set(services)
     for name, service in services.items():
-        if "image" in service:
+        if service.get("image", "").startswith(OWN_IMAGE):
+            # waystation's own builds, tagged so that the next deploy can keep one draining.
+            assert service.get("build", ".") == ".", name
+        elif "image" in service:
             image, _, tag = service["image"].rpartition(":")
             assert image and re.fullmatch(r"\d+(\.\d+)+", tag), (
                 f"{name}: unpinned {service['image']}"
@@ -299,7 +305,7 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
     assert services["temporal"]["depends_on"]["postgresql"]["condition"] == "service_healthy"
     for name in ("postgresql", "temporal", "api"):
         assert "healthcheck" in services[name], name
-    for name in ("setup", "worker", "api"):
+    for name in ("setup", "worker", "worker-previous", "api"):
         env = services[name]["environment"]
         assert (
             env["TEMPORAL_ADDRESS"] == "temporal:7233"
@@ -325,6 +331,7 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
         services["worker"]["depends_on"]["setup"]["condition"] == "service_completed_successfully"
     )
     assert services["api"]["ports"] == ["8000:8000"]
+    check_two_versions(services)
     assert "WAYSTATION_API_TOKENS" in services["api"]["environment"]
     # The commands are the image's `ws` (the package's console script), each a real command.
     assert services["worker"]["command"] == ["ws", "worker"]
@@ -336,6 +343,28 @@ def test_docker_compose_file_is_complete_and_pinned() -> None:
     assert "FROM python:3.11" in dockerfile and "pip install" in dockerfile
     # The image holds the package alone: what `pip install` puts into site-packages.
     assert "COPY waystation waystation" in dockerfile and 'CMD ["ws", "worker"]' in dockerfile
+
+
+def check_two_versions(services: dict[str, Any]) -> None:
+    """A deploy keeps the build before beside the new one (docs/production.md, "Deploys"):
+    both are workers of one Worker Deployment, each its own version, the old one only with
+    the `draining` profile and from the image the deploy before built and tagged."""
+    current, previous = services["worker"], services["worker-previous"]
+    assert current["image"] == OWN_IMAGE + "${IMAGE_TAG:-latest}"
+    assert previous["image"] == OWN_IMAGE + "${PREVIOUS_IMAGE_TAG:-previous}"
+    assert "build" not in previous and previous["profiles"] == ["draining"]
+    assert previous["command"] == current["command"] == ["ws", "worker"]
+    assert previous["volumes"] == current["volumes"]
+    assert previous["depends_on"] == current["depends_on"]
+    old_env, new_env = previous["environment"], current["environment"]
+    assert old_env["WAYSTATION_DEPLOYMENT"] == new_env["WAYSTATION_DEPLOYMENT"]
+    assert old_env["WAYSTATION_DEPLOYMENT"] == "${WAYSTATION_DEPLOYMENT:-waystation}"
+    # Empty: the image derives its version from its own workflow code.
+    assert new_env["WAYSTATION_BUILD_ID"] == "${WAYSTATION_BUILD_ID:-}"
+    assert old_env["WAYSTATION_BUILD_ID"] == "${PREVIOUS_BUILD_ID:-}"
+    assert {k: v for k, v in old_env.items() if k != "WAYSTATION_BUILD_ID"} == {
+        k: v for k, v in new_env.items() if k != "WAYSTATION_BUILD_ID"
+    }
 
 
 async def test_worker_tuning_comes_from_settings(

@@ -87,6 +87,25 @@ class Settings(BaseSettings):
         max_length=200,
         description="The task queue of workers and clients; default waystation-<project>.",
     )
+    worker_deployment: str = Field(
+        default="waystation",
+        pattern=r"^[A-Za-z0-9_-]{1,100}$",
+        validation_alias=AliasChoices("WAYSTATION_DEPLOYMENT", "WAYSTATION_WORKER_DEPLOYMENT"),
+        description="The Temporal Worker Deployment the workers join (letters, digits, _ and "
+        "-; no '.', which Temporal reads as the version's separator).",
+    )
+    build_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.+-]{1,200}$",
+        description="The worker's version in its deployment; default: the package's version "
+        "and a hash of the workflow code, so two builds of different workflow code never "
+        "share an id.",
+    )
+    worker_versioning: bool = Field(
+        default=True,
+        description="Workers join the deployment as versions (a task's run pinned to its "
+        "version, new runs on the current one); false: unversioned workers.",
+    )
     data_dir: Path = Field(
         default=Path(".waystation"), description="Dev server database, workspace, logs."
     )
