@@ -17,7 +17,6 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,16 +39,13 @@ from tests.rollout.code import (
 from tests.rollout.deployment_api import Deployment, failed_tasks, task_builds
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.handle import TaskHandle
-from waystation.client.temporal import DEV_SERVER_TUNING, temporal_binary
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
-from waystation.testing.servers import DEV_SERVER_STARTUP
 from waystation.testing.workers import WorkerProcess
-from waystation.workflows import search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.models import AgentSpec, ApprovalSettings, ModelSettings
 
-V1 = "tests.rollout.v1_worker"
+V1 = None  # `ws worker` itself: today's workflow code
 V1_1 = "tests.rollout.v1_1_worker"
 V2 = "tests.rollout.v2_worker"
 CODE: dict[str, type[AgentWorkflow]] = {"v1": AgentWorkflow, "v2": AgentWorkflowV2}
@@ -57,31 +53,7 @@ WAITING, RUNNING = 20, 10
 LATE = WAITING + RUNNING  # the index of the task started after the promote
 DELEGATING = WAITING  # the first running task calls a sub-agent once released
 HELD_AFTER_CHUNKS = 2
-# A version drains in seconds, not the default minutes (research §5).
-DRAIN_TUNING = (
-    "--dynamic-config-value",
-    'matching.wv.VersionDrainageStatusVisibilityGracePeriod="5s"',
-    "--dynamic-config-value",
-    'matching.wv.VersionDrainageStatusRefreshInterval="2s"',
-    "--dynamic-config-value",
-    'matching.PollerHistoryTTL="10s"',
-)
 INDEX = re.compile(r"rollout task (\d+)")
-
-
-@pytest.fixture
-async def drain_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server of this test's own whose versions drain within seconds."""
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=search.REGISTERED,
-        dev_server_extra_args=[*DEV_SERVER_TUNING, *DRAIN_TUNING],
-        dev_server_log_level="warn",
-        dev_server_startup_timeout=DEV_SERVER_STARTUP,
-    )
-    async with env:
-        yield env
 
 
 class Fleet:
@@ -93,7 +65,7 @@ class Fleet:
         self.deployment = deployment
         self.workers: dict[str, list[WorkerProcess]] = {}
 
-    async def start(self, module: str, build_id: str) -> WorkerProcess:
+    async def start(self, module: str | None, build_id: str) -> WorkerProcess:
         env = {"WAYSTATION_DEPLOYMENT": self.deployment, "WAYSTATION_BUILD_ID": build_id}
         worker = WorkerProcess(self.address, self.settings, env, module=module)
         self.workers.setdefault(build_id, []).append(worker)
@@ -231,13 +203,31 @@ async def runs_by_version(client: Client, task_ids: list[str]) -> dict[str, list
 
 
 async def check_replays(runs: dict[str, list[WorkflowHistory]]) -> None:
-    """Each history replays on its own version's code; version 1's do not on version 2's."""
+    """Each history replays on its own version's code."""
     for build_id, histories in runs.items():
         for history in histories:
             failure = await replays_on(history, CODE[build_id])
             assert failure is None, f"{history.workflow_id} on {build_id}: {failure}"
-    with_a_call = [h for h in runs["v1"] if "call_llm" in scheduled(h)]
-    assert isinstance(await replays_on(with_a_call[0], AgentWorkflowV2), NondeterminismError)
+
+
+async def check_versions(client: Client, started: list[TaskHandle], late: TaskHandle) -> None:
+    """The runs started before the promote ran on version 1 only, every later one on version
+    2 only (the follow-up's turn of the first task, the late task, the sub-agent the
+    delegating task started once released), and each replays on its own version's code."""
+    runs = await runs_by_version(client, [h.id for h in [*started, late]])
+    assert sorted(h.workflow_id for h in runs["v1"]) == sorted(h.id for h in started)
+    assert {h.workflow_id for h in runs["v2"]} == {started[0].id, late.id}
+    assert all(WARM_UP_ACTIVITY in scheduled(h) for h in runs["v2"] if "call_llm" in scheduled(h))
+    parent = f"ParentWorkflowId = '{started[DELEGATING].id}'"
+    [child] = [w.id async for w in client.list_workflows(parent)]
+    child_runs = await runs_by_version(client, [child])
+    [child_now, *_] = await run_histories(client, child)  # the newest run first
+    assert set(task_builds(child_now)) == {"v2"}, child_runs
+    await check_replays(runs)
+    await check_replays(child_runs)
+    # Version 2 is the incompatible change: version 1's histories do not replay on it.
+    [with_a_call, *_] = [h for h in runs["v1"] if "call_llm" in scheduled(h)]
+    assert isinstance(await replays_on(with_a_call, AgentWorkflowV2), NondeterminismError)
 
 
 def effects(settings: Settings, index: int) -> list[str]:
@@ -301,9 +291,9 @@ async def roll_out(
 
 @pytest.mark.long(minutes=2)
 async def test_an_incompatible_version_rolls_out_while_tasks_wait_and_run_and_workers_die(
-    drain_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
 ) -> None:
-    client = drain_env.client
+    client = dev_env.client
     models = Models(fake_openai)
     served = settings.model_copy(update={"agents": models.agents()})
     (served.workspace_dir / "scratch").mkdir(parents=True)
@@ -312,24 +302,13 @@ async def test_an_incompatible_version_rolls_out_while_tasks_wait_and_run_and_wo
     runtime = AgentRuntime(client, served)
     try:
         await fleet.start(V1, "v1")
+        # The first version makes itself current (h-core); a promote whether or not it did.
         await deployment.promote("v1")
         started, late, first_on_v2 = await roll_out(runtime, models, deployment, fleet)
         follow_up = await runtime.send(started[0].id, "and then?")
         assert (await follow_up.result()).result == "followed up 0"
 
-        runs = await runs_by_version(client, [h.id for h in [*started, late]])
-        # The runs started before the promote ran on version 1, every later one on 2: the
-        # follow-up's turn, the late task, the sub-agent started once released.
-        assert sorted(h.workflow_id for h in runs["v1"]) == sorted(h.id for h in started)
-        assert {h.workflow_id for h in runs["v2"]} == {started[0].id, late.id}
-        assert all(
-            WARM_UP_ACTIVITY in scheduled(h) for h in runs["v2"] if "call_llm" in scheduled(h)
-        )
-        parent = f"ParentWorkflowId = '{started[DELEGATING].id}'"
-        [child] = [w.id async for w in client.list_workflows(parent)]
-        [child_now, *_] = await run_histories(client, child)  # the newest run first
-        assert set(task_builds(child_now)) == {"v2"}, await runs_by_version(client, [child])
-        await check_replays(runs)
+        await check_versions(client, started, late)
         # Each tool's side effect happened once, whoever died meanwhile.
         for index in (*range(WAITING), *range(DELEGATING + 1, LATE + 1)):
             assert effects(served, index) == [f"task-{index}"], index
@@ -357,6 +336,7 @@ async def test_a_patched_change_reaches_the_runs_in_flight_when_its_build_replac
     runtime = AgentRuntime(client, settings)
     try:
         await fleet.start(V1, "v1")
+        # The first version makes itself current (h-core); a promote whether or not it did.
         await deployment.promote("v1")
         in_flight = await start_waiting(runtime, models, 2)
         fleet.kill("v1")

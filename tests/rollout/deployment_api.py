@@ -16,7 +16,7 @@ from temporalio.api.workflowservice.v1 import (
     SetWorkerDeploymentCurrentVersionRequest,
 )
 from temporalio.client import Client, WorkflowHistory
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 IDENTITY = "waystation-tests"
 
@@ -71,16 +71,24 @@ class Deployment:
         """Make the version current (`ws deploy promote`, `temporal worker deployment
         set-current-version`)."""
         await self.until_known(build_id)
-        if await self.current() == build_id:
-            return
-        await self.client.workflow_service.set_worker_deployment_current_version(
-            SetWorkerDeploymentCurrentVersionRequest(
-                namespace=self.namespace,
-                deployment_name=self.name,
-                build_id=build_id,
-                identity=IDENTITY,
-            )
+        request = SetWorkerDeploymentCurrentVersionRequest(
+            namespace=self.namespace,
+            deployment_name=self.name,
+            build_id=build_id,
+            identity=IDENTITY,
         )
+        async with asyncio.timeout(30):
+            while await self.current() != build_id:
+                try:
+                    await self.client.workflow_service.set_worker_deployment_current_version(
+                        request
+                    )
+                except RPCError as err:
+                    # "too many requests issued to Worker Deployment": it settles a moment
+                    # after a version registers.
+                    if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                        raise
+                    await asyncio.sleep(0.2)
 
     async def pinned_open(self, build_id: str) -> int:
         """How many runs pinned to the version are open (the server keeps no such count)."""
