@@ -34,6 +34,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from waystation.activities.storage.deployment import OFFER_TAG, STORAGE_TAG
 from waystation.client.pollers import RECENT_POLL, serving
 from waystation.client.worker_versions import code_build_id
 from waystation.workflows import search
@@ -171,7 +172,8 @@ async def live_workers(client: Client, deployment: str, build_id: str) -> list[s
                     or now - poller.last_access_time.ToDatetime(tzinfo=UTC) < RECENT_POLL
                 )
                 if recent and serving(poller.identity, this_process=True):
-                    found.add(poller.identity)
+                    # The tags a worker adds for other workers (its storage, its offer).
+                    found.add(poller.identity.partition(STORAGE_TAG)[0].partition(OFFER_TAG)[0])
     return sorted(found)
 
 
