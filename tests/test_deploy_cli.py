@@ -40,9 +40,9 @@ from waystation.testing.servers import DEV_SERVER_STARTUP
 from waystation.testing.workers import REPO, running_worker
 from waystation.worker import AgentWorker, build_worker
 from waystation.workflows import search
-from waystation.workflows.agent import WORKFLOW_TYPE, AgentWorkflow
+from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.notifications import NotificationWorkflow
-from waystation.workflows.run import AgentOutcome, AgentRun
+from waystation.workflows.run import WORKFLOW_TYPE, AgentOutcome, AgentRun
 
 # Versions drain in seconds, not minutes, and a stopped worker is forgotten in seconds while
 # a live one, re-polling every 5 s, is always listed (research note r42 §5).
@@ -243,9 +243,7 @@ class AuditFirstAgentWorkflow(AgentWorkflow):
 
     @workflow.run
     async def run(self, run: AgentRun) -> AgentOutcome:
-        await workflow.execute_activity(
-            "audit_task", run.task.task, start_to_close_timeout=timedelta(seconds=10)
-        )
+        await workflow.execute_activity("audit_task", start_to_close_timeout=timedelta(seconds=10))
         return await super().run(run)
 
 
