@@ -200,6 +200,11 @@ async def test_status_promote_ramp_rollback_and_retire(
             ramped = await runtime.run(agent_task(fake_openai.script([text("ramped")])))
             await ramped.result()
             assert await ran_on(client, ramped.id) == "v2"
+            code, said = await ws_deploy(drain_env, deployed, "rollback")
+            assert code == 0 and "version v2 no longer takes new tasks (it took 100%)" in said
+            unramped = await runtime.run(agent_task(fake_openai.script([text("unramped")])))
+            await unramped.result()
+            assert await ran_on(client, unramped.id) == "v1"
 
             code, said = await ws_deploy(drain_env, deployed, "promote", "v2")
             assert code == 0 and "version v2 is current now" in said and "before: v1" in said

@@ -326,8 +326,32 @@ def previous_current(described: DescribeWorkerDeploymentResponse) -> str | None:
 
 
 async def rollback(client: Client, deployment: str) -> str:
-    """Make the version that was current before the current one current again."""
+    """Stop a ramp in progress, or else make the version that was current before the
+    current one current again."""
     described = await _describe(client, deployment)
+    routing = described.worker_deployment_info.routing_config if described else None
+    if (
+        described is not None
+        and routing is not None
+        and routing.ramping_deployment_version.build_id
+    ):
+        # An empty version at 0% ends the ramp; the current version's workers serve anyway.
+        await client.workflow_service.set_worker_deployment_ramping_version(
+            SetWorkerDeploymentRampingVersionRequest(
+                namespace=client.namespace,
+                deployment_name=deployment,
+                build_id="",
+                percentage=0,
+                conflict_token=described.conflict_token,
+                identity=client.identity,
+            )
+        )
+        return (
+            f"rolled back the ramp: version {routing.ramping_deployment_version.build_id} no "
+            f"longer takes new tasks (it took {routing.ramping_version_percentage:g}%); "
+            f"{routing.current_deployment_version.build_id or 'the unversioned workers'} "
+            "takes them all again"
+        )
     previous = previous_current(described) if described else None
     if described is None or previous is None:
         raise DeployRefusedError(
