@@ -84,7 +84,8 @@ async def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     from waystation.client.deploys import DeployRefusedError
     from waystation.client.temporal import connect
 
-    client = await connect(settings)
+    # Deploying is for a server that runs: a stopped embedded one is left stopped.
+    client = await connect(settings, start_server=False)
     deployment = settings.worker_deployment
     try:
         if args.action == "status":

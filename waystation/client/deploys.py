@@ -18,7 +18,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 from temporalio.api.deployment.v1 import WorkerDeploymentVersion as VersionRef
 from temporalio.api.enums.v1 import TaskQueueType, WorkerDeploymentVersionStatus
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -65,6 +65,7 @@ class PinnedTasks(BaseModel):
     running: int = 0
     parked: int = 0
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def total(self) -> int:
         return self.waiting + self.running + self.parked
