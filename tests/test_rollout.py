@@ -24,7 +24,6 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
@@ -37,7 +36,9 @@ from tests.rollout.code import (
     AgentWorkflowV2,
 )
 from tests.rollout.deployment_api import Deployment, failed_tasks, task_builds
+from waystation.client import deploys
 from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.deploys import DeployRefusedError, PinnedTasks, VersionStatus
 from waystation.client.handle import TaskHandle
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, Reply, text, tools
@@ -237,45 +238,67 @@ def effects(settings: Settings, index: int) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def retire(deployment: Deployment, fleet: Fleet, build_id: str) -> tuple[float, float]:
-    """Drain the version, stop its workers, retire it: (seconds from its last run's close to
-    the server saying it drained, seconds from its workers' stop to the retirement)."""
+async def version_status(client: Client, deployment: str, build_id: str) -> VersionStatus:
+    """The version as `ws deploy status` shows it."""
+    status = await deploys.deployment_status(client, deployment)
+    [version] = [v for v in status.versions if v.build_id == build_id]
+    return version
+
+
+async def until_pinned(
+    client: Client, deployment: str, build_id: str, pinned: PinnedTasks
+) -> VersionStatus:
+    """Until `ws deploy status` counts these tasks pinned to the version (visibility lags)."""
     async with asyncio.timeout(30):
-        while await deployment.pinned_open(build_id):
+        while (version := await version_status(client, deployment, build_id)).pinned != pinned:
             await asyncio.sleep(0.1)
+    return version
+
+
+async def retire(deployment: Deployment, fleet: Fleet, build_id: str) -> tuple[float, float]:
+    """`ws deploy status` shows the version drained to zero tasks; its workers stopped, `ws
+    deploy retire` retires it. Returns the seconds from its last run's close to the server
+    saying it drained, and from its workers' stop to the retirement."""
+    client = deployment.client
+    await until_pinned(client, deployment.name, build_id, PinnedTasks())
     last_close = await deployment.last_close(build_id)
     async with asyncio.timeout(60):
         while not await deployment.drained(build_id):
             await asyncio.sleep(0.1)
     drained = (datetime.now(UTC) - last_close).total_seconds()
+    assert (await version_status(client, deployment.name, build_id)).state == "drained"
     fleet.kill(build_id)
     stopped = time.monotonic()
     async with asyncio.timeout(60):
-        while True:
-            try:
-                await deployment.retire(build_id)
-                break
-            except RPCError:
-                await asyncio.sleep(0.2)
+        while not (await version_status(client, deployment.name, build_id)).retirable:
+            await asyncio.sleep(0.2)
+    said = await deploys.retire(client, deployment.name, build_id)
+    assert said.endswith("is retired (deleted from Temporal)"), said
     return drained, time.monotonic() - stopped
 
 
 async def roll_out(
     runtime: AgentRuntime, models: Models, deployment: Deployment, fleet: Fleet
-) -> tuple[list[TaskHandle], TaskHandle, float]:
+) -> tuple[list[TaskHandle], TaskHandle]:
     """Version 2 promoted while version 1's tasks wait and run, workers of both versions
     SIGKILLed meanwhile: every task done. Returns the tasks started on version 1, the task
-    started after the promote and the seconds from the promote to its first task."""
+    started after the promote; prints the seconds from the promote to its first task."""
     waiting = await start_waiting(runtime, models, WAITING)
     running = await start_running(runtime, models, range(WAITING, WAITING + RUNNING))
     await fleet.start(V2, "v2")
     await deployment.until_known("v2")
     promoted = time.monotonic()
-    await deployment.promote("v2")
-    assert await deployment.pinned_open("v1") == WAITING + RUNNING
+    said = await deploys.promote(runtime.client, deployment.name, "v2", None)
+    assert said == "version v2 is current now: new tasks start on it (before: v1)"
     late = await runtime.run(agent_task(models.running, f"rollout task {LATE}", timeout=60))
+    start_took = time.monotonic() - promoted
     assert await until_first_task(runtime.client, late.id) == "v2"
     first_on_v2 = time.monotonic() - promoted
+    every_one = PinnedTasks(waiting=WAITING, running=RUNNING)
+    v1 = await until_pinned(runtime.client, deployment.name, "v1", every_one)
+    assert v1.state == "draining" and not v1.retirable
+    with pytest.raises(DeployRefusedError, match="30 tasks are still pinned to version v1"):
+        await deploys.retire(runtime.client, deployment.name, "v1")
     # Version 1's worker dies holding ten model calls, version 2's holding the late task's.
     fleet.kill("v1")
     await models.until_held({LATE})
@@ -288,7 +311,11 @@ async def roll_out(
     started = [*waiting, *running]
     outcomes = await asyncio.gather(*(handle.result() for handle in [*started, late]))
     assert [o.result for o in outcomes] == [f"done {i}" for i in range(LATE + 1)]
-    return started, late, first_on_v2
+    print(
+        f"\nroll-out: promote -> first task on v2 {first_on_v2:.2f} s "
+        f"({start_took:.2f} s of it starting the task)"
+    )
+    return started, late
 
 
 @pytest.mark.long(minutes=2)
@@ -306,7 +333,7 @@ async def test_an_incompatible_version_rolls_out_while_tasks_wait_and_run_and_wo
         await fleet.start(V1, "v1")
         # The first version makes itself current (h-core); a promote whether or not it did.
         await deployment.promote("v1")
-        started, late, first_on_v2 = await roll_out(runtime, models, deployment, fleet)
+        started, late = await roll_out(runtime, models, deployment, fleet)
         follow_up = await runtime.send(started[0].id, "and then?")
         assert (await follow_up.result()).result == "followed up 0"
 
@@ -319,8 +346,8 @@ async def test_an_incompatible_version_rolls_out_while_tasks_wait_and_run_and_wo
     finally:
         fleet.stop()
     print(
-        f"\nroll-out: promote -> first task on v2 {first_on_v2:.2f} s; v1's last pinned run "
-        f"closed -> drained {drained:.1f} s; its workers stopped -> retired {retired:.1f} s"
+        f"roll-out: v1's last pinned run closed -> drained {drained:.1f} s; "
+        f"its workers stopped -> retired {retired:.1f} s"
     )
 
 

@@ -1,6 +1,7 @@
-"""The Temporal API of a Worker Deployment, as the roll-out tests use it (research §2, §4,
-§5) until `ws deploy` offers the same: make a version current, read its drainage, retire
-it, and tell which version ran each workflow task of a history."""
+"""The Temporal API of a Worker Deployment where the roll-out tests need more than `ws
+deploy` (waystation.client.deploys) says: when the server knows a version, when it says
+drained, when a version's last run closed, and which version ran each workflow task of a
+history."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from datetime import datetime
 from temporalio.api.deployment.v1 import WorkerDeploymentVersion as VersionProto
 from temporalio.api.enums.v1 import EventType, VersionDrainageStatus
 from temporalio.api.workflowservice.v1 import (
-    DeleteWorkerDeploymentVersionRequest,
     DescribeWorkerDeploymentRequest,
     DescribeWorkerDeploymentVersionRequest,
     SetWorkerDeploymentCurrentVersionRequest,
@@ -68,8 +68,8 @@ class Deployment:
         )
 
     async def promote(self, build_id: str) -> None:
-        """Make the version current (`ws deploy promote`, `temporal worker deployment
-        set-current-version`)."""
+        """Make the version current once the server knows it, whether or not its first
+        worker did (`temporal worker deployment set-current-version`)."""
         await self.until_known(build_id)
         request = SetWorkerDeploymentCurrentVersionRequest(
             namespace=self.namespace,
@@ -90,14 +90,6 @@ class Deployment:
                         raise
                     await asyncio.sleep(0.2)
 
-    async def pinned_open(self, build_id: str) -> int:
-        """How many runs pinned to the version are open (the server keeps no such count)."""
-        query = (
-            f"TemporalWorkerDeploymentVersion = '{self.attribute(build_id)}' "
-            "AND TemporalWorkflowVersioningBehavior = 'Pinned' AND ExecutionStatus = 'Running'"
-        )
-        return (await self.client.count_workflows(query)).count
-
     async def last_close(self, build_id: str) -> datetime:
         """When the version's last run closed."""
         query = f"TemporalWorkerDeploymentVersion = '{self.attribute(build_id)}'"
@@ -108,16 +100,6 @@ class Deployment:
         described = await self.describe_version(build_id)
         drainage = described.worker_deployment_version_info.drainage_info  # type: ignore[attr-defined]
         return bool(drainage.status == VersionDrainageStatus.VERSION_DRAINAGE_STATUS_DRAINED)
-
-    async def retire(self, build_id: str) -> None:
-        """Delete the version (refused while current, draining, or while workers poll)."""
-        await self.client.workflow_service.delete_worker_deployment_version(
-            DeleteWorkerDeploymentVersionRequest(
-                namespace=self.namespace,
-                deployment_version=self._version(build_id),
-                identity=IDENTITY,
-            )
-        )
 
 
 def task_builds(history: WorkflowHistory) -> list[str]:
