@@ -4,7 +4,8 @@ processes on the dev server and a Worker Deployment of each test's own.
 Version 2 (tests/rollout/code.py) cannot replay version 1's histories. Runs started on
 version 1 finish there; runs started after version 2 is promoted (a follow-up turn, a
 sub-agent, a new task) run on version 2. Workers of both versions are SIGKILLed during the
-roll-out. Version 1 drains, then is retired. A compatible change behind `workflow.patched`
+roll-out. `ws deploy status` shows version 1's tasks drain to zero, then `ws deploy retire`
+retires it (waystation.client.deploys). A compatible change behind `workflow.patched`
 reaches the runs in flight when its build replaces their version's workers. `-s` shows what
 a deploy costs: promote to the first task on version 2, and version 1's drain time.
 """
