@@ -16,6 +16,7 @@ from temporalio.api.workflowservice.v1 import (
     SetWorkerDeploymentCurrentVersionRequest,
 )
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, pending_requests
@@ -67,7 +68,8 @@ async def current_version(client: Client, deployment: str) -> str | None:
 
 
 async def promote(client: Client, deployment: str, build_id: str) -> None:
-    """Make `build_id` current once the server knows it (a second after its first poll)."""
+    """Make `build_id` current once the server knows it and all its task queues (it records
+    each of a worker's pollers a second or so after their first poll)."""
     async with asyncio.timeout(60):
         while True:
             described = await client.workflow_service.describe_worker_deployment(
@@ -75,18 +77,20 @@ async def promote(client: Client, deployment: str, build_id: str) -> None:
                     namespace=client.namespace, deployment_name=deployment
                 )
             )
-            summaries = described.worker_deployment_info.version_summaries
-            if any(s.deployment_version.build_id == build_id for s in summaries):
-                break
+            try:
+                await client.workflow_service.set_worker_deployment_current_version(
+                    SetWorkerDeploymentCurrentVersionRequest(
+                        namespace=client.namespace,
+                        deployment_name=deployment,
+                        build_id=build_id,
+                        conflict_token=described.conflict_token,
+                    )
+                )
+                return
+            except RPCError as err:
+                if err.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+                    raise
             await asyncio.sleep(0.1)
-    await client.workflow_service.set_worker_deployment_current_version(
-        SetWorkerDeploymentCurrentVersionRequest(
-            namespace=client.namespace,
-            deployment_name=deployment,
-            build_id=build_id,
-            conflict_token=described.conflict_token,
-        )
-    )
 
 
 async def built_by(client: Client, workflow_id: str) -> list[list[str]]:

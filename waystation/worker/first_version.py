@@ -50,6 +50,9 @@ async def become_current_if_none(
         try:
             return await _settle_current(client, version, identity)
         except RPCError as err:
+            # Temporal's time-skipping test server (the testing kit's) has no deployment
+            # API, but takes versioned workers' polls and completions like unversioned
+            # ones: every run there goes to any worker, so there is nothing to make current.
             if err.status == RPCStatusCode.UNIMPLEMENTED:
                 return None
             if err.status not in _NOT_YET or loop.time() > deadline:
