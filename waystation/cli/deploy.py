@@ -144,6 +144,8 @@ def render_status(status: DeploymentStatus) -> str:
             f"{version.build_id}  {state}{here}",
             f"  workers  {len(version.workers)} live: {workers}",
             f"  pinned   {pinned.total} tasks: {pinned.described()}",
+            f"  answered {version.answered_runs} closed runs: a follow-up to one asks this "
+            "version's workers for its state",
             "  retire   "
             + (
                 "can be retired: ws deploy retire " + version.build_id
