@@ -233,6 +233,8 @@ async def test_status_promote_ramp_rollback_and_retire(
             assert code == 1 and "no live worker of version v1 polls" in said
 
             status = await until_version(client, deployed, "v1", lambda v: v.retirable)
+            # `back` and `unramped` answered on v1: a follow-up to either would query v1.
+            assert [v.answered_runs for v in status.versions if v.build_id == "v1"] == [2]
             code, said = await ws_deploy(drain_env, deployed, "retire", "v1")
             assert code == 0 and "version v1 of deployment" in said and "is retired" in said
             status = await deployment_status(client, deployed.worker_deployment)

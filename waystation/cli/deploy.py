@@ -78,6 +78,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DIR",
         help=f"recorded histories to replay too (default: {RECORDED_HISTORIES} when it exists)",
     )
+    for action in actions.choices.values():
+        # `ws deploy status -v` as well as `ws deploy -v status` (the flag every command has).
+        action.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="the full log on stderr",
+        )
 
 
 async def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
@@ -144,6 +153,8 @@ def render_status(status: DeploymentStatus) -> str:
             f"{version.build_id}  {state}{here}",
             f"  workers  {len(version.workers)} live: {workers}",
             f"  pinned   {pinned.total} tasks: {pinned.described()}",
+            f"  answered {version.answered_runs} closed runs: a follow-up to one asks this "
+            "version's workers for its state",
             "  retire   "
             + (
                 "can be retired: ws deploy retire " + version.build_id

@@ -18,7 +18,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel, Field, computed_field
 from temporalio.api.deployment.v1 import WorkerDeploymentVersion as VersionRef
 from temporalio.api.enums.v1 import TaskQueueType, WorkerDeploymentVersionStatus
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -38,6 +38,7 @@ from waystation.activities.storage.deployment import OFFER_TAG, STORAGE_TAG
 from waystation.client.pollers import RECENT_POLL, serving
 from waystation.client.worker_versions import code_build_id
 from waystation.workflows import search
+from waystation.workflows.run import WORKFLOW_TYPE
 
 VersionState = Literal["current", "ramping", "draining", "drained", "inactive"]
 _STATES: dict[int, VersionState] = {
@@ -86,6 +87,10 @@ class VersionStatus(BaseModel):
     workers: list[str]
     pinned: PinnedTasks
     this_code: bool
+    answered_runs: int = Field(
+        description="Closed agent runs that answered on this version: a follow-up to one asks "
+        "the closed run for its state, a query Temporal sends to this version's workers only."
+    )
     retirable: bool
     why_not_retirable: str | None = None
 
@@ -132,6 +137,16 @@ async def pinned_tasks(client: Client, deployment: str, build_id: str) -> Pinned
         parked=parked.count,
         running=max(total.count - waiting.count - parked.count, 0),
     )
+
+
+async def answered_runs(client: Client, deployment: str, build_id: str) -> int:
+    """Agent runs that completed on a version (a follow-up's `continuation` query goes there)."""
+    value = _quoted(version_value(deployment, build_id))
+    counted = await client.count_workflows(
+        f"TemporalWorkerDeploymentVersion = {value} AND ExecutionStatus = 'Completed'"
+        f" AND WorkflowType = {_quoted(WORKFLOW_TYPE)}"
+    )
+    return counted.count
 
 
 async def _version_queues(client: Client, deployment: str, build_id: str) -> list[str] | None:
@@ -225,11 +240,14 @@ async def deployment_status(client: Client, deployment: str) -> DeploymentStatus
 
     async def version(build_id: str, status: int) -> VersionStatus:
         state = _STATES.get(status, "inactive")
-        pinned, workers = await asyncio.gather(
-            pinned_tasks(client, deployment, build_id), live_workers(client, deployment, build_id)
+        pinned, workers, answered = await asyncio.gather(
+            pinned_tasks(client, deployment, build_id),
+            live_workers(client, deployment, build_id),
+            answered_runs(client, deployment, build_id),
         )
         why_not = _why_not_retirable(state, pinned, workers, build_id)
         return VersionStatus(
+            answered_runs=answered,
             build_id=build_id,
             state=state,
             ramp_percentage=ramp if state == "ramping" else None,
