@@ -26,8 +26,10 @@ from pydantic import SecretStr
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecution, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
+from tests.test_worker_versions import promote
 from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
 from waystation.client.starting import start_agent
+from waystation.client.worker_versions import worker_version
 from waystation.settings.mcp_servers import McpServerConfig
 from waystation.settings.model_endpoints import ModelEndpoint, parse_endpoints
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
@@ -664,6 +666,42 @@ async def anthropic_thinking_with_fallback(runtime: AgentRuntime, fake: FakeOpen
     return handle.id
 
 
+async def sub_agent_on_the_new_version(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A parent pinned to the recorder's version starts its sub-agent after another version
+    was promoted: the child's first run, on its parent's version, hands over at once to a
+    run on the current one (a patch). The recorder's version is current again after."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        asked = first_user_message(body)
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if asked.startswith("look in "):  # the child
+            return text(f"nothing in {asked.removeprefix('look in ')}")
+        if not results:
+            return tools(("run_shell", {"command": "echo looking"}))
+        if len(results) == 1:
+            return tools((f"agent__{FINDER}", {"task": "look in the shed"}))
+        return text(f"looked: {results[-1]}")
+
+    task = AgentTask(task="find the key", model=ModelSettings(name=fake.script(reply)))
+    # Named as its file: the parent's commands name the child by an id derived from it.
+    handle = await runtime.run(task, task_id="sub_agent_on_the_new_version")
+    await until(handle, lambda s: s.status == "waiting_approval")
+    ours = worker_version(runtime.settings)
+    newer = runtime.settings.model_copy(update={"build_id": "recorded-next"})
+    base = runtime.client
+    other = await Client.connect(
+        base.service_client.config.target_host, data_converter=base.data_converter
+    )
+    async with build_worker(other, newer):
+        await promote(base, ours.deployment_name, "recorded-next")
+        try:
+            await handle.approve(approver="alice")
+            await handle.result()
+        finally:
+            await promote(base, ours.deployment_name, ours.build_id)
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "waited_for_a_capable_worker": waited_for_a_capable_worker,
@@ -690,6 +728,8 @@ SCENARIOS: dict[str, Scenario] = {
     "anthropic_thinking_with_fallback": anthropic_thinking_with_fallback,
     "quota_wait_told_by_signal": quota_wait_told_by_signal,
     "waited_for_its_quota": waited_for_its_quota,
+    # Last: it promotes another version for a while.
+    "sub_agent_on_the_new_version": sub_agent_on_the_new_version,
 }
 
 

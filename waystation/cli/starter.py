@@ -23,7 +23,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from waystation.cli import arguments, init_command
+from waystation.cli import arguments, deploy, init_command
 
 if TYPE_CHECKING:
     from waystation.settings import Settings
@@ -54,6 +54,7 @@ COMMANDS = {
     "setup": ("admin_commands", "cmd_setup"),
     "server": ("admin_commands", "cmd_server"),
     "storage": ("admin_commands", "cmd_storage"),
+    "deploy": ("deploy", "cmd_deploy"),
 }
 
 
@@ -92,6 +93,7 @@ def parser() -> CommandParser:
     arguments.reading_commands(commands)
     arguments.admin_commands(commands)
     init_command.add_parser(commands)
+    deploy.add_parser(commands)
     for command in commands.choices.values():
         command.add_argument(
             "-v",

@@ -44,11 +44,20 @@ from waystation.workflows import search
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 # The dev server's default transfer-queue poll rate, not SQLite, dominates a step's latency;
 # a task is reported stuck (TemporalReportedProblems) after 3 failed workflow tasks, not 5.
+# Worker Versioning needs no flag; these only shorten its waits (3 min and 5 min by default):
+# a version's last pinned run closed -> the version is drained in ~5 s, and a stopped
+# worker's version has no live poller ~10 s later, so it can be retired.
 DEV_SERVER_TUNING = (
     "--dynamic-config-value",
     "history.transferProcessorMaxPollRPS=2000",
     "--dynamic-config-value",
     "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=3",
+    "--dynamic-config-value",
+    'matching.wv.VersionDrainageStatusVisibilityGracePeriod="5s"',
+    "--dynamic-config-value",
+    'matching.wv.VersionDrainageStatusRefreshInterval="2s"',
+    "--dynamic-config-value",
+    'matching.PollerHistoryTTL="10s"',
 )
 
 _CLI_TYPE = {

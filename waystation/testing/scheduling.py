@@ -29,6 +29,7 @@ SHARED_SETUP_MODULES = frozenset(
         "tests/test_mcp_tools.py",
         "tests/sdk/test_sdk_query_then_update.py",
         "tests/test_real_models.py",
+        "tests/test_deploy_cli.py",
     }
 )
 

@@ -19,8 +19,9 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.service import RPCError
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig
 
 from waystation.activities.agent_tools import with_model_facts
 from waystation.activities.chat import ChatBackend
@@ -61,12 +62,14 @@ from waystation.client.known_secrets import redactor_for
 from waystation.client.serving_workers import live_offers
 from waystation.client.stuck_notices import notify_stuck_now_and_then
 from waystation.client.temporal import TemporalUnavailableError, connect
+from waystation.client.worker_versions import worker_version
 from waystation.settings import Settings
 from waystation.settings.errors import SettingsProblem, load_settings
 from waystation.settings.webhooks import WebhookConfigError, check_console_url
 from waystation.worker import log as worker_log
 from waystation.worker.activity_slots import ActivitySlots, worker_tuner
 from waystation.worker.child_outcomes import ChildActivities
+from waystation.worker.first_version import become_current_if_none
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.notifications import NotificationWorkflow
 
@@ -92,7 +95,8 @@ class AgentWorker(Worker):
     """A Worker that, when it serves tool calls, opens its storage and checks its deployment
     before it polls and prunes the storage now and then; it closes what it holds at shutdown.
     On SQLite it stops by itself when workers that keep their ledger elsewhere join its task
-    queue (`refusal` says why)."""
+    queue (`refusal` says why). A versioned worker makes its version current when its
+    deployment has none (`version_note` says where its version stands)."""
 
     def __init__(
         self,
@@ -106,10 +110,13 @@ class AgentWorker(Worker):
         serves_tools: bool,
         owns_storage: bool,
         offer: WorkerOffer,
+        version: WorkerDeploymentVersion | None,
         **options: Any,
     ) -> None:
         super().__init__(client, **options)
         self.offer = offer
+        self.version = version
+        self.version_note: str | None = None
         self.llm = llm
         self.mcp = mcp
         self.notify = notify
@@ -180,6 +187,12 @@ class AgentWorker(Worker):
             watch = notify_stuck_now_and_then(self._temporal, self._queue, targets, interval)
             self._watching_stuck = asyncio.create_task(watch)
         await super().__aenter__()
+        if self.version is not None:
+            # After the first poll: the server records a version only once it is polled.
+            identity = self.config().get("identity") or self._temporal.identity
+            self.version_note = await become_current_if_none(self._temporal, self.version, identity)
+            if self.version_note:
+                logger.info("%s", self.version_note)
         return self
 
     async def _prune_now_and_then(self) -> None:
@@ -340,7 +353,10 @@ def build_worker(
     is opened when the worker starts; one passed in is left open at shutdown. `identity`
     names it to Temporal (default: the client's); a worker that takes tool calls adds its
     storage's kind to it. A bad WAYSTATION_WEBHOOKS raises WebhookConfigError, one sentence
-    naming the endpoint.
+    naming the endpoint. With `settings.worker_versioning` it joins the settings' Worker
+    Deployment as their version (waystation.client.worker_versions), every run it starts
+    pinned to that version, and it makes the version current if the deployment has none
+    (waystation.worker.first_version).
     """
     registry = with_model_facts(
         registry or load_tools(settings.tools, settings.agents), settings.endpoints()
@@ -359,8 +375,22 @@ def build_worker(
         if activities
         else identity
     )
+    # Pinned by the worker's default, not by the workflow classes: a class that declares a
+    # behaviour fails every workflow task on an unversioned worker (worker_versioning off).
+    version = worker_version(settings) if settings.worker_versioning else None
+    deployment = (
+        WorkerDeploymentConfig(
+            version=version,
+            use_worker_versioning=True,
+            default_versioning_behavior=VersioningBehavior.PINNED,
+        )
+        if version is not None
+        else None
+    )
     return AgentWorker(
         client,
+        version=version,
+        deployment_config=deployment,
         llm=served.llm,
         mcp=served.mcp,
         notify=served.notify,
@@ -440,6 +470,8 @@ async def main() -> int:
         flush=True,
     )
     async with worker:
+        if worker.version_note:
+            print(worker.version_note, file=sys.stderr, flush=True)
         await worker.serve_until(stop)
     if worker.refusal is not None:
         print(f"worker stopped: {worker.refusal}", file=sys.stderr, flush=True)

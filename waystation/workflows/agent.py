@@ -114,6 +114,7 @@ class AgentWorkflow(StepCalls, Turns):
     async def run(self, run: AgentRun) -> AgentOutcome:
         """Run the loop until an answer no message follows, a limit, a non-retryable error
         or a cancellation."""
+        self._move_to_current_version(run)
         self._visibility.begin()
         try:
             if run.task is None or (run.carry is not None and run.carry.follow_up):

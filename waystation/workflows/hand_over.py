@@ -1,11 +1,17 @@
 """Handing over: a run continues as new with a bounded carry (the conversation by
 reference, the stream's latest items, responses not yet in the log), archiving its events
 first so readers of a closed run need no replay.
+
+Under Worker Versioning a run is pinned to the version of the code it started on; a new
+run is where a task moves to the deployment's current version: every continue-as-new asks
+for it (upgrade on continue-as-new), and a sub-agent whose caller's version is no longer
+current moves at its first workflow task.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.contrib.workflow_streams import WorkflowStreamState
@@ -31,6 +37,11 @@ ARCHIVE_PATCH = "archive-events"
 # Before it, signalled messages were kept beyond the queue's bounds, and a run took waiting
 # messages before it handed over, however long its history had grown.
 MESSAGE_BOUND_PATCH = "bounded-message-queue"
+# Before it, a sub-agent ran on its caller's version even when another was current.
+CHILD_ON_CURRENT_PATCH = "sub-agent-on-current-version"
+# The next run starts on the current version, then is pinned to it (the worker's default);
+# on an unversioned worker it changes nothing.
+ON_CURRENT_VERSION = workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
 
 
 class HandOver(RunCore):
@@ -80,7 +91,31 @@ class HandOver(RunCore):
             )
             return [AgentRun(task=self._task, carry=carry)]
 
-        await self._stream.continue_as_new(next_run)
+        await self._continue_as_new(next_run)
+
+    async def _continue_as_new(
+        self, build_args: Callable[[WorkflowStreamState], Sequence[Any]]
+    ) -> NoReturn:
+        """WorkflowStream.continue_as_new's recipe, the next run on the current version."""
+        self._stream.detach_pollers()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            args=build_args(self._stream.get_state()),
+            initial_versioning_behavior=ON_CURRENT_VERSION,
+        )
+
+    def _move_to_current_version(self, run: AgentRun) -> None:
+        """A sub-agent starts pinned to its caller's version; when that is no longer the
+        deployment's current one, its first run hands over at once (nothing done yet) to a
+        run on the current version. Whether it changed is recorded in the workflow task's
+        event, so a replay decides the same."""
+        first_of_child = run.task is not None and run.task.parent is not None and run.carry is None
+        if (
+            first_of_child
+            and workflow.info().is_target_worker_deployment_version_changed()
+            and workflow.patched(CHILD_ON_CURRENT_PATCH)
+        ):
+            workflow.continue_as_new(run, initial_versioning_behavior=ON_CURRENT_VERSION)
 
     async def _archive_events(self) -> None:
         """Keep this run's events where readers find them once it is closed (no replay).

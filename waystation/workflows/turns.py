@@ -149,6 +149,4 @@ class Turns(HandOver):
         ]
         carry = carry.model_copy(update={"messages": [*carry.messages, *mine], "follow_up": True})
         self._claiming = False
-        await self._stream.continue_as_new(
-            lambda _: [AgentRun(task=continuation.task, carry=carry)]
-        )
+        await self._continue_as_new(lambda _: [AgentRun(task=continuation.task, carry=carry)])

@@ -1,0 +1,98 @@
+"""The first version of a Worker Deployment becomes current by itself.
+
+Until a deployment has a current version, Temporal gives new runs to no versioned worker:
+they wait. So a worker that starts when its deployment has none makes its own version
+current, once the server knows the version (about a second after the worker's first
+poll). A worker whose deployment already has another current version serves only the runs
+pinned to its own version; `ws deploy promote` moves new runs to it. Either way the
+worker says in one sentence where its version stands (`ws worker` prints it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.api.deployment.v1 import RoutingConfig
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkerDeploymentRequest,
+    SetWorkerDeploymentCurrentVersionRequest,
+)
+from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
+from temporalio.service import RPCError, RPCStatusCode
+
+# How often to ask whether the server knows the version yet (it does ~1.2 s after the first
+# poll), and for how long before giving up: a worker whose version never appears says so.
+RETRY_SECONDS = 0.2
+GIVE_UP_SECONDS = 60.0
+# The server's answers while the version or deployment is not recorded yet, or another
+# worker changed the routing between our describe and our set (a stale conflict token).
+_NOT_YET = {RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION}
+
+
+def current_build_id(routing: RoutingConfig) -> str | None:
+    """The build id of the deployment's current version; None while it has none."""
+    if routing.HasField("current_deployment_version"):
+        return routing.current_deployment_version.build_id or None
+    return None
+
+
+async def become_current_if_none(
+    client: Client, version: WorkerDeploymentVersion, identity: str
+) -> str | None:
+    """Make `version` its deployment's current version if the deployment has none. One
+    sentence saying where the version stands; None when it was current already or on a
+    server without Worker Versioning (Temporal's time-skipping test server)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GIVE_UP_SECONDS
+    ours = version.build_id
+    while True:
+        try:
+            return await _settle_current(client, version, identity)
+        except RPCError as err:
+            # Temporal's time-skipping test server (the testing kit's) has no deployment
+            # API, but takes versioned workers' polls and completions like unversioned
+            # ones: every run there goes to any worker, so there is nothing to make current.
+            if err.status == RPCStatusCode.UNIMPLEMENTED:
+                return None
+            if err.status not in _NOT_YET or loop.time() > deadline:
+                return (
+                    f"could not make version {ours} of deployment "
+                    f"{version.deployment_name!r} current: {err.message}"
+                )
+        await asyncio.sleep(RETRY_SECONDS)
+
+
+async def _settle_current(
+    client: Client, version: WorkerDeploymentVersion, identity: str
+) -> str | None:
+    """One attempt: raises RPCError NOT_FOUND while the server does not know the version,
+    FAILED_PRECONDITION when another worker changed the routing meanwhile."""
+    deployment, ours = version.deployment_name, version.build_id
+    described = await client.workflow_service.describe_worker_deployment(
+        DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=deployment)
+    )
+    current = current_build_id(described.worker_deployment_info.routing_config)
+    if current == ours:
+        return None
+    if current is not None:
+        return (
+            f"version {ours} is not current (current: {current}): serving the tasks "
+            f"pinned to it; `ws deploy promote {ours}` to make it current"
+        )
+    known = {
+        summary.deployment_version.build_id
+        for summary in described.worker_deployment_info.version_summaries
+    }
+    if ours not in known:
+        raise RPCError("the version is not recorded yet", RPCStatusCode.NOT_FOUND, b"")
+    await client.workflow_service.set_worker_deployment_current_version(
+        SetWorkerDeploymentCurrentVersionRequest(
+            namespace=client.namespace,
+            deployment_name=deployment,
+            build_id=ours,
+            conflict_token=described.conflict_token,
+            identity=identity,
+        )
+    )
+    return f"version {ours} is now the current version of deployment {deployment!r} (it had none)"
