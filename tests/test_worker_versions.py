@@ -24,13 +24,17 @@ from waystation.client.agent_runtime import AgentRuntime
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.workers import WorkerProcess
-from waystation.worker.first_version import current_build_id
+from waystation.worker.first_version import _polled_by, current_build_id
 from waystation.workflows.models import AgentSpec, ModelSettings
 
 Versions = Callable[..., Awaitable[WorkerProcess]]
 SHELL = ("run_shell", {"command": "echo ran"})
 # A model call's timeout: with both cores busy, 5 s has been too short for a worker process.
 CALL_SECONDS = 30
+
+
+# How often a test asks the server about a deployment: it refuses many requests at once.
+ASK_EVERY = 0.5
 
 
 @pytest.fixture
@@ -61,10 +65,21 @@ async def version_worker(
 
 
 async def current_version(client: Client, deployment: str) -> str | None:
-    described = await client.workflow_service.describe_worker_deployment(
-        DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=deployment)
-    )
-    return current_build_id(described.worker_deployment_info.routing_config)
+    """The current build id (the server refuses to describe a deployment busy with many
+    requests, as while its workers start: asked again then)."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                described = await client.workflow_service.describe_worker_deployment(
+                    DescribeWorkerDeploymentRequest(
+                        namespace=client.namespace, deployment_name=deployment
+                    )
+                )
+                return current_build_id(described.worker_deployment_info.routing_config)
+            except RPCError as err:
+                if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                    raise
+            await asyncio.sleep(ASK_EVERY)
 
 
 async def promote(client: Client, deployment: str, build_id: str) -> None:
@@ -72,12 +87,12 @@ async def promote(client: Client, deployment: str, build_id: str) -> None:
     each of a worker's pollers a second or so after their first poll)."""
     async with asyncio.timeout(60):
         while True:
-            described = await client.workflow_service.describe_worker_deployment(
-                DescribeWorkerDeploymentRequest(
-                    namespace=client.namespace, deployment_name=deployment
-                )
-            )
             try:
+                described = await client.workflow_service.describe_worker_deployment(
+                    DescribeWorkerDeploymentRequest(
+                        namespace=client.namespace, deployment_name=deployment
+                    )
+                )
                 await client.workflow_service.set_worker_deployment_current_version(
                     SetWorkerDeploymentCurrentVersionRequest(
                         namespace=client.namespace,
@@ -88,9 +103,13 @@ async def promote(client: Client, deployment: str, build_id: str) -> None:
                 )
                 return
             except RPCError as err:
-                if err.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+                if err.status not in (
+                    RPCStatusCode.NOT_FOUND,
+                    RPCStatusCode.FAILED_PRECONDITION,
+                    RPCStatusCode.RESOURCE_EXHAUSTED,
+                ):
                     raise
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(ASK_EVERY)
 
 
 async def built_by(client: Client, workflow_id: str) -> list[list[str]]:
@@ -152,6 +171,40 @@ async def test_the_first_worker_makes_its_version_current_and_a_later_one_waits_
         assert (await handle.result()).result == f"done {n}"
         [run] = await built_by(client, handle.id)
         assert set(run) == {"v1"}
+
+
+async def test_a_worker_whose_current_version_has_no_worker_left_makes_its_own_current(
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    fake_openai: FakeOpenAI,
+    deployment: str,
+    version_worker: Versions,
+) -> None:
+    """As after a deploy that replaced every worker, or a new build on a laptop whose
+    embedded server remembers the last one: new tasks would otherwise wait for ever."""
+    client = dev_env.client
+    first = await version_worker("v1")
+    async with asyncio.timeout(60):
+        while await current_version(client, deployment) != "v1":
+            await asyncio.sleep(ASK_EVERY)
+    first.kill()
+    # The tests' dev server forgets a stopped worker's polls after 10 s.
+    async with asyncio.timeout(60):
+        while await _polled_by(client, settings.task_queue, deployment, "v1"):
+            await asyncio.sleep(ASK_EVERY)
+    second = await version_worker("v2")
+    async with asyncio.timeout(60):
+        while "version v2 is now the current version" not in second.log.read_text():
+            await asyncio.sleep(0.05)
+    assert f"no worker of version v1 polls task queue {settings.task_queue!r}" in (
+        second.log.read_text()
+    )
+    assert await current_version(client, deployment) == "v2"
+    runtime = AgentRuntime(client, settings)
+    handle = await runtime.run(agent_task(fake_openai.script([text("done")]), timeout=CALL_SECONDS))
+    assert (await handle.result()).result == "done"
+    [run] = await built_by(client, handle.id)
+    assert set(run) == {"v2"}
 
 
 @pytest.mark.long(minutes=1)

@@ -44,9 +44,12 @@ from waystation.workflows import search
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 # The dev server's default transfer-queue poll rate, not SQLite, dominates a step's latency;
 # a task is reported stuck (TemporalReportedProblems) after 3 failed workflow tasks, not 5.
-# Worker Versioning needs no flag; these only shorten its waits (3 min and 5 min by default):
-# a version's last pinned run closed -> the version is drained in ~5 s, and a stopped
-# worker's version has no live poller ~10 s later, so it can be retired.
+# Worker Versioning needs no flag; these only shorten its waits (minutes by default): a
+# version's last pinned run closed -> drained in ~5 s; a stopped worker is forgotten as a
+# poller ~10 s later, so its version can be retired. A live worker's long poll is renewed
+# every 5 s (not 60 s), or a live but idle worker would be forgotten as well. Every task
+# queue its workers poll joins their version: past 100 (the default limit) a new queue is
+# refused and its tasks never start, as in a test session (one queue per test).
 DEV_SERVER_TUNING = (
     "--dynamic-config-value",
     "history.transferProcessorMaxPollRPS=2000",
@@ -58,6 +61,10 @@ DEV_SERVER_TUNING = (
     'matching.wv.VersionDrainageStatusRefreshInterval="2s"',
     "--dynamic-config-value",
     'matching.PollerHistoryTTL="10s"',
+    "--dynamic-config-value",
+    'matching.longPollExpirationInterval="5s"',
+    "--dynamic-config-value",
+    "matching.maxTaskQueuesInDeploymentVersion=100000",
 )
 
 _CLI_TYPE = {

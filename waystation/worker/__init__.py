@@ -190,7 +190,9 @@ class AgentWorker(Worker):
         if self.version is not None:
             # After the first poll: the server records a version only once it is polled.
             identity = self.config().get("identity") or self._temporal.identity
-            self.version_note = await become_current_if_none(self._temporal, self.version, identity)
+            self.version_note = await become_current_if_none(
+                self._temporal, self.version, self._queue, identity
+            )
             if self.version_note:
                 logger.info("%s", self.version_note)
         return self
