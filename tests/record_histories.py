@@ -763,6 +763,7 @@ async def record(replace: bool, only: list[str]) -> None:
         mcp_servers=servers,
         agents=agents,
         model_endpoints=limited_endpoint(fake.url),
+        worker_versioning=True,  # the sub-agent's scenario moves between two versions
     )
     # The worker's anthropic endpoint, as a user's environment points it.
     os.environ.update(ANTHROPIC_BASE_URL=fake.anthropic_url, ANTHROPIC_API_KEY="sk-ant-record")

@@ -79,7 +79,9 @@ async def drain_env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture
 def deployed(settings: Settings) -> Settings:
     """The test's settings in a deployment of its own."""
-    return settings.model_copy(update={"worker_deployment": f"dep-{uuid.uuid4().hex[:8]}"})
+    return settings.model_copy(
+        update={"worker_deployment": f"dep-{uuid.uuid4().hex[:8]}", "worker_versioning": True}
+    )
 
 
 @asynccontextmanager

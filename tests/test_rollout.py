@@ -68,7 +68,11 @@ class Fleet:
         self.workers: dict[str, list[WorkerProcess]] = {}
 
     async def start(self, module: str | None, build_id: str) -> WorkerProcess:
-        env = {"WAYSTATION_DEPLOYMENT": self.deployment, "WAYSTATION_BUILD_ID": build_id}
+        env = {
+            "WAYSTATION_DEPLOYMENT": self.deployment,
+            "WAYSTATION_BUILD_ID": build_id,
+            "WAYSTATION_WORKER_VERSIONING": "true",
+        }
         worker = WorkerProcess(self.address, self.settings, env, module=module)
         self.workers.setdefault(build_id, []).append(worker)
         return await worker.ready()

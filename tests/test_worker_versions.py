@@ -52,7 +52,11 @@ async def version_worker(
     address = dev_env.client.service_client.config.target_host
 
     async def start(build_id: str, agents: str | None = None) -> WorkerProcess:
-        env = {"WAYSTATION_DEPLOYMENT": deployment, "WAYSTATION_BUILD_ID": build_id}
+        env = {
+            "WAYSTATION_DEPLOYMENT": deployment,
+            "WAYSTATION_BUILD_ID": build_id,
+            "WAYSTATION_WORKER_VERSIONING": "true",
+        }
         if agents is not None:
             env["WAYSTATION_AGENTS"] = agents
         worker = WorkerProcess(address, settings, env)
