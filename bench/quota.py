@@ -23,7 +23,9 @@ Figures, as ratios to the quota (the physical limit here): useful throughput a m
 quota, for the limit that binds (input tokens or requests of the calls served, from the
 first start to the last answer), refused calls ÷ calls,
 failed tasks, p50/p95 task latency (start → answer) per tenant; fairness: `b`'s median
-latency beside `a`'s backlog ÷ alone. Targets (issue 41): ≥ 0.9, ≤ 0.01, 0, and ≤ 1.5.
+latency beside `a`'s backlog ÷ alone, with where `b`'s time went (starting its tasks, its
+calls' waits for the quota that were told to the task, the rest). Targets (issue 41): ≥ 0.9,
+≤ 0.01, 0, and ≤ 1.5.
 """
 
 from __future__ import annotations
