@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from waystation.activities.attempt_step import failures_name_step
 from waystation.cli.render import LiveView, render_state, visible_json
 from waystation.client.streaming import StreamItem
-from waystation.worker.log import AttemptFailure, attempt_failure
+from waystation.worker.log import AttemptFailure, OneLineWorkerLog, attempt_failure
 from waystation.workflows.events import (
     AgentState,
     ApprovalRequested,
@@ -303,3 +303,32 @@ def test_a_wait_for_the_quota_is_one_line_and_its_turn_another() -> None:
         "… step 1 waits for its turn under the quota of openai (paused by the provider), about 1 s",
         "  the call has its turn under openai after 12.8 s",
     ]
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "this client has no encryption keys, but a payload of task 'plain' is encrypted with "
+        "key 'k1': the worker and the client disagree about encryption; set the workers' "
+        "WAYSTATION_ENCRYPTION_KEYS here too",
+        "payload encrypted with unknown key 'k9'",
+    ],
+)
+def test_an_undecryptable_payload_is_left_to_the_command_that_needed_it(said: str) -> None:
+    shown = io.StringIO()
+    handler = OneLineWorkerLog(shown)
+    failed = RuntimeError(said)
+    record = logging.LogRecord(
+        "temporalio.worker._workflow",
+        logging.WARNING,
+        __file__,
+        1,
+        "Failed handling activation on workflow with run ID r1",
+        (),
+        (RuntimeError, failed, None),
+    )
+    handler.emit(record)
+    assert shown.getvalue() == ""  # the command says it once, in its own line
+    record.exc_info = (RuntimeError, RuntimeError("something else broke"), None)
+    handler.emit(record)
+    assert shown.getvalue().startswith("worker: Failed handling activation")

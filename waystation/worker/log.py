@@ -132,11 +132,12 @@ _AFTER_EVICTION = "Missing initialize workflow"
 
 
 def _said_elsewhere(record: logging.LogRecord) -> bool:
-    """A payload this worker cannot decrypt: the command that needed it says so itself, in
-    one line (a failed query, or `status` showing the task stuck)."""
+    """A payload this worker cannot decrypt (no key, an unknown one, the wrong one): the
+    command that needed it says so itself, in one line (a failed query, or `status` showing
+    the task stuck)."""
     err = record.exc_info[1] if record.exc_info else None
     said = str(err) if err is not None else record.getMessage()
-    return UNKNOWN_KEY in said or WRONG_KEY in said or _AFTER_EVICTION in said
+    return _names_a_key(said) or _AFTER_EVICTION in said
 
 
 _handler: OneLineWorkerLog | None = None
