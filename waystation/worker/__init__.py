@@ -377,22 +377,11 @@ def build_worker(
         if activities
         else identity
     )
-    # Pinned by the worker's default, not by the workflow classes: a class that declares a
-    # behaviour fails every workflow task on an unversioned worker (worker_versioning off).
     version = worker_version(settings) if settings.worker_versioning else None
-    deployment = (
-        WorkerDeploymentConfig(
-            version=version,
-            use_worker_versioning=True,
-            default_versioning_behavior=VersioningBehavior.PINNED,
-        )
-        if version is not None
-        else None
-    )
     return AgentWorker(
         client,
         version=version,
-        deployment_config=deployment,
+        deployment_config=deployment_config(version),
         llm=served.llm,
         mcp=served.mcp,
         notify=served.notify,
@@ -418,6 +407,19 @@ def build_worker(
         graceful_shutdown_timeout=graceful_shutdown,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         identity=named,
+    )
+
+
+def deployment_config(version: WorkerDeploymentVersion | None) -> WorkerDeploymentConfig | None:
+    """A versioned worker's: every run it starts pinned to its version. Pinned by the
+    worker's default, not by the workflow classes: a class that declares a behaviour fails
+    every workflow task on an unversioned worker (worker_versioning off)."""
+    if version is None:
+        return None
+    return WorkerDeploymentConfig(
+        version=version,
+        use_worker_versioning=True,
+        default_versioning_behavior=VersioningBehavior.PINNED,
     )
 
 
