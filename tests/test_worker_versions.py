@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkerDeploymentRequest,
-    SetWorkerDeploymentCurrentVersionRequest,
 )
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -21,6 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, pending_requests
 from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.worker_versions import make_current
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.workers import WorkerProcess
@@ -97,14 +97,7 @@ async def promote(client: Client, deployment: str, build_id: str) -> None:
                         namespace=client.namespace, deployment_name=deployment
                     )
                 )
-                await client.workflow_service.set_worker_deployment_current_version(
-                    SetWorkerDeploymentCurrentVersionRequest(
-                        namespace=client.namespace,
-                        deployment_name=deployment,
-                        build_id=build_id,
-                        conflict_token=described.conflict_token,
-                    )
-                )
+                await make_current(client, deployment, build_id, described.conflict_token)
                 return
             except RPCError as err:
                 if err.status not in (

@@ -12,6 +12,8 @@ taken by another chain was taken by a run that has closed.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -29,6 +31,10 @@ CLAIM_TOOL = "follow_up"
 NOTHING_TO_FOLLOW_ATTEMPTS = 5
 # Runs of a chain followed from one answer to the next before giving up (a corrupt chain).
 MOST_RUNS_WALKED = 10_000
+
+# How long the claim asks a closed run for what a follow-up continues from (a worker
+# replays the run to answer: seconds for the largest).
+CONTINUATION_QUERY_BOUND = timedelta(seconds=60)
 
 
 def claim_key(task_id: str, run_id: str) -> str:
@@ -140,4 +146,8 @@ async def _continuation(
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
     )
-    return await read_continuation(client, task_id, run_id) if answered else None
+    if not answered:
+        return None
+    # Bounded: with Worker Versioning only a worker of the run's own version answers a query
+    # on it, and none may be left; the claim is then tried again, not held for ever.
+    return await read_continuation(client, task_id, run_id, within=CONTINUATION_QUERY_BOUND)

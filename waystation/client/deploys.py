@@ -15,6 +15,7 @@ on the version's task queues, which is also what Temporal refuses a deletion on.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -28,7 +29,6 @@ from temporalio.api.workflowservice.v1 import (
     DescribeWorkerDeploymentRequest,
     DescribeWorkerDeploymentResponse,
     DescribeWorkerDeploymentVersionRequest,
-    SetWorkerDeploymentCurrentVersionRequest,
     SetWorkerDeploymentRampingVersionRequest,
 )
 from temporalio.client import Client
@@ -36,7 +36,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from waystation.activities.storage.deployment import OFFER_TAG, STORAGE_TAG
 from waystation.client.pollers import RECENT_POLL, serving
-from waystation.client.worker_versions import code_build_id
+from waystation.client.worker_versions import code_build_id, make_current
 from waystation.workflows import search
 from waystation.workflows.run import WORKFLOW_TYPE
 
@@ -284,8 +284,32 @@ async def _require_live_workers(client: Client, deployment: str, build_id: str) 
         )
 
 
+# How long a routing change is tried again while the server is busy with the deployment
+# (it refuses requests for a moment after a version registers) or another change came
+# between our description and our change (a stale conflict token).
+BUSY_SECONDS = 15.0
+
+
+async def _again_while_busy(change: Callable[[], Awaitable[str]]) -> str:
+    deadline = asyncio.get_running_loop().time() + BUSY_SECONDS
+    while True:
+        try:
+            return await change()
+        except RPCError as err:
+            busy = err.status == RPCStatusCode.RESOURCE_EXHAUSTED or (
+                err.status == RPCStatusCode.FAILED_PRECONDITION and "conflict token" in err.message
+            )
+            if not busy or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.5)
+
+
 async def promote(client: Client, deployment: str, build_id: str, ramp: float | None) -> str:
     """Make `build_id` current, or ramp it at `ramp` percent of new tasks; what was done."""
+    return await _again_while_busy(lambda: _promote(client, deployment, build_id, ramp))
+
+
+async def _promote(client: Client, deployment: str, build_id: str, ramp: float | None) -> str:
     described = await _describe(client, deployment)
     routing = described.worker_deployment_info.routing_config if described else None
     current = routing.current_deployment_version.build_id or None if routing else None
@@ -300,15 +324,7 @@ async def promote(client: Client, deployment: str, build_id: str, ramp: float | 
     token = described.conflict_token if described else b""
     before = f"before: {current}" if current else "before: none"
     if ramp is None:
-        await client.workflow_service.set_worker_deployment_current_version(
-            SetWorkerDeploymentCurrentVersionRequest(
-                namespace=client.namespace,
-                deployment_name=deployment,
-                build_id=build_id,
-                conflict_token=token,
-                identity=client.identity,
-            )
-        )
+        await make_current(client, deployment, build_id, token)
         return f"version {build_id} is current now: new tasks start on it ({before})"
     previous = await client.workflow_service.set_worker_deployment_ramping_version(
         SetWorkerDeploymentRampingVersionRequest(
@@ -347,6 +363,10 @@ def previous_current(described: DescribeWorkerDeploymentResponse) -> str | None:
 async def rollback(client: Client, deployment: str) -> str:
     """Stop a ramp in progress, or else make the version that was current before the
     current one current again."""
+    return await _again_while_busy(lambda: _rollback(client, deployment))
+
+
+async def _rollback(client: Client, deployment: str) -> str:
     described = await _describe(client, deployment)
     routing = described.worker_deployment_info.routing_config if described else None
     if (
@@ -379,15 +399,7 @@ async def rollback(client: Client, deployment: str) -> str:
         )
     current = described.worker_deployment_info.routing_config.current_deployment_version.build_id
     await _require_live_workers(client, deployment, previous)
-    await client.workflow_service.set_worker_deployment_current_version(
-        SetWorkerDeploymentCurrentVersionRequest(
-            namespace=client.namespace,
-            deployment_name=deployment,
-            build_id=previous,
-            conflict_token=described.conflict_token,
-            identity=client.identity,
-        )
-    )
+    await make_current(client, deployment, previous, described.conflict_token)
     return (
         f"rolled back: version {previous} is current again, new tasks start on it (before: "
         f"{current}; its tasks stay on it until they end)"

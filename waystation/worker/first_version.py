@@ -22,11 +22,12 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import (
     DescribeTaskQueueRequest,
     DescribeWorkerDeploymentRequest,
-    SetWorkerDeploymentCurrentVersionRequest,
 )
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError, RPCStatusCode
+
+from waystation.client.worker_versions import make_current
 
 # How often to ask whether the server knows the version yet (it does ~1.2 s after the first
 # poll), and for how long before giving up: a worker whose version never appears says so.
@@ -56,7 +57,8 @@ async def become_current_if_none(
     client: Client, version: WorkerDeploymentVersion, task_queue: str, identity: str
 ) -> str | None:
     """Make `version` its deployment's current version if the deployment has none, or if
-    no worker of the current one polls `task_queue`. One sentence saying where the version
+    no worker of the current one polls `task_queue` and `version` was never current (a new
+    build, not an old one coming back). One sentence saying where the version
     stands; None when it was current already or on a server without Worker Versioning
     (Temporal's time-skipping test server)."""
     loop = asyncio.get_running_loop()
@@ -96,21 +98,22 @@ async def _settle_current(
             f"version {ours} is not current (current: {current}): serving the tasks "
             f"pinned to it; `ws deploy promote {ours}` to make it current"
         )
-    known = {
-        summary.deployment_version.build_id
+    summaries = {
+        summary.deployment_version.build_id: summary
         for summary in described.worker_deployment_info.version_summaries
     }
-    if ours not in known:
+    if ours not in summaries:
         raise RPCError("the version is not recorded yet", RPCStatusCode.NOT_FOUND, b"")
-    await client.workflow_service.set_worker_deployment_current_version(
-        SetWorkerDeploymentCurrentVersionRequest(
-            namespace=client.namespace,
-            deployment_name=deployment,
-            build_id=ours,
-            conflict_token=described.conflict_token,
-            identity=identity,
+    if current is not None and summaries[ours].HasField("last_current_time"):
+        # It was current once and someone moved on from it (a promote, a rollback): an old
+        # build's worker coming back must not undo that, however long the new one's workers
+        # are away.
+        return (
+            f"version {ours} is not current (current: {current}, whose workers do not poll "
+            f"task queue {task_queue!r} now): serving the tasks pinned to it; "
+            f"`ws deploy promote {ours}` to make it current again"
         )
-    )
+    await make_current(client, deployment, ours, described.conflict_token, identity)
     became = f"version {ours} is now the current version of deployment {deployment!r}"
     if current is None:
         return f"{became} (it had none)"
