@@ -18,7 +18,7 @@ import re
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -323,6 +323,23 @@ async def roll_out(
     return started, late
 
 
+async def check_retired_tasks_read_and_follow_up(
+    runtime: AgentRuntime, task: TaskHandle, index: int
+) -> None:
+    """With version 1 retired (no worker of it left to replay its runs), its task still
+    reads, from what its run sealed as it closed, and takes a follow-up on version 2."""
+    state = await task.state(within=timedelta(seconds=5))
+    assert state.status == "done" and state.result == f"done {index}"
+    events = await task.events(within=timedelta(seconds=5))
+    assert [e.seq for e in events] == list(range(len(events))) and events[-1].type == "done"
+    streamed = [i async for i in runtime.stream(task.id)]
+    assert streamed[-1].data.type == "done"
+    again = await runtime.send(task.id, "and then?")
+    assert (await again.result()).result == f"followed up {index}"
+    [newest, *_] = await run_histories(runtime.client, task.id)
+    assert set(task_builds(newest)) == {"v2"}
+
+
 @pytest.mark.long(minutes=2)
 async def test_an_incompatible_version_rolls_out_while_tasks_wait_and_run_and_workers_die(
     dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
@@ -348,6 +365,7 @@ async def test_an_incompatible_version_rolls_out_while_tasks_wait_and_run_and_wo
             assert effects(served, index) == [f"task-{index}"], index
 
         drained, retired = await retire(deployment, fleet, "v1")
+        await check_retired_tasks_read_and_follow_up(runtime, started[1], 1)
     finally:
         fleet.stop()
     print(

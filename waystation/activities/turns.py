@@ -20,7 +20,8 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistoryEventFilterType
 from temporalio.exceptions import ApplicationError
 
-from waystation.activities.run_history import read_continuation
+from waystation.activities.event_archive import EventArchive
+from waystation.activities.run_history import read_continuation, sealed_run
 from waystation.activities.storage import Ledger
 from waystation.workflows import errors
 from waystation.workflows.run import AgentRun, ClaimedTurn, RunRef, TurnClaim
@@ -45,8 +46,9 @@ def claim_key(task_id: str, run_id: str) -> str:
 class TurnActivities:
     """`claim_turn` over the deployment's ledger. Built once per worker (worker.py)."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, archive: EventArchive) -> None:
         self._ledger = ledger
+        self._archive = archive
 
     @activity.defn(name="claim_turn")
     async def claim_turn(self, claim: TurnClaim) -> ClaimedTurn:
@@ -55,7 +57,7 @@ class TurnActivities:
         client = activity.client()
         run_id = claim.after_run_id or await _latest_closed_run(client, claim.task_id)
         for _ in range(MOST_RUNS_WALKED):
-            last_run, continuation = await _answer_of_chain(client, claim.task_id, run_id)
+            last_run, continuation = await self._answer_of_chain(client, claim.task_id, run_id)
             holder = await self._ledger.claim_once(
                 claim_key(claim.task_id, last_run), CLAIM_TOOL, claim.chain_id
             )
@@ -72,6 +74,56 @@ class TurnActivities:
             f"task {claim.task_id}: more than {MOST_RUNS_WALKED} answers to walk past",
             type=errors.NOTHING_TO_FOLLOW,
             non_retryable=True,
+        )
+
+    async def _answer_of_chain(
+        self, client: Client, task_id: str, run_id: str
+    ) -> tuple[str, AgentRun]:
+        """(the last run of the chain that begins with `run_id`, what a follow-up continues
+        from), following continue-as-new; refused when the chain did not end with an answer a
+        message can continue (a failed task's continues it as a resumption would)."""
+        for _ in range(MOST_RUNS_WALKED):
+            close = await close_event(client, task_id, run_id)
+            if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                run_id = (
+                    close.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+                )
+                continue
+            continuation = await self._continuation(client, task_id, run_id, close)
+            if continuation is None or continuation.carry is None:
+                ended = EventType.Name(close.event_type).removeprefix(
+                    "EVENT_TYPE_WORKFLOW_EXECUTION_"
+                )
+                raise ApplicationError(
+                    f"task {task_id} ended {ended.lower()} with nothing a message can continue; "
+                    "fork it to go on",
+                    type=errors.TASK_NOT_TAKING_MESSAGES,
+                    non_retryable=True,
+                )
+            return run_id, continuation
+        raise ApplicationError(
+            f"task {task_id}: a chain of more than {MOST_RUNS_WALKED} runs",
+            type=errors.NOTHING_TO_FOLLOW,
+            non_retryable=True,
+        )
+
+    async def _continuation(
+        self, client: Client, task_id: str, run_id: str, close: HistoryEvent
+    ) -> AgentRun | None:
+        """What a follow-up continues from (activities/run_history.py); None for a run that
+        did not end with an answer or a failure."""
+        answered = close.event_type in (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+        )
+        if not answered:
+            return None
+        # What the run sealed as it closed, from the shared storage: with Worker Versioning
+        # only a worker of the run's own version answers a query on it, and none may be left.
+        # The query, for a run that left no seal, is bounded: the claim is then tried again.
+        sealed = await sealed_run(client, task_id, run_id, self._archive.sealed, close)
+        return await read_continuation(
+            client, task_id, run_id, sealed=sealed, within=CONTINUATION_QUERY_BOUND
         )
 
 
@@ -99,32 +151,6 @@ async def _latest_closed_run(client: Client, task_id: str) -> str:
     return latest.run_id
 
 
-async def _answer_of_chain(client: Client, task_id: str, run_id: str) -> tuple[str, AgentRun]:
-    """(the last run of the chain that begins with `run_id`, what a follow-up continues
-    from), following continue-as-new; refused when the chain did not end with an answer a
-    message can continue (a failed task's continues it as a resumption would)."""
-    for _ in range(MOST_RUNS_WALKED):
-        close = await close_event(client, task_id, run_id)
-        if close.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
-            run_id = close.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-            continue
-        continuation = await _continuation(client, task_id, run_id, close)
-        if continuation is None or continuation.carry is None:
-            ended = EventType.Name(close.event_type).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_")
-            raise ApplicationError(
-                f"task {task_id} ended {ended.lower()} with nothing a message can continue; "
-                "fork it to go on",
-                type=errors.TASK_NOT_TAKING_MESSAGES,
-                non_retryable=True,
-            )
-        return run_id, continuation
-    raise ApplicationError(
-        f"task {task_id}: a chain of more than {MOST_RUNS_WALKED} runs",
-        type=errors.NOTHING_TO_FOLLOW,
-        non_retryable=True,
-    )
-
-
 async def close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent:
     handle = client.get_workflow_handle(task_id, run_id=run_id)
     events = handle.fetch_history_events(
@@ -135,19 +161,3 @@ async def close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent
     # A run that has not closed yet: Temporal runs one run at a time, so it is this one's
     # predecessor closing right now; the activity's retry reads it again.
     raise ApplicationError(f"run {run_id} of task {task_id} has not closed yet")
-
-
-async def _continuation(
-    client: Client, task_id: str, run_id: str, close: HistoryEvent
-) -> AgentRun | None:
-    """What a follow-up continues from (waystation/activities/run_history.py); None for a run
-    that did not end with an answer or a failure."""
-    answered = close.event_type in (
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-    )
-    if not answered:
-        return None
-    # Bounded: with Worker Versioning only a worker of the run's own version answers a query
-    # on it, and none may be left; the claim is then tried again, not held for ever.
-    return await read_continuation(client, task_id, run_id, within=CONTINUATION_QUERY_BOUND)

@@ -22,7 +22,8 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from typing_extensions import TypeVar
 
-from waystation.activities.event_archive import read_archived
+from waystation.activities.event_archive import read_archived, read_sealed
+from waystation.activities.run_history import sealed_run
 from waystation.activities.tool_modules import load_tools
 from waystation.activities.tools import ToolRegistry
 from waystation.client import starting, task_rights
@@ -71,7 +72,7 @@ from waystation.workflows.models import (
     Resumption,
     schema_problem,
 )
-from waystation.workflows.run import WORKFLOW_TYPE, AgentRun
+from waystation.workflows.run import WORKFLOW_TYPE, AgentRun, SealedRun
 
 __all__ = [
     "QUERY_TIMEOUT",
@@ -117,7 +118,7 @@ class AgentRuntime:
         )
         self.tool_names = frozenset(self.tools.names())
         self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
-        self._streams = StreamHub(client, self.settings.task_queue)
+        self._streams = StreamHub(client, self.settings.task_queue, sealed=self.sealed)
 
     async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T:
         """`work`, or NoWorkerError saying whether no worker polls or all are busy (and the
@@ -258,9 +259,18 @@ class AgentRuntime:
         """`get(task_id).send(content, ...)`: see TaskHandle.send."""
         return await self.get(task_id).send(content, **options)
 
+    async def sealed(self, task_id: str, run_id: str) -> SealedRun | None:
+        """What closed run `run_id` sealed as it closed, if it is its very end and this
+        client has the workers' storage (activities/run_history.py)."""
+        reader = functools.partial(read_sealed, self.settings)
+        return await sealed_run(self.client, task_id, run_id, reader)
+
     async def deliver(self, task_id: str, message: Message) -> Delivery:
         """Deliver a message to the task: see waystation/client/messaging.py."""
-        return await deliver(self.client, task_id, message, task_queue=self.settings.task_queue)
+        sealed = functools.partial(read_sealed, self.settings)
+        return await deliver(
+            self.client, task_id, message, task_queue=self.settings.task_queue, sealed=sealed
+        )
 
     async def resume(
         self,

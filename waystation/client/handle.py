@@ -70,7 +70,7 @@ from waystation.workflows.models import (
     DecisionOutcome,
     Message,
 )
-from waystation.workflows.run import AgentOutcome
+from waystation.workflows.run import AgentOutcome, SealedRun
 
 # A query or Update that no worker answers must not hang its caller.
 QUERY_TIMEOUT = timedelta(seconds=10)
@@ -91,6 +91,8 @@ class HandleRuntime(Protocol):
     async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T: ...
 
     async def no_worker(self, task_id: str, what: str, limit: timedelta) -> NoWorkerError: ...
+
+    async def sealed(self, task_id: str, run_id: str) -> SealedRun | None: ...
 
     async def deliver(self, task_id: str, message: Message) -> Delivery: ...
 
@@ -240,10 +242,23 @@ class TaskHandle(Generic[OutputT]):
             return await self._handle.result()
 
     async def state(self, within: timedelta = QUERY_TIMEOUT) -> AgentState:
-        """The folded state (a worker answers the query; NoWorkerError if none does `within`)."""
+        """The folded state: a closed task's as its run sealed it when it closed (no worker
+        needed: with Worker Versioning only one of the run's own version could answer),
+        else a worker answers the query (NoWorkerError if none does `within`)."""
+        if (closed := await self._sealed_state()) is not None:
+            return closed
         return await self._runtime.bounded(
             self.id, self._query_state(within), within, "the state query"
         )
+
+    async def _sealed_state(self) -> AgentState | None:
+        """The state the task's latest run sealed as it closed; None while it runs, or when
+        it left no seal this client can read (then a worker replays it to answer)."""
+        seen = await self.overview()
+        if seen.status in (None, WorkflowExecutionStatus.RUNNING):
+            return None
+        sealed = await self._runtime.sealed(self.id, seen.run_id)
+        return sealed.state() if sealed is not None else None
 
     async def _query_state(self, within: timedelta) -> AgentState:
         # The RPC's own deadline comes later, so the caller's bound is what ends the wait.

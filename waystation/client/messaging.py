@@ -34,7 +34,12 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from waystation.activities.run_history import read_continuation, read_run_input
+from waystation.activities.run_history import (
+    SealedReader,
+    read_continuation,
+    read_run_input,
+    sealed_run,
+)
 from waystation.client.busy import sending
 from waystation.client.health import overview
 from waystation.client.pollers import polling_workers
@@ -75,9 +80,11 @@ async def deliver(
     message: Message,
     *,
     task_queue: str,
+    sealed: SealedReader | None = None,
 ) -> Delivery:
     """Deliver `message` to the task (see the module's docstring), or raise
-    MessageRefusedError / TaskNotFoundError with a sentence."""
+    MessageRefusedError / TaskNotFoundError with a sentence. `sealed` reads what closed
+    runs sealed, where this client has the workers' storage."""
     refuse(messages.MessageView(task_id, "running"), message)  # too large for any queue
     for _ in range(MOST_LOOKS):
         try:
@@ -116,7 +123,7 @@ async def deliver(
             started = await start_agent(
                 client,
                 task_id,
-                await _next_run(client, task_id, seen.run_id, task, task_queue),
+                await _next_run(client, task_id, seen.run_id, task, task_queue, sealed),
                 task_queue=task_queue,
                 text=origin.text or message.content,
                 started_at=origin.started_at,
@@ -171,11 +178,21 @@ def refuse(view: messages.MessageView, message: Message) -> None:
 
 
 async def _next_run(
-    client: Client, task_id: str, run_id: str, task: AgentTask | None, task_queue: str
+    client: Client,
+    task_id: str,
+    run_id: str,
+    task: AgentTask | None,
+    task_queue: str,
+    sealed: SealedReader | None,
 ) -> AgentRun:
-    """The input of the run that follows closed run `run_id`: from its continuation when a
-    worker gives it within CONTINUATION_WAIT, else naming only the run it follows."""
-    if task is None or not await polling_workers(client, task_queue, "workflow", this_process=True):
+    """The input of the run that follows closed run `run_id`: from its continuation, as the
+    run sealed it or as a worker gives it within CONTINUATION_WAIT, else naming only the
+    run it follows (its claim reads the continuation)."""
+    if task is None:
+        return AgentRun(follows=run_id)
+    if sealed is not None and (found := await sealed_run(client, task_id, run_id, sealed)):
+        return AgentRun(task=task, carry=found.continuation)
+    if not await polling_workers(client, task_queue, "workflow", this_process=True):
         return AgentRun(follows=run_id)
     try:
         following = await read_continuation(client, task_id, run_id, within=CONTINUATION_WAIT)

@@ -15,7 +15,8 @@ from typing import Any
 
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.contrib.workflow_streams import PollInput, PollResult
+from temporalio.contrib.workflow_streams import PollInput, PollResult, WorkflowStreamState
+from temporalio.contrib.workflow_streams._types import _WorkflowStreamWireItem
 
 POLL_QUERY = "__temporal_workflow_stream_poll"
 OFFSET_QUERY = "__temporal_workflow_stream_offset"
@@ -48,3 +49,22 @@ async def head(client: Client, task_id: str) -> int:
     handle = client.get_workflow_handle(task_id)
     value: Any = await handle.query(OFFSET_QUERY, result_type=int)
     return int(value)
+
+
+# One answer's items stay below this many bytes, as the module's own poll keeps them.
+SEALED_POLL_BYTES = 1_000_000
+
+
+def poll_sealed(stream: WorkflowStreamState, offset: int) -> PollResult:
+    """The items from `offset` of a closed run's stream as it sealed it, as the run's poll
+    Query would answer (clamped to its base; about SEALED_POLL_BYTES at a time). A state's
+    items carry no offset of their own: an item's is the base plus its place."""
+    start = max(0, offset - stream.base_offset)
+    items: list[_WorkflowStreamWireItem] = []
+    size = 0
+    for place, item in enumerate(stream.log[start:], start=stream.base_offset + start):
+        size += len(item.data) + len(item.topic)
+        if items and size > SEALED_POLL_BYTES:
+            return PollResult(items=items, next_offset=place, more_ready=True)
+        items.append(_WorkflowStreamWireItem(topic=item.topic, data=item.data, offset=place))
+    return PollResult(items=items, next_offset=stream.base_offset + len(stream.log))

@@ -19,10 +19,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
-from temporalio.contrib.workflow_streams import PollResult
+from temporalio.contrib.workflow_streams import PollResult, WorkflowStreamState
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
 
+from waystation.activities.run_history import SealedReader
 from waystation.client import stream_wire
 from waystation.client.health import cannot_run, overview, unanswered, worker_hint
 from waystation.client.task_errors import TaskNotFoundError, unreadable
@@ -123,6 +124,9 @@ class _TaskReader:
     task: asyncio.Task[None] | None = None
     poll_within: timedelta = POLL_TIMEOUT
     """The deadline of the last poll answered: a long closed run needs a long one each time."""
+    sealed: WorkflowStreamState | None = None
+    """The stream of the task's closed run as it sealed it, read instead of asking the run."""
+    sealed_checked: bool = False
 
     @property
     def next_offset(self) -> int:
@@ -132,9 +136,12 @@ class _TaskReader:
 class StreamHub:
     """Per-process fan-out of task streams."""
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(self, client: Client, task_queue: str, sealed: SealedReader | None = None) -> None:
+        """`sealed` reads what closed runs sealed as they closed (activities/run_history.py):
+        a closed run's stream reads from there without a worker replaying the run."""
         self._client = client
         self._task_queue = task_queue
+        self._sealed = sealed
         self._readers: dict[tuple[str, bool], _TaskReader] = {}
         self._converter: DataConverter = client.data_converter
 
@@ -249,6 +256,7 @@ class StreamHub:
                         # An answer, followed across turns: once its run has closed, the
                         # next turn is a new run, which only a message starts.
                         await self._next_turn(reader.task_id)
+                        reader.sealed_checked = False
                         last_check = loop.time()
                         continue
                     pause = 0.0 if more else FOLLOW_INTERVAL.total_seconds()
@@ -271,6 +279,7 @@ class StreamHub:
                             if status != WorkflowExecutionStatus.COMPLETED:
                                 return  # closed without an answer a message may follow
                             await self._next_turn(reader.task_id)
+                            reader.sealed_checked = False
                             last_check = loop.time()
                             continue
                 await asyncio.sleep(pause)
@@ -302,6 +311,16 @@ class StreamHub:
             await asyncio.sleep(pause)
             pause = min(pause * 2, NEXT_TURN_INTERVAL.total_seconds())
 
+    async def _sealed_stream(self, task_id: str) -> WorkflowStreamState | None:
+        """The stream the task's latest run sealed, if that run has closed and sealed it."""
+        if self._sealed is None:
+            return None
+        seen = await overview(self._client, task_id)
+        if seen.status in (None, WorkflowExecutionStatus.RUNNING):
+            return None
+        sealed = await self._sealed(task_id, seen.run_id)
+        return sealed.stream if sealed is not None else None
+
     async def _status(self, task_id: str) -> WorkflowExecutionStatus | None:
         """The status of the task's latest run (a run continued as new is not the latest)."""
         return (await overview(self._client, task_id)).status
@@ -313,6 +332,12 @@ class StreamHub:
         answer loses no item, and must not end a live stream. When no worker polls the task
         queue at all, NoWorkerError says so; a server that cannot be reached ends the stream
         with its error."""
+        if not reader.sealed_checked:
+            reader.sealed_checked = True
+            reader.sealed = await self._sealed_stream(reader.task_id)
+        if reader.sealed is not None:
+            sealed = stream_wire.poll_sealed(reader.sealed, offset)
+            return self._decoded(sealed, offset, reader.follow)
         pause = FOLLOW_INTERVAL.total_seconds()
         within = reader.poll_within
         while True:
@@ -347,6 +372,11 @@ class StreamHub:
             if (problem := await cannot_run(self._client, task_id, err)) is not None:
                 raise problem from err
             raise
+        return self._decoded(result, offset, follow)
+
+    def _decoded(
+        self, result: PollResult, offset: int, follow: bool
+    ) -> tuple[list[StreamItem], int, bool]:
         decode = self._converter.payload_converter.from_payload
         items = (
             StreamItem(

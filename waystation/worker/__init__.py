@@ -266,6 +266,7 @@ class ServedActivities:
             self.llm.summarize_context,
             self.llm.save_conversation,
             self.archive.archive_events,
+            self.archive.seal_run,
             self.tools.run_tool,
             self.mcp.list_tools,
             self.turns.claim_turn,
@@ -300,9 +301,10 @@ def served_activities(
     redactor = redactor_for(settings, os.environ)
     mcp = McpActivities(McpClientManager(settings.mcp_server_configs()), redactor)
     sealed = SealedBlobs(storage.blobs, codec_for(settings, "worker"))
+    store = ConversationStore(sealed)
     llm = LlmActivities(
         registry,
-        ConversationStore(sealed),
+        store,
         backends=backends,
         endpoints=settings.model_endpoints,
         environ=settings.model_environment(os.environ),
@@ -321,13 +323,14 @@ def served_activities(
         redactor=redactor,
         environment=program_environment(settings.workspace_dir, settings.shell_env, os.environ),
     )
+    archive = EventArchive(sealed)
     return ServedActivities(
         llm=llm,
         mcp=mcp,
         notify=notify,
         tools=tools,
-        archive=ArchiveActivities(EventArchive(sealed)),
-        turns=TurnActivities(storage.ledger),
+        archive=ArchiveActivities(archive, store),
+        turns=TurnActivities(storage.ledger, archive),
         children=ChildActivities(),
         redactor=redactor,
     )

@@ -28,7 +28,13 @@ from waystation.workflows.models import (
     SummaryResult,
     ToolResult,
 )
-from waystation.workflows.run import ArchiveRequest, ChildOutcome, ClaimedTurn, TurnClaim
+from waystation.workflows.run import (
+    ArchiveRequest,
+    ChildOutcome,
+    ClaimedTurn,
+    SealRequest,
+    TurnClaim,
+)
 from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog, unlisted
 
 LISTING_FAILURE_PATCH = "mcp-listing-failure"
@@ -191,6 +197,20 @@ async def list_tools(task: AgentTask, servers: list[str]) -> ToolCatalog:
 async def save_conversation(task: AgentTask, snapshot: ConversationSnapshot) -> None:
     config = options.conversation_save(task)
     await workflow.execute_activity(contracts.save_conversation, snapshot, **config)
+
+
+async def seal_run(request: SealRequest) -> bool:
+    """Keep what the closing run leaves for readers (activities/event_archive.py); whether
+    that worked (a failure costs readers a query on the run, never the task)."""
+    try:
+        config = options.run_seal()
+        await workflow.execute_local_activity(contracts.seal_run, request, **config)
+    except ActivityError as err:
+        if cancelled(err):
+            raise
+        workflow.logger.warning("the closing run was not sealed: %s", detail(err))
+        return False
+    return True
 
 
 async def archive_events(request: ArchiveRequest) -> bool:

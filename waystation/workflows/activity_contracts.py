@@ -22,7 +22,13 @@ from waystation.workflows.models import (
     ToolResult,
 )
 from waystation.workflows.notice import Delivered, Delivery, NotificationTargets
-from waystation.workflows.run import ArchiveRequest, ChildOutcome, ClaimedTurn, TurnClaim
+from waystation.workflows.run import (
+    ArchiveRequest,
+    ChildOutcome,
+    ClaimedTurn,
+    SealRequest,
+    TurnClaim,
+)
 from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 
@@ -65,6 +71,11 @@ async def archive_events(request: ArchiveRequest) -> None:
     raise ContractOnly("archive_events")
 
 
+@activity.defn(name="seal_run")
+async def seal_run(request: SealRequest) -> None:
+    raise ContractOnly("seal_run")
+
+
 @activity.defn(name="claim_turn")
 async def claim_turn(claim: TurnClaim) -> ClaimedTurn:
     raise ContractOnly("claim_turn")
@@ -88,6 +99,7 @@ CONTRACTS = (
     list_tools,
     child_outcome,
     archive_events,
+    seal_run,
     claim_turn,
     notification_targets,
     deliver_notification,

@@ -15,6 +15,7 @@ in workflows/requests.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
@@ -130,6 +131,8 @@ class AgentWorkflow(StepCalls, Turns):
             if isinstance(err, ActivityError) and not activity_calls.cancelled(err):
                 raise
             self._append(draft(Cancelled, self._state.step))
+            with contextlib.suppress(ActivityError):  # the cancel wins over the seal
+                await self._seal()
             await self._close_stream()
             raise asyncio.CancelledError() from None
 

@@ -480,12 +480,16 @@ class FailureDetail(Contract):
 
     kind: RecordedFailureKind
     usage: Usage | None = None
+    last_seq: int | None = None
+    """The failed run's last event (a reader checks a sealed run against it)."""
 
-    def as_details(self) -> tuple[str, Usage | None]:
+    def as_details(self) -> tuple[Any, ...]:
         """The ApplicationError's details: `ApplicationError(reason, *d.as_details(), ...)`.
         Positional, as every release wrote them, so a parent or client of the release
         before reads a failure of this one during a rolling deploy; `of` is the one reader."""
-        return (str(self.kind), self.usage)
+        if self.last_seq is None:
+            return (str(self.kind), self.usage)
+        return (str(self.kind), self.usage, self.last_seq)
 
     @classmethod
     def of(cls, details: Sequence[Any]) -> FailureDetail | None:
@@ -508,7 +512,8 @@ class FailureDetail(Contract):
         if len(details) > 1:
             with contextlib.suppress(ValidationError):
                 usage = Usage.model_validate(details[1])
-        return cls(kind=first, usage=usage)
+        last_seq = details[2] if len(details) > 2 and isinstance(details[2], int) else None
+        return cls(kind=first, usage=usage, last_seq=last_seq)
 
 
 class ToolCall(Contract):

@@ -164,6 +164,14 @@ def events_archive() -> workflow.ActivityConfig:
     )
 
 
+def run_seal() -> workflow.LocalActivityConfig:
+    """Sealing a closing run: a local activity, a few quick tries (readers fall back to a
+    query on the run when it is not sealed)."""
+    return workflow.LocalActivityConfig(
+        start_to_close_timeout=timedelta(seconds=20), retry_policy=ARCHIVE_RETRY
+    )
+
+
 # A workflow task taken by a worker that then dies is retried elsewhere after this
 # (Temporal's default is 10 s); tasks, follow-ups and sub-agents all start with it.
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)

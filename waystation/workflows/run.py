@@ -189,6 +189,36 @@ class ArchivedRun(Contract):
         return [e.seq for e in self.events] == list(range(self.first_seq, self.last_seq + 1))
 
 
+class SealRequest(Contract):
+    """Input of `seal_run`, a local activity (its input never enters history): what a run
+    leaves as it closes for readers that cannot replay it, since with Worker Versioning only
+    a worker of its own version answers a query on it, and none may be left."""
+
+    continuation: RunCarry
+    result: str | None = None
+    first_seq: int
+    events: list[AgentEvent] = []
+    """This run's events, unless a large run's were archived already."""
+    messages: dict[str, ChatMessage] = {}
+    """The conversation's messages this run holds, by digest, for the conversation store."""
+    stream: WorkflowStreamState | None = None
+    """Every stream item this run holds: a closed run's stream reads from here."""
+
+
+class SealedRun(Contract):
+    """A closed run as `seal_run` keeps it: what a follow-up continues from, and the state
+    it closed with (the continuation's, with the answer)."""
+
+    workflow_id: str
+    run_id: str
+    continuation: RunCarry
+    result: str | None = None
+    stream: WorkflowStreamState | None = None
+
+    def state(self) -> AgentState:
+        return self.continuation.state.model_copy(update={"result": self.result})
+
+
 class EventPage(Contract):
     """Answer of the `events` query: events with seq >= since that this run holds.
 

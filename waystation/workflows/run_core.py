@@ -10,6 +10,7 @@ sub-agents). The handlers' requests go to requests.Inbox. Deterministic code onl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from temporalio.exceptions import (
 
 from waystation.vocabulary import FailureKind
 from waystation.workflows import (
+    activity_calls,
     errors,
     messages,
     request_kinds,
@@ -53,10 +55,14 @@ from waystation.workflows.recovery import resumed
 from waystation.workflows.run import (
     AgentRun,
     RunCarry,
+    RunRef,
+    SealRequest,
 )
-from waystation.workflows.stream import EVENTS_TOPIC
+from waystation.workflows.stream import EVENTS_TOPIC, carried_from
 from waystation.workflows.tool_catalog import ToolCatalog
 
+# Runs recorded before it close without sealing (activities/event_archive.py).
+SEAL_PATCH = "sealed-close"
 # A failed task's run stays open this long for a resumption (waystation/client/reset.py).
 RESUME_GRACE = timedelta(seconds=3)
 # The task of a run started with nothing in it (a follow-up from the Temporal CLI): the run
@@ -144,6 +150,42 @@ class RunCore:
         self._visibility.publish(self._state, self._task.model.name, event.at)
         self._notifier.note(event, self._task.task)
 
+    def _continuation(self) -> RunCarry:
+        """What a follow-up continues from: this run's state (its answer is in the log
+        already), the latest stream items (so offsets go on), and this run as the one before
+        it. The task is this run's input's. A run has no activity in flight when it ends, so
+        no publisher's dedup entry need go on with it."""
+        stream = self._stream.get_state(publisher_ttl=timedelta(0))
+        kept = carried_from(stream) - stream.base_offset
+        tail = dataclasses.replace(
+            stream, log=stream.log[kept:], base_offset=stream.base_offset + kept
+        )
+        info = workflow.info()
+        earlier = RunRef(
+            workflow_id=info.workflow_id, run_id=info.run_id, last_seq=self._state.last_seq
+        )
+        state = self._state.model_copy(update={"result": None})
+        return RunCarry(state=state, stream=tail, earlier=earlier, follow_up=True)
+
+    async def _seal(self, *, archived: bool = False) -> None:
+        """Leave what readers of this run need once it has closed where they find it without
+        a replay (activities/event_archive.py): with Worker Versioning only a worker of the
+        run's own version answers a query on it. Behind a patch: runs recorded before it
+        close without."""
+        if not workflow.patched(SEAL_PATCH):
+            return
+        request = SealRequest(
+            continuation=self._continuation(),
+            result=self._state.result,
+            first_seq=self._first_seq,
+            events=[] if archived else self._log,
+            messages=self._messages.of([ref.digest for ref in self._state.conversation]),
+            stream=self._stream.get_state(publisher_ttl=timedelta(0)),
+        )
+        # No clock sample after it: a live run and a replay see a local activity's result in
+        # different workflow tasks.
+        await activity_calls.seal_run(request)
+
     async def _close_stream(self) -> None:
         # Release long-poll subscribers and let every handler finish before the run ends.
         self._stream.detach_pollers()
@@ -157,9 +199,12 @@ class RunCore:
         try:
             await workflow.wait_condition(lambda: bool(self._resumptions), timeout=RESUME_GRACE)
         except TimeoutError:
+            await self._seal()
             await self._close_stream()
             # The usage comes along: a sub-agent's caller counts what its failure cost.
-            detail = FailureDetail(kind=kind, usage=self._state.usage)
+            detail = FailureDetail(
+                kind=kind, usage=self._state.usage, last_seq=self._state.last_seq
+            )
             raise ApplicationError(
                 reason, *detail.as_details(), type=errors.AGENT_FAILED, non_retryable=True
             ) from None

@@ -5,7 +5,6 @@ closes with its turn's answer, and a follow-up run that claims the turn after an
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 from typing import NoReturn
 
@@ -29,11 +28,9 @@ from waystation.workflows.run import (
     AgentOutcome,
     AgentRun,
     RunCarry,
-    RunRef,
     TurnClaim,
 )
 from waystation.workflows.run_core import sample_clock
-from waystation.workflows.stream import carried_from
 
 # A last run this large archives its events as it ends: a replay to read them takes seconds.
 ARCHIVE_LAST_RUN_BYTES = 256 * 1024
@@ -63,8 +60,10 @@ class Turns(HandOver):
         if self._incoming:
             return None
         await self._notifier.send()
-        if self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES:
+        archived = self._clock.history_bytes >= ARCHIVE_LAST_RUN_BYTES
+        if archived:
             await self._archive_events()
+        await self._seal(archived=archived)
         await self._close_stream()
         if self._incoming:  # landed while the run was closing
             return None
@@ -83,23 +82,6 @@ class Turns(HandOver):
     def _stream_end(self) -> int:
         stream = self._stream.get_state(publisher_ttl=timedelta(0))
         return stream.base_offset + len(stream.log)
-
-    def _continuation(self) -> RunCarry:
-        """What a follow-up continues from: this run's state (its answer is in the log
-        already), the latest stream items (so offsets go on), and this run as the one before
-        it. The task is this run's input's. A run has no activity in flight when it ends, so
-        no publisher's dedup entry need go on with it."""
-        stream = self._stream.get_state(publisher_ttl=timedelta(0))
-        kept = carried_from(stream) - stream.base_offset
-        tail = dataclasses.replace(
-            stream, log=stream.log[kept:], base_offset=stream.base_offset + kept
-        )
-        info = workflow.info()
-        earlier = RunRef(
-            workflow_id=info.workflow_id, run_id=info.run_id, last_seq=self._state.last_seq
-        )
-        state = self._state.model_copy(update={"result": None})
-        return RunCarry(state=state, stream=tail, earlier=earlier, follow_up=True)
 
     async def _claim_turn(self, run: AgentRun) -> None:
         """A follow-up run first claims the turn after the answer it follows, then goes on
