@@ -702,6 +702,47 @@ async def sub_agent_on_the_new_version(runtime: AgentRuntime, fake: FakeOpenAI) 
     return handle.id
 
 
+async def sealed_follow_up(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """An answer whose run seals what a follow-up needs as it closes (a local activity),
+    and a follow-up that starts from that seal and answers (sealed too)."""
+    model = fake.script(
+        [tools(("calculator", {"expression": "6 * 7"})), text("42"), text("still 42")]
+    )
+    handle = await runtime.run(AgentTask(task="6 * 7?", model=ModelSettings(name=model)))
+    await handle.result()
+    await handle.send("are you sure?", message_id="sealed-follow-up")
+    await handle.result()
+    return handle.id
+
+
+async def sealed_failure(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task that fails at its step limit: its run seals as it closes, and its failure
+    names its last event."""
+    model = fake.script([tools(("calculator", {"expression": "1 + 1"}))] * 2)
+    task = AgentTask(task="count", model=ModelSettings(name=model), max_steps=1)
+    handle = await runtime.run(task)
+    try:
+        await handle.result()
+    except TaskError:
+        pass
+    return handle.id
+
+
+async def sealed_cancel(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task cancelled while it waits for an approval: the run seals, then ends cancelled."""
+    model = fake.script([tools(("run_shell", {"command": "true"}))])
+    asks = ApprovalSettings(policy={"run_shell": "always"})
+    task = AgentTask(task="wait", model=ModelSettings(name=model), approval=asks)
+    handle = await runtime.run(task)
+    await until(handle, lambda s: bool(s.pending_approvals))
+    await handle.cancel()
+    try:
+        await handle.result()
+    except (TaskCancelledError, TaskError):
+        pass
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "waited_for_a_capable_worker": waited_for_a_capable_worker,
@@ -728,6 +769,9 @@ SCENARIOS: dict[str, Scenario] = {
     "anthropic_thinking_with_fallback": anthropic_thinking_with_fallback,
     "quota_wait_told_by_signal": quota_wait_told_by_signal,
     "waited_for_its_quota": waited_for_its_quota,
+    "sealed_follow_up": sealed_follow_up,
+    "sealed_failure": sealed_failure,
+    "sealed_cancel": sealed_cancel,
     # Last: it promotes another version for a while.
     "sub_agent_on_the_new_version": sub_agent_on_the_new_version,
 }
