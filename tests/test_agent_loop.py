@@ -122,11 +122,13 @@ async def test_pure_tools_run_locally_and_others_through_the_server(
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
         and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
     ]
-    # (after the run's look at which notifications its worker's webhooks want)
+    # (after the run's look at which notifications its worker's webhooks want, and before
+    # the seal it leaves for its readers as it closes)
     assert [m["activity_type"] for m in local_runs] == [
         "notification_targets",
         "run_tool",
         "run_tool",
+        "seal_run",
     ]
 
 

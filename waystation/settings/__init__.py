@@ -102,11 +102,10 @@ class Settings(BaseSettings):
         "share an id.",
     )
     worker_versioning: bool = Field(
-        default=False,
+        default=True,
         description="Workers join the deployment as versions (a task's run pinned to its "
-        "version, new runs on the current one); false: unversioned workers. Off by default "
-        "until a follow-up no longer reads its answered run by a query, which only that "
-        "run's version answers (docs/production.md, Deploys).",
+        "version, new runs on the current one); false: unversioned workers "
+        "(docs/production.md, Deploys).",
     )
     data_dir: Path = Field(
         default=Path(".waystation"), description="Dev server database, workspace, logs."
