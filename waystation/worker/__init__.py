@@ -204,7 +204,10 @@ class AgentWorker(Worker):
             try:
                 report = await self.storage.prune(age, blobs_older_than=conversations)
                 logger.info(
-                    "pruned %d ledger entries and %d blobs", report.ledger_entries, report.blobs
+                    "pruned %d ledger entries, %d blobs and %d expired memory items",
+                    report.ledger_entries,
+                    report.blobs,
+                    report.memory_items,
                 )
             except StorageError as err:
                 logger.warning("could not prune the storage: %s", err)
