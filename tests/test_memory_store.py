@@ -99,7 +99,7 @@ async def test_an_expired_item_is_never_returned_then_purged(
     assert (await memory.get("acme:main", "short")) is not None
     clock.now += 1
     assert await memory.get("acme:main", "short") is None
-    assert [i.key for i in await memory.list("acme:main")] == ["long"]
+    assert [i.key for i in await memory.items("acme:main")] == ["long"]
     assert [i.key for i in await memory.search("acme:main", "fleeting fact", 5)] == ["long"]
     assert await memory.namespaces("acme") == [("acme:main", 1)]
     assert await memory.purge() == 1
@@ -115,8 +115,8 @@ async def test_namespaces_list_by_tenant_and_pages_follow_keys(memory: MemorySto
     await memory.put("acmeco:main", "z", "another tenant whose name starts the same")
     assert await memory.namespaces("acme") == [("acme:helper", 1), ("acme:main", 3)]
     assert len(await memory.namespaces()) == 4
-    first = await memory.list("acme:main", limit=2)
-    rest = await memory.list("acme:main", limit=2, after=first[-1].key)
+    first = await memory.items("acme:main", limit=2)
+    rest = await memory.items("acme:main", limit=2, after=first[-1].key)
     assert [i.key for i in first + rest] == ["a", "b", "c"]
 
 

@@ -63,6 +63,7 @@ from waystation.vocabulary import STUCK, StatusFilter
 from waystation.workflows import search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.events import AgentState
+from waystation.workflows.memory import with_namespace
 from waystation.workflows.models import (
     AgentTask,
     Decision,
@@ -234,6 +235,7 @@ class AgentRuntime:
         task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
         if tenant is not None:
             task = task.model_copy(update={"tenant": starting.checked_tenant(tenant)})
+        task = with_namespace(task)  # stored with the task: its replay reads no setting
         if output_type is not None and task.output_schema is None:
             schema = TypeAdapter(output_type).json_schema()
             task = task.model_copy(update={"output_schema": schema_problem(schema)})

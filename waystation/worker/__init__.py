@@ -323,6 +323,7 @@ def served_activities(
         mcp,
         redactor=redactor,
         environment=program_environment(settings.workspace_dir, settings.shell_env, os.environ),
+        memory=storage.memory,
     )
     return ServedActivities(
         llm=llm,

@@ -19,6 +19,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 from waystation.workflows import activity_contracts as contracts
 from waystation.workflows import errors, options
 from waystation.workflows.calls import Run, lost_call
+from waystation.workflows.memory import MEMORY_TOOLS
 from waystation.workflows.models import (
     AgentTask,
     ConversationSnapshot,
@@ -143,6 +144,8 @@ async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> To
     spec = catalog.get(run.request.tool) if catalog else None
     runs_for = timedelta(seconds=spec.timeout_seconds) if spec else None
     request = run.request
+    if request.tool in MEMORY_TOOLS and task.memory_namespace is not None:
+        request = request.model_copy(update={"memory_namespace": task.memory_namespace})
     for search in range(TOOL_WORKER_SEARCHES + 1):
         try:
             with cancel_wins():

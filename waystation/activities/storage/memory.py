@@ -141,7 +141,7 @@ class MemoryStore:
     async def delete(self, namespace: str, key: str) -> bool:
         return await self._backend.memory_delete(check_namespace(namespace), key)
 
-    async def list(
+    async def items(
         self, namespace: str, *, limit: int = LISTED, after: str | None = None
     ) -> list[MemoryItem]:
         return await self._backend.memory_list(check_namespace(namespace), self.now(), limit, after)
