@@ -31,6 +31,7 @@ from waystation.activities.event_archive import ArchiveActivities, EventArchive
 from waystation.activities.llm import LlmActivities
 from waystation.activities.mcp.activities import McpActivities
 from waystation.activities.mcp.manager import McpClientManager
+from waystation.activities.memory_recall import MemoryActivities
 from waystation.activities.notify.delivery import NotificationActivities, webhook_retry
 from waystation.activities.payload_codec import codec_for
 from waystation.activities.program_environment import program_environment
@@ -259,6 +260,7 @@ class ServedActivities:
     archive: ArchiveActivities
     turns: TurnActivities
     children: ChildActivities
+    memory: MemoryActivities
     redactor: Redactor
 
     def functions(self) -> list[Callable[..., Any]]:
@@ -275,6 +277,7 @@ class ServedActivities:
             self.children.child_outcome,
             self.notify.notification_targets,
             self.notify.deliver,
+            self.memory.recall_memory,
         ]
 
 
@@ -333,6 +336,7 @@ def served_activities(
         archive=ArchiveActivities(EventArchive(sealed)),
         turns=TurnActivities(storage.ledger),
         children=ChildActivities(),
+        memory=MemoryActivities(storage.memory),
         redactor=redactor,
     )
 

@@ -50,6 +50,18 @@ class RecalledItem(Contract):
     value: str
 
 
+class RecallRequest(Contract):
+    """Input of the `recall_memory` activity: what `--recall` loads at a task's start."""
+
+    namespace: str
+    query: str
+    limit: int = RECALL_LIMIT
+
+
+class RecallResult(Contract):
+    items: list[RecalledItem] = Field(default_factory=list)
+
+
 def is_namespace(name: str) -> bool:
     return re.fullmatch(NAMESPACE_PATTERN, name) is not None
 
