@@ -21,6 +21,7 @@ from waystation.testing.workers import running_worker
 from waystation.workflows.memory import child_namespace, with_namespace
 from waystation.workflows.models import AgentSpec
 
+PARIS = "Acme's on-call lives in Europe/Paris"
 MEMORY_TOOLS_MODULE = "waystation.activities.memory_tools"
 
 
@@ -44,7 +45,7 @@ async def test_a_task_remembers_and_a_later_task_recalls_it(
 ) -> None:
     first = fake_openai.script(
         [
-            tools(("remember", {"key": "timezone", "text": "Acme's on-call lives in Europe/Paris"})),
+            tools(("remember", {"key": "timezone", "text": PARIS})),
             text("Noted."),
         ]
     )

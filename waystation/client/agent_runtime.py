@@ -30,6 +30,7 @@ from waystation.client.busy import sending
 from waystation.client.forking import fork_input
 from waystation.client.handle import QUERY_TIMEOUT, UPDATE_TIMEOUT, TaskHandle
 from waystation.client.health import cannot_run, unanswered, worker_hint
+from waystation.client.memory_access import MemoryAccess
 from waystation.client.messaging import Delivery, deliver
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
 from waystation.client.serving_workers import check_servable, offers_of
@@ -119,6 +120,8 @@ class AgentRuntime:
         self.tool_names = frozenset(self.tools.names())
         self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
         self._streams = StreamHub(client, self.settings.task_queue)
+        # The deployment's memory outside a task (its storage opens on first use).
+        self.memory = MemoryAccess(self.settings)
 
     async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T:
         """`work`, or NoWorkerError saying whether no worker polls or all are busy (and the
