@@ -12,14 +12,16 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task
 from waystation.activities.storage import Storage
+from waystation.activities.tool_modules import load_tools
 from waystation.client.agent_runtime import AgentRuntime
-from waystation.client.task_rights import TaskRefusedError
+from waystation.client.starting import with_defaults
+from waystation.client.task_rights import TaskRefusedError, admit
 from waystation.settings import BUILTIN_TOOLS_MODULE, Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.settings import isolated_settings
 from waystation.testing.workers import running_worker
 from waystation.workflows.memory import child_namespace, with_namespace
-from waystation.workflows.models import AgentSpec
+from waystation.workflows.models import AgentSpec, ApprovalSettings
 
 PARIS = "Acme's on-call lives in Europe/Paris"
 MEMORY_TOOLS_MODULE = "waystation.activities.memory_tools"
@@ -102,3 +104,21 @@ async def test_a_namespace_of_another_tenant_is_refused_and_a_sub_agent_has_its_
     shared = helper.model_copy(update={"shared_memory": True})
     assert child_namespace(parent, shared) == "acme:main"
     assert with_namespace(agent_task("offline")).memory_namespace == "main"
+
+
+def test_the_memory_approval_setting_fills_the_policy_and_a_reader_may_not_loosen_it(
+    memory_settings: Settings,
+) -> None:
+    strict = memory_settings.model_copy(update={"memory_approval": "always"})
+    registry = load_tools(strict.tools)
+    task = with_defaults(strict, agent_task("offline"), frozenset(registry.names()))
+    assert task.approval.policy == {"remember": "always", "forget": "always"}
+    loose = agent_task("offline", approval=ApprovalSettings(policy={"remember": "never"}))
+    loose = with_defaults(strict, loose, frozenset(registry.names()))
+    assert loose.approval.policy["remember"] == "never"
+    with pytest.raises(TaskRefusedError) as refused:
+        admit(loose, "reader", strict, registry, {})
+    assert refused.value.setting == "approval.policy.remember" and refused.value.status == 403
+    admit(loose, "approver", strict, registry, {})  # an approver may loosen it
+    recall_only = with_defaults(strict, agent_task("offline", tools=["recall"]))
+    assert recall_only.approval.policy == {}  # recall never asks
