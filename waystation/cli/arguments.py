@@ -76,6 +76,16 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--tenant", help="who the task is for: workers and quotas are shared fairly by tenant"
     )
     run.add_argument("--tools", help="comma-separated tool names the model may call")
+    run.add_argument(
+        "--recall",
+        metavar="QUERY",
+        help="start with the items of the task's memory that best match QUERY in its prompt",
+    )
+    run.add_argument(
+        "--memory-namespace",
+        metavar="NAMESPACE",
+        help="the memory the task remembers in and recalls from (default: TENANT:main)",
+    )
     run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
     run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
     run.add_argument(
@@ -268,5 +278,27 @@ def admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "WAYSTATION_CONVERSATION_RETENTION_DAYS",
     )
 
+    memory_command(commands)
+
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
+
+
+def memory_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    memory = commands.add_parser(
+        "memory",
+        help="the memory tasks keep across tasks: namespaces, list, search, show, put, delete",
+    )
+    memory.add_argument("action", choices=["namespaces", "list", "search", "show", "put", "delete"])
+    memory.add_argument(
+        "key", nargs="?", help="show, put, delete: the item's key; search: the query"
+    )
+    memory.add_argument("value", nargs="?", help="put: the text ('-': read it from stdin)")
+    memory.add_argument(
+        "--namespace", "-n", default="main", help="TENANT:AGENT, or AGENT without a tenant (main)"
+    )
+    memory.add_argument("--tenant", help="namespaces: only this tenant's")
+    memory.add_argument("--ttl", type=float, metavar="SECONDS", help="put: gone after this long")
+    memory.add_argument("--metadata", metavar="JSON", help="put: a JSON object kept with it")
+    memory.add_argument("--limit", type=int, default=5, help="search: most items (default 5)")
+    memory.add_argument("--json", action="store_true", help="items as JSON lines")
