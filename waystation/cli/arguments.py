@@ -286,19 +286,26 @@ def admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def memory_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     memory = commands.add_parser(
-        "memory",
-        help="the memory tasks keep across tasks: namespaces, list, search, show, put, delete",
+        "memory", help="memory kept across tasks: namespaces, list, search, show, put, delete"
     )
-    memory.add_argument("action", choices=["namespaces", "list", "search", "show", "put", "delete"])
-    memory.add_argument(
-        "key", nargs="?", help="show, put, delete: the item's key; search: the query"
-    )
-    memory.add_argument("value", nargs="?", help="put: the text ('-': read it from stdin)")
-    memory.add_argument(
-        "--namespace", "-n", default="main", help="TENANT:AGENT, or AGENT without a tenant (main)"
-    )
-    memory.add_argument("--tenant", help="namespaces: only this tenant's")
-    memory.add_argument("--ttl", type=float, metavar="SECONDS", help="put: gone after this long")
-    memory.add_argument("--metadata", metavar="JSON", help="put: a JSON object kept with it")
-    memory.add_argument("--limit", type=int, default=5, help="search: most items (default 5)")
-    memory.add_argument("--json", action="store_true", help="items as JSON lines")
+    actions = memory.add_subparsers(dest="action", required=True)
+    namespaces = actions.add_parser("namespaces", help="the namespaces holding items")
+    namespaces.add_argument("--tenant", help="only this tenant's")
+    listing = actions.add_parser("list", help="a namespace's items, by key")
+    search = actions.add_parser("search", help="full-text search, best matches first")
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=5, help="most items (default 5)")
+    show = actions.add_parser("show", help="one item")
+    put = actions.add_parser("put", help="write an item (replaces what its key held)")
+    put.add_argument("key")
+    put.add_argument("value", help="the text ('-': read it from stdin)")
+    put.add_argument("--ttl", type=float, metavar="SECONDS", help="gone after this long")
+    put.add_argument("--metadata", metavar="JSON", help="a JSON object kept with it")
+    delete = actions.add_parser("delete", help="delete an item")
+    for action in (show, delete):
+        action.add_argument("key")
+    for action in (listing, search, show, put, delete):
+        action.add_argument(
+            "--namespace", "-n", default="main", help="TENANT:AGENT, or AGENT without a tenant"
+        )
+        action.add_argument("--json", action="store_true", help="items as JSON lines")

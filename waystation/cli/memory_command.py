@@ -25,7 +25,7 @@ async def cmd_memory(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _act(memory: MemoryAccess, args: argparse.Namespace) -> None:
-    namespace = args.namespace
+    namespace = getattr(args, "namespace", "main")
     match args.action:
         case "namespaces":
             for name, count in await memory.namespaces(args.tenant):
@@ -33,23 +33,19 @@ async def _act(memory: MemoryAccess, args: argparse.Namespace) -> None:
         case "list":
             _print(await memory.items(namespace), args.json, short=True)
         case "search":
-            query = _needed(args.key, "search needs a query: ws memory search QUERY")
-            _print(await memory.search(namespace, query, limit=args.limit), args.json)
+            _print(await memory.search(namespace, args.query, limit=args.limit), args.json)
         case "show":
-            key = _needed(args.key, "show needs a key: ws memory show KEY")
-            _print([await memory.get(namespace, key)], args.json)
+            _print([await memory.get(namespace, args.key)], args.json)
         case "put":
-            key = _needed(args.key, "put needs a key and a value: ws memory put KEY VALUE")
-            value = _needed(args.value, "put needs a value: ws memory put KEY VALUE ('-': stdin)")
+            key, value = args.key, args.value
             if value == "-":
                 value = sys.stdin.read()
             metadata = _metadata(args.metadata)
             item = await memory.put(namespace, key, value, metadata=metadata, ttl_seconds=args.ttl)
             print(f"{item.namespace} {item.key}: revision {item.revision}")
         case "delete":
-            key = _needed(args.key, "delete needs a key: ws memory delete KEY")
-            await memory.delete(namespace, key)
-            print(f"deleted {key} from {namespace}")
+            await memory.delete(namespace, args.key)
+            print(f"deleted {args.key} from {namespace}")
 
 
 def _metadata(text: str | None) -> dict[str, object] | None:
@@ -62,12 +58,6 @@ def _metadata(text: str | None) -> dict[str, object] | None:
     if not isinstance(metadata, dict):
         raise UsageError("--metadata must be a JSON object")
     return metadata
-
-
-def _needed(value: str | None, usage: str) -> str:
-    if value is None:
-        raise UsageError(usage)
-    return value
 
 
 def _print(items: list[MemoryItem], as_json: bool, *, short: bool = False) -> None:
