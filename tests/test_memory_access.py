@@ -140,3 +140,11 @@ async def test_mcp_tools_hold_each_token_to_its_tenant_and_role(api: httpx.Async
         assert refused.is_error and "needs an approver" in refused.content[0].text  # type: ignore[union-attr]
     kept = await api.get("/memory/acme:main/plan", headers=as_(OPS))
     assert kept.json()["value"] == "ship on Friday"
+
+
+async def test_a_task_cannot_be_given_another_tenants_namespace(api: httpx.AsyncClient) -> None:
+    body = {"task": "what do you remember?", "memory_namespace": "acme:main", "recall": "x"}
+    refused = await api.post("/tasks", json=body, headers=as_(GLOBEX))
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"] == "forbidden_namespace"
+    assert refused.json()["fields"][0]["loc"] == ["body", "memory_namespace"]

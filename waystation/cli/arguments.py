@@ -76,16 +76,7 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--tenant", help="who the task is for: workers and quotas are shared fairly by tenant"
     )
     run.add_argument("--tools", help="comma-separated tool names the model may call")
-    run.add_argument(
-        "--recall",
-        metavar="QUERY",
-        help="start with the items of the task's memory that best match QUERY in its prompt",
-    )
-    run.add_argument(
-        "--memory-namespace",
-        metavar="NAMESPACE",
-        help="the memory the task remembers in and recalls from (default: TENANT:main)",
-    )
+    memory_options(run)
     run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
     run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
     run.add_argument(
@@ -282,6 +273,20 @@ def admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
+
+
+def memory_options(run: argparse.ArgumentParser) -> None:
+    """`ws run`'s memory across tasks (docs/memory.md)."""
+    run.add_argument(
+        "--recall",
+        metavar="QUERY",
+        help="start with the items of the task's memory that best match QUERY in its prompt",
+    )
+    run.add_argument(
+        "--memory-namespace",
+        metavar="NAMESPACE",
+        help="the memory the task remembers in and recalls from (default: TENANT:main)",
+    )
 
 
 def memory_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
