@@ -18,6 +18,7 @@ from waystation.client.starting import with_defaults
 from waystation.client.task_rights import TaskRefusedError, admit
 from waystation.settings import BUILTIN_TOOLS_MODULE, Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.postgres import PostgresServer
 from waystation.testing.settings import isolated_settings
 from waystation.testing.workers import running_worker
 from waystation.workflows.memory import child_namespace, with_namespace
@@ -27,10 +28,17 @@ PARIS = "Acme's on-call lives in Europe/Paris"
 MEMORY_TOOLS_MODULE = "waystation.activities.memory_tools"
 
 
-@pytest.fixture
-def memory_settings(tmp_path: Path, fake_openai: FakeOpenAI) -> Settings:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def memory_settings(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    postgres: PostgresServer,
+) -> Settings:
+    """The memory tools offered; the storage on SQLite or on PostgreSQL."""
+    shared = {"database_url": postgres.create_database()} if request.param == "postgresql" else {}
     return isolated_settings(
-        tmp_path, fake_openai.url, tools=[BUILTIN_TOOLS_MODULE, MEMORY_TOOLS_MODULE]
+        tmp_path, fake_openai.url, tools=[BUILTIN_TOOLS_MODULE, MEMORY_TOOLS_MODULE], **shared
     )
 
 
