@@ -54,7 +54,7 @@ INSTRUCTIONS = (
     "pages through its event log; approve / reject decide a pending call; answer answers a "
     "question the agent asked; send_message "
     "follows up a task that answered (the same task goes on) or steers one that works; "
-    "cancel stops it."
+    "cancel stops it. The memory_* tools read and write the memory tasks keep across tasks."
 )
 
 
