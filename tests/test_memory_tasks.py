@@ -4,6 +4,7 @@ at its start); another tenant's task cannot; a sub-agent has a namespace of its 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -130,3 +131,37 @@ def test_the_memory_approval_setting_fills_the_policy_and_a_reader_may_not_loose
     admit(loose, "approver", strict, registry, {})  # an approver may loosen it
     recall_only = with_defaults(strict, agent_task("offline", tools=["recall"]))
     assert recall_only.approval.policy == {}  # recall never asks
+
+
+async def test_a_sub_agent_remembers_in_its_own_namespace_unless_it_shares_its_callers(
+    ts_env: WorkflowEnvironment, memory_settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    own = AgentSpec(name="helper", description="keeps notes", tools=["remember"])
+    shared = AgentSpec(
+        name="scribe",
+        description="keeps the caller's notes",
+        tools=["remember"],
+        shared_memory=True,
+    )
+    agents = json.dumps([spec.model_dump(mode="json") for spec in (own, shared)])
+    settings = memory_settings.model_copy(update={"agents": agents})
+    model = fake_openai.script(
+        [
+            tools(("agent__helper", {"task": "note the plan"})),
+            tools(("remember", {"key": "plan", "text": "the helper's note"})),
+            text("noted"),
+            tools(("agent__scribe", {"task": "note the plan"})),
+            tools(("remember", {"key": "plan", "text": "the scribe's note"})),
+            text("noted"),
+            text("both noted"),
+        ]
+    )
+    async with running_worker(ts_env.client, settings):
+        runtime = AgentRuntime(ts_env.client, settings)
+        handle = await runtime.run(agent_task(model), tenant="acme", task_id="tree")
+        assert (await handle.result()).result == "both noted"
+    async with Storage.from_settings(settings) as storage:
+        helper = await storage.memory.get("acme:helper", "plan")
+        caller = await storage.memory.get("acme:main", "plan")
+    assert helper is not None and helper.value == "the helper's note"
+    assert caller is not None and caller.value == "the scribe's note"
