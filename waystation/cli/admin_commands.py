@@ -73,8 +73,8 @@ async def cmd_storage(args: argparse.Namespace, settings: Settings) -> int:
             report = await storage.prune(timedelta(days=days), timedelta(days=kept))
             say(
                 f"pruned {report.ledger_entries} finished ledger entries older than {days:g} "
-                f"days and {report.blobs} conversation messages unused for {kept:g} days from "
-                f"{storage.location}"
+                f"days, {report.blobs} conversation messages unused for {kept:g} days and "
+                f"{report.memory_items} expired memory items from {storage.location}"
             )
         elif args.action == "forget-workspace":
             await storage.backend.forget_workspace()
