@@ -30,6 +30,7 @@ from tests.test_worker_versions import promote
 from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
 from waystation.client.starting import start_agent
 from waystation.client.worker_versions import worker_version
+from waystation.settings import BUILTIN_TOOLS_MODULE
 from waystation.settings.mcp_servers import McpServerConfig
 from waystation.settings.model_endpoints import ModelEndpoint, parse_endpoints
 from waystation.testing.fake_openai import FakeOpenAI, Reply, error, text, tools
@@ -743,6 +744,32 @@ async def sealed_cancel(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     return handle.id
 
 
+async def memory_remember_and_recall(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """One task remembers; a later task of the same tenant starts with it loaded (--recall),
+    recalls it with the tool, remembers another item and forgets the first."""
+    first = fake.script(
+        [tools(("remember", {"key": "plan", "text": "ship on Friday"})), text("ok")]
+    )
+    remembering = AgentTask(task="remember the plan", model=ModelSettings(name=first))
+    await finished(await runtime.run(remembering, tenant="acme", task_id="memory-remembers"))
+    later = fake.script(
+        [
+            tools(
+                ("recall", {"query": "when do we ship?"}),
+                ("remember", {"key": "owner", "text": "Dana owns the release"}),
+            ),
+            tools(("forget", {"key": "plan"})),
+            text("Friday, and Dana owns it."),
+        ]
+    )
+    recalling = AgentTask(
+        task="when do we ship?", model=ModelSettings(name=later), recall="the shipping plan"
+    )
+    handle = await runtime.run(recalling, tenant="acme", task_id="memory-recalls")
+    await finished(handle)
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "waited_for_a_capable_worker": waited_for_a_capable_worker,
@@ -772,6 +799,7 @@ SCENARIOS: dict[str, Scenario] = {
     "sealed_follow_up": sealed_follow_up,
     "sealed_failure": sealed_failure,
     "sealed_cancel": sealed_cancel,
+    "memory_remember_and_recall": memory_remember_and_recall,
     # Last: it promotes another version for a while.
     "sub_agent_on_the_new_version": sub_agent_on_the_new_version,
 }
@@ -808,6 +836,7 @@ async def record(replace: bool, only: list[str]) -> None:
         agents=agents,
         model_endpoints=limited_endpoint(fake.url),
         worker_versioning=True,  # the sub-agent's scenario moves between two versions
+        tools=[BUILTIN_TOOLS_MODULE, "waystation.activities.memory_tools"],
     )
     # The worker's anthropic endpoint, as a user's environment points it.
     os.environ.update(ANTHROPIC_BASE_URL=fake.anthropic_url, ANTHROPIC_API_KEY="sk-ant-record")

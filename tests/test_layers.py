@@ -151,6 +151,7 @@ def _implementations() -> dict[str, typing.Callable[..., typing.Any]]:
     from waystation.activities.event_archive import ArchiveActivities
     from waystation.activities.llm import LlmActivities
     from waystation.activities.mcp.activities import McpActivities
+    from waystation.activities.memory_recall import MemoryActivities
     from waystation.activities.notify.delivery import NotificationActivities
     from waystation.activities.tool_activities import ToolActivities
     from waystation.activities.turns import TurnActivities
@@ -165,6 +166,7 @@ def _implementations() -> dict[str, typing.Callable[..., typing.Any]]:
         ToolActivities,
         TurnActivities,
         ChildActivities,
+        MemoryActivities,
     ):
         for _, method in inspect.getmembers(cls, inspect.isfunction):
             definition = activity._Definition.from_callable(method)

@@ -41,10 +41,12 @@ READY_WITHIN_SECONDS = 60.0
 ALICE = "alice-token"  # approver
 BOB = "bob-token"  # approver
 RITA = "rita-token"  # reader
+TINA = "tina-token"  # approver bound to the tenant globex
 TOKENS = {
     ALICE: {"role": "approver", "name": "alice"},
     BOB: {"role": "approver", "name": "bob"},
     RITA: {"role": "reader", "name": "rita"},
+    TINA: {"role": "approver", "name": "tina", "tenant": "globex"},
 }
 
 

@@ -21,6 +21,7 @@ from waystation.activities.mcp.activities import McpActivities
 from waystation.activities.redaction import Redactor
 from waystation.activities.spans import span
 from waystation.activities.storage import Ledger, StorageError
+from waystation.activities.storage.memory import MemoryStore
 from waystation.activities.tools import (
     MAX_OBSERVATION_CHARS,
     OUTPUTS_DIR,
@@ -48,6 +49,7 @@ class ToolActivities:
         *,
         redactor: Redactor | None = None,
         environment: Mapping[str, str] | None = None,
+        memory: MemoryStore | None = None,
     ) -> None:
         self._registry = registry
         self._workspace = workspace
@@ -56,6 +58,7 @@ class ToolActivities:
         self._mcp = mcp
         self._redactor = redactor or Redactor()
         self._environment = environment
+        self._memory = memory
         # Tasks and their approval policy expect scratch/ ("echo hi > scratch/x.txt").
         (workspace / SCRATCH_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -96,7 +99,7 @@ class ToolActivities:
                 output=f"invalid arguments for {tool.name}: {problems}", is_error=True
             )
         try:
-            output = await self._call(tool, arguments, request.idempotency_key)
+            output = await self._call(tool, arguments, request)
         except ToolError as err:
             return ToolResult(output=str(err), is_error=True)
         except TimeoutError:
@@ -113,13 +116,14 @@ class ToolActivities:
             )
         return ToolResult(output=self._fit(output, request.idempotency_key))
 
-    async def _call(self, tool: Tool[Any], arguments: BaseModel, key: str) -> str:
+    async def _call(self, tool: Tool[Any], arguments: BaseModel, request: ToolRequest) -> str:
         attempt = self._ledger.attempt()
+        key, memory = request.idempotency_key, (self._memory, request.memory_namespace)
         if tool.local:  # pure: it claims no key, and its workflow task watches it
-            context = ToolContext(self._workspace, key, attempt, self._environment)
+            context = ToolContext(self._workspace, key, attempt, self._environment, *memory)
             return await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
         async with keep_heartbeating(), attempt.held() as ledger:
-            context = ToolContext(self._workspace, key, ledger, self._environment)
+            context = ToolContext(self._workspace, key, ledger, self._environment, *memory)
             return await asyncio.wait_for(tool.call(arguments, context), tool.timeout_seconds)
 
     def _fit(self, output: str, key: str) -> str:

@@ -23,6 +23,7 @@ from typing_extensions import TypeIs
 
 from waystation.activities import bounded_json
 from waystation.activities.storage import LedgerAttempt
+from waystation.activities.storage.memory import MemoryStore
 from waystation.settings.validation import validation_sentence
 from waystation.vocabulary import ApprovalRule
 from waystation.workflows.models import AgentSpec, ToolCall
@@ -53,6 +54,10 @@ class ToolContext:
     environment: Mapping[str, str] | None = None
     """The environment of programs the tool starts (activities/program_environment.py);
     None: the minimal one, with no variable passed on."""
+    memory: MemoryStore | None = None
+    """The deployment's memory store (the memory tools', activities/memory_tools.py)."""
+    memory_namespace: str | None = None
+    """The task's memory namespace, for the memory tools only."""
 
 
 ArgumentsT = TypeVar("ArgumentsT", bound=BaseModel)

@@ -29,13 +29,16 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
     server's (started here)."""
     from waystation.activities.mcp.manager import McpClientManager
     from waystation.activities.tool_modules import load_tools
+    from waystation.client.task_rights import deployment_rule
 
     registry = load_tools(settings.tools, settings.agents)
     for name in registry.names():
         tool = registry.get(name)
         assert tool is not None
         retry = "retried" if tool.retry_safe else "at most once"
-        print(f"{name:40} approval: {tool.approval:15} {retry}")
+        # The deployment's rule (WAYSTATION_MEMORY_APPROVAL for the memory tools that write).
+        rule = deployment_rule(name, registry, {}, settings.memory_approval)
+        print(f"{name:40} approval: {rule:15} {retry}")
     manager = McpClientManager(settings.mcp_server_configs())
     try:
         catalog = await manager.list_tools()
@@ -70,8 +73,8 @@ async def cmd_storage(args: argparse.Namespace, settings: Settings) -> int:
             report = await storage.prune(timedelta(days=days), timedelta(days=kept))
             say(
                 f"pruned {report.ledger_entries} finished ledger entries older than {days:g} "
-                f"days and {report.blobs} conversation messages unused for {kept:g} days from "
-                f"{storage.location}"
+                f"days, {report.blobs} conversation messages unused for {kept:g} days and "
+                f"{report.memory_items} expired memory items from {storage.location}"
             )
         elif args.action == "forget-workspace":
             await storage.backend.forget_workspace()

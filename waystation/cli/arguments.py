@@ -76,6 +76,7 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--tenant", help="who the task is for: workers and quotas are shared fairly by tenant"
     )
     run.add_argument("--tools", help="comma-separated tool names the model may call")
+    memory_options(run)
     run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
     run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
     run.add_argument(
@@ -268,5 +269,48 @@ def admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "WAYSTATION_CONVERSATION_RETENTION_DAYS",
     )
 
+    memory_command(commands)
+
     server = commands.add_parser("server", help="the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop", "status"])
+
+
+def memory_options(run: argparse.ArgumentParser) -> None:
+    """`ws run`'s memory across tasks (docs/memory.md)."""
+    run.add_argument(
+        "--recall",
+        metavar="QUERY",
+        help="start with the items of the task's memory that best match QUERY in its prompt",
+    )
+    run.add_argument(
+        "--memory-namespace",
+        metavar="NAMESPACE",
+        help="the memory the task remembers in and recalls from (default: TENANT:main)",
+    )
+
+
+def memory_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    memory = commands.add_parser(
+        "memory", help="memory kept across tasks: namespaces, list, search, show, put, delete"
+    )
+    actions = memory.add_subparsers(dest="action", required=True)
+    namespaces = actions.add_parser("namespaces", help="the namespaces holding items")
+    namespaces.add_argument("--tenant", help="only this tenant's")
+    listing = actions.add_parser("list", help="a namespace's items, by key")
+    search = actions.add_parser("search", help="full-text search, best matches first")
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=5, help="most items (default 5)")
+    show = actions.add_parser("show", help="one item")
+    put = actions.add_parser("put", help="write an item (replaces what its key held)")
+    put.add_argument("key")
+    put.add_argument("value", help="the text ('-': read it from stdin)")
+    put.add_argument("--ttl", type=float, metavar="SECONDS", help="gone after this long")
+    put.add_argument("--metadata", metavar="JSON", help="a JSON object kept with it")
+    delete = actions.add_parser("delete", help="delete an item")
+    for action in (show, delete):
+        action.add_argument("key")
+    for action in (listing, search, show, put, delete):
+        action.add_argument(
+            "--namespace", "-n", default="main", help="TENANT:AGENT, or AGENT without a tenant"
+        )
+        action.add_argument("--json", action="store_true", help="items as JSON lines")

@@ -25,6 +25,7 @@ from waystation.workflows.events import (
     ErrorEvent,
     Failed,
     Interrupted,
+    MemoryRecalled,
     ModelSwitched,
     Observation,
     QuestionAnswered,
@@ -150,6 +151,14 @@ def cache_hit_text(usage: Usage) -> str | None:
     if ratio is None or not (usage.cache_read_tokens or usage.cache_write_tokens):
         return None
     return f"{ratio:.0%}"
+
+
+def recalled_text(event: MemoryRecalled) -> str:
+    """A memory_recalled event on one line."""
+    if event.problem is not None:
+        return f"memory {event.namespace} not loaded: {event.problem}"
+    keys = ", ".join(item.key for item in event.items) or "none matched"
+    return f"memory {event.namespace} for {event.query!r}: {keys}"
 
 
 def switch_text(event: ModelSwitched) -> str:
@@ -295,6 +304,8 @@ class LiveView:
                 track.model_step = 1
                 self._line(f"▶ {data.task_id}: {_short(data.task.task, 200)}", "1")
                 self._line(f"  model: {data.task.model.name}", "2")
+            case MemoryRecalled():
+                self._line(f"  ⟲ {recalled_text(data)}", "33" if data.problem else "2")
             case Thought():
                 track.model_step = data.step + 1
                 if self._streaming != (key, data.step, data.attempt) and data.content:

@@ -54,6 +54,7 @@ COMMANDS = {
     "setup": ("admin_commands", "cmd_setup"),
     "server": ("admin_commands", "cmd_server"),
     "storage": ("admin_commands", "cmd_storage"),
+    "memory": ("memory_command", "cmd_memory"),
     "deploy": ("deploy", "cmd_deploy"),
 }
 
@@ -159,6 +160,7 @@ def error_sentence(err: Exception) -> tuple[str, int] | None:
     from temporalio.service import RPCError
 
     from waystation.activities.storage.errors import StorageError
+    from waystation.activities.storage.memory import MemoryRequestError
     from waystation.activities.tools import ToolDefinitionError
     from waystation.cli.terminal import EXIT_FAILED, UsageError
     from waystation.client.task_errors import DecisionError, TaskError, UnknownToolsError
@@ -169,6 +171,8 @@ def error_sentence(err: Exception) -> tuple[str, int] | None:
     from waystation.settings.webhooks import WebhookConfigError
 
     if isinstance(err, TaskError | DecisionError | TemporalUnavailableError | StorageError):
+        return f"error: {err}", EXIT_FAILED
+    if isinstance(err, MemoryRequestError):
         return f"error: {err}", EXIT_FAILED
     if isinstance(err, RPCError):
         return f"error from Temporal: {err}", EXIT_FAILED

@@ -61,6 +61,10 @@ def _task_from_args(args: argparse.Namespace, settings: Settings) -> AgentTask:
         fields["tenant"] = args.tenant
     if args.tools is not None:
         fields["tools"] = [t for t in args.tools.split(",") if t]
+    if args.recall is not None:
+        fields["recall"] = args.recall
+    if args.memory_namespace is not None:
+        fields["memory_namespace"] = args.memory_namespace
     if args.approval_timeout is not None:
         fields["approval"] = ApprovalSettings(timeout_seconds=args.approval_timeout)
     if args.output_schema is not None:

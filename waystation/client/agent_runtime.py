@@ -31,6 +31,7 @@ from waystation.client.busy import sending
 from waystation.client.forking import fork_input
 from waystation.client.handle import QUERY_TIMEOUT, UPDATE_TIMEOUT, TaskHandle
 from waystation.client.health import cannot_run, unanswered, worker_hint
+from waystation.client.memory_access import MemoryAccess
 from waystation.client.messaging import Delivery, deliver
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
 from waystation.client.serving_workers import check_servable, offers_of
@@ -64,6 +65,7 @@ from waystation.vocabulary import STUCK, StatusFilter
 from waystation.workflows import search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.events import AgentState
+from waystation.workflows.memory import with_namespace
 from waystation.workflows.models import (
     AgentTask,
     Decision,
@@ -119,6 +121,8 @@ class AgentRuntime:
         self.tool_names = frozenset(self.tools.names())
         self.log = TaskLog(client, archive=functools.partial(read_archived, self.settings))
         self._streams = StreamHub(client, self.settings.task_queue, sealed=self.sealed)
+        # The deployment's memory outside a task (its storage opens on first use).
+        self.memory = MemoryAccess(self.settings)
 
     async def bounded(self, task_id: str, work: Awaitable[T], limit: timedelta, what: str) -> T:
         """`work`, or NoWorkerError saying whether no worker polls or all are busy (and the
@@ -235,6 +239,7 @@ class AgentRuntime:
         task = self.with_defaults(self.new_task(task) if isinstance(task, str) else task)
         if tenant is not None:
             task = task.model_copy(update={"tenant": starting.checked_tenant(tenant)})
+        task = with_namespace(task)  # stored with the task: its replay reads no setting
         if output_type is not None and task.output_schema is None:
             schema = TypeAdapter(output_type).json_schema()
             task = task.model_copy(update={"output_schema": schema_problem(schema)})

@@ -32,9 +32,10 @@ from waystation.settings.model_endpoints import (
     split_model_name,
 )
 from waystation.settings.model_facts import fact_updates
-from waystation.vocabulary import OFFLINE_MODEL
+from waystation.vocabulary import OFFLINE_MODEL, ApprovalRule
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
+from waystation.workflows.memory import FORGET_TOOL, REMEMBER_TOOL
 from waystation.workflows.models import (
     TENANT_PATTERN,
     AgentSpec,
@@ -91,7 +92,21 @@ def with_defaults(
     heartbeat = settings.heartbeat_timeout_seconds
     if task.heartbeat_timeout_seconds is None and heartbeat is not None:
         defaults["heartbeat_timeout_seconds"] = heartbeat
+    if (policy := memory_policy(settings, task)) != task.approval.policy:
+        defaults["approval"] = task.approval.model_copy(update={"policy": policy})
     return task.model_copy(update=defaults) if defaults else task
+
+
+def memory_policy(settings: Settings, task: AgentTask) -> dict[str, ApprovalRule]:
+    """The task's approval policy, with the deployment's rule for the memory tools that
+    write (WAYSTATION_MEMORY_APPROVAL) where it sets none, when it may call them."""
+    policy = dict(task.approval.policy)
+    if settings.memory_approval == "never":
+        return policy
+    for name in (REMEMBER_TOOL, FORGET_TOOL):
+        if task.tools is None or name in task.tools:
+            policy.setdefault(name, settings.memory_approval)
+    return policy
 
 
 def models_called(task: AgentTask, agents: Sequence[AgentSpec]) -> list[str]:

@@ -21,6 +21,7 @@ from waystation.activities.tools import ToolRegistry
 from waystation.settings import Role, Settings
 from waystation.settings.mcp_servers import McpServerConfig
 from waystation.vocabulary import ApprovalRule
+from waystation.workflows.memory import FORGET_TOOL, REMEMBER_TOOL, tenant_of
 from waystation.workflows.models import AgentSpec, AgentTask
 from waystation.workflows.tool_catalog import split_name
 
@@ -63,13 +64,19 @@ def check_max_steps(max_steps: int | None, settings: Settings, setting: str = "m
 
 
 def deployment_rule(
-    name: str, tools: ToolRegistry, servers: Mapping[str, McpServerConfig]
+    name: str,
+    tools: ToolRegistry,
+    servers: Mapping[str, McpServerConfig],
+    memory_rule: ApprovalRule = "never",
 ) -> ApprovalRule:
     """The approval rule a tool has when a task sets none, as this side can know it: an
     MCP tool's default comes from annotations only a worker reads, so unless its server
-    declares a rule, it counts as `always` (the strictest) here."""
+    declares a rule, it counts as `always` (the strictest) here. The memory tools that
+    write follow WAYSTATION_MEMORY_APPROVAL (`memory_rule`)."""
     tool = tools.get(name)
     if tool is not None:
+        if name in (REMEMBER_TOOL, FORGET_TOOL):
+            return max(tool.approval, memory_rule, key=STRICTNESS.__getitem__)
         return tool.approval
     split = split_name(name)
     if split is not None and split[0] in servers:
@@ -109,10 +116,11 @@ def admit(
             "parent is set only by a task that starts a sub-agent, never by a client: leave it out",
         )
     _check_caps(task, settings, tools)
+    check_namespace_tenant(task)
     if may_widen(role):
         return
     for name, rule in task.approval.policy.items():
-        default = deployment_rule(name, tools, servers)
+        default = deployment_rule(name, tools, servers, settings.memory_approval)
         if STRICTNESS[rule] < STRICTNESS[default]:
             raise TaskRefusedError(
                 f"approval.policy.{name}",
@@ -130,6 +138,22 @@ def admit(
             "forbidden_setting",
             f"mcp_servers: a {role} may name only the MCP servers the deployment declares, "
             f"not {named}",
+        )
+
+
+def check_namespace_tenant(task: AgentTask) -> None:
+    """Refuse a memory namespace of another tenant than the task's (whoever asks: a task
+    reaches only its own tenant's memory)."""
+    namespace = task.memory_namespace
+    if namespace is not None and tenant_of(namespace) != task.tenant:
+        whose = f"tenant {task.tenant!r}" if task.tenant is not None else "no tenant"
+        raise TaskRefusedError(
+            "memory_namespace",
+            403,
+            "forbidden_namespace",
+            f"memory_namespace {namespace!r} is not a namespace of the task's tenant: a task "
+            f"for {whose} remembers in "
+            + (f"{task.tenant}:AGENT" if task.tenant is not None else "AGENT (no ':')"),
         )
 
 

@@ -32,6 +32,7 @@ from waystation.client.starting import default_model
 from waystation.client.task_rights import TaskRefusedError
 from waystation.servers.api.auth import Caller, identify
 from waystation.servers.api.errors import ApiError, send_error
+from waystation.servers.mcp_memory import add_memory_tools
 from waystation.servers.usage import TaskUsage
 from waystation.settings import Settings
 from waystation.settings.commands import command
@@ -53,7 +54,7 @@ INSTRUCTIONS = (
     "pages through its event log; approve / reject decide a pending call; answer answers a "
     "question the agent asked; send_message "
     "follows up a task that answered (the same task goes on) or steers one that works; "
-    "cancel stops it."
+    "cancel stops it. The memory_* tools read and write the memory tasks keep across tasks."
 )
 
 
@@ -376,6 +377,7 @@ def build_mcp_server(runtime_of: Callable[[], AgentRuntime], caller_of: CallerOf
     server.add_tool(tools.answer, annotations=ToolAnnotations(destructive_hint=False))
     server.add_tool(tools.send_message, annotations=ToolAnnotations(destructive_hint=False))
     server.add_tool(tools.cancel, annotations=decide)
+    add_memory_tools(server, runtime_of, caller_of)
     return server
 
 

@@ -25,7 +25,7 @@ from waystation.settings.model_endpoints import (
     parse_endpoints,
 )
 from waystation.settings.webhooks import WebhookEndpoint, check_console_url, parse_webhooks
-from waystation.vocabulary import OFFLINE_MODEL
+from waystation.vocabulary import OFFLINE_MODEL, ApprovalRule
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -230,6 +230,18 @@ class Settings(BaseSettings):
         le=100_000,
         description="The most max_steps any task, sub-agent, resume, fork or message may "
         "ask for; more is refused, whoever asks.",
+    )
+    memory_max_value_chars: int = Field(
+        default=16_000,
+        ge=1,
+        le=1_000_000,
+        description="The most characters a memory item's value may hold; a longer one is "
+        "refused with a sentence, nothing written.",
+    )
+    memory_approval: ApprovalRule = Field(
+        default="never",
+        description="The approval rule of the remember and forget tools for tasks that set "
+        "none (recall never asks).",
     )
     max_agent_depth_cap: int = Field(
         default=5,

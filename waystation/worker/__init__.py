@@ -31,6 +31,7 @@ from waystation.activities.event_archive import ArchiveActivities, EventArchive
 from waystation.activities.llm import LlmActivities
 from waystation.activities.mcp.activities import McpActivities
 from waystation.activities.mcp.manager import McpClientManager
+from waystation.activities.memory_recall import MemoryActivities
 from waystation.activities.notify.delivery import NotificationActivities, webhook_retry
 from waystation.activities.payload_codec import codec_for
 from waystation.activities.program_environment import program_environment
@@ -204,7 +205,10 @@ class AgentWorker(Worker):
             try:
                 report = await self.storage.prune(age, blobs_older_than=conversations)
                 logger.info(
-                    "pruned %d ledger entries and %d blobs", report.ledger_entries, report.blobs
+                    "pruned %d ledger entries, %d blobs and %d expired memory items",
+                    report.ledger_entries,
+                    report.blobs,
+                    report.memory_items,
                 )
             except StorageError as err:
                 logger.warning("could not prune the storage: %s", err)
@@ -256,6 +260,7 @@ class ServedActivities:
     archive: ArchiveActivities
     turns: TurnActivities
     children: ChildActivities
+    memory: MemoryActivities
     redactor: Redactor
 
     def functions(self) -> list[Callable[..., Any]]:
@@ -273,6 +278,7 @@ class ServedActivities:
             self.children.child_outcome,
             self.notify.notification_targets,
             self.notify.deliver,
+            self.memory.recall_memory,
         ]
 
 
@@ -322,6 +328,7 @@ def served_activities(
         mcp,
         redactor=redactor,
         environment=program_environment(settings.workspace_dir, settings.shell_env, os.environ),
+        memory=storage.memory,
     )
     archive = EventArchive(sealed)
     return ServedActivities(
@@ -332,6 +339,7 @@ def served_activities(
         archive=ArchiveActivities(archive, store),
         turns=TurnActivities(storage.ledger, archive),
         children=ChildActivities(),
+        memory=MemoryActivities(storage.memory),
         redactor=redactor,
     )
 

@@ -19,6 +19,8 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 from waystation.workflows import activity_contracts as contracts
 from waystation.workflows import errors, options
 from waystation.workflows.calls import Run, lost_call
+from waystation.workflows.events import MemoryRecalled, draft
+from waystation.workflows.memory import MEMORY_TOOLS, RecallRequest
 from waystation.workflows.models import (
     AgentTask,
     ConversationSnapshot,
@@ -149,6 +151,8 @@ async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> To
     spec = catalog.get(run.request.tool) if catalog else None
     runs_for = timedelta(seconds=spec.timeout_seconds) if spec else None
     request = run.request
+    if request.tool in MEMORY_TOOLS and task.memory_namespace is not None:
+        request = request.model_copy(update={"memory_namespace": task.memory_namespace})
     for search in range(TOOL_WORKER_SEARCHES + 1):
         try:
             with cancel_wins():
@@ -172,6 +176,24 @@ async def run_tool(task: AgentTask, run: Run, catalog: ToolCatalog | None) -> To
             continue
         return result.model_copy(update={"output": result.output + run.note})
     raise AssertionError("unreachable: the last search returns")
+
+
+async def recall_memory(task: AgentTask) -> MemoryRecalled | None:
+    """The memory a task asked to start with (`recall`), as the event that states it; None
+    when it asked for none. A store that stays unreachable is said in the event: the task
+    starts without it rather than not at all."""
+    if task.recall is None or task.memory_namespace is None:
+        return None
+    request = RecallRequest(namespace=task.memory_namespace, query=task.recall)
+    stated = {"namespace": request.namespace, "query": request.query}
+    try:
+        with cancel_wins():
+            found = await workflow.execute_activity(
+                contracts.recall_memory, request, **options.memory_recall(task)
+            )
+    except ActivityError as err:
+        return draft(MemoryRecalled, 0, **stated, problem=f"memory was not read: {detail(err)}")
+    return draft(MemoryRecalled, 0, **stated, items=found.items)
 
 
 def worker_lacks(err: ActivityError) -> bool:

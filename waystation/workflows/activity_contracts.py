@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from waystation.workflows.memory import RecallRequest, RecallResult
 from waystation.workflows.models import (
     ConversationSnapshot,
     LlmRequest,
@@ -91,6 +92,11 @@ async def deliver_notification(delivery: Delivery) -> Delivered:
     raise ContractOnly("deliver_notification")
 
 
+@activity.defn(name="recall_memory")
+async def recall_memory(request: RecallRequest) -> RecallResult:
+    raise ContractOnly("recall_memory")
+
+
 CONTRACTS = (
     call_llm,
     summarize_context,
@@ -103,4 +109,5 @@ CONTRACTS = (
     claim_turn,
     notification_targets,
     deliver_notification,
+    recall_memory,
 )

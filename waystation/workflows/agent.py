@@ -123,6 +123,8 @@ class AgentWorkflow(StepCalls, Turns):
             elif run.carry is None:
                 task_id = workflow.info().workflow_id
                 self._append(draft(TaskStarted, 0, task_id=task_id, task=self._task))
+                if (recalled := await activity_calls.recall_memory(self._task)) is not None:
+                    self._append(recalled)
             elif run.carry.forked and self._earlier is not None:
                 await self._save_conversation(source=self._earlier)
             await self._notifier.ask_targets()

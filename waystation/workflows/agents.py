@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from waystation.vocabulary import AGENT_TOOL_PREFIX
+from waystation.workflows.memory import child_namespace
 from waystation.workflows.models import (
     AgentSpec,
     AgentTask,
@@ -112,7 +113,7 @@ def budget_shares(task: AgentTask, used: Usage, calls: int) -> BudgetShare:
 # its caller's, so a setting added to AgentTask is inherited without a line here.
 AGENT_OWNS = frozenset(
     {"task", "system_prompt", "model", "tools", "max_steps", "token_budget", "cost_budget"}
-    | {"output_schema", "mcp_servers", "parent", "requires"}
+    | {"output_schema", "mcp_servers", "parent", "requires", "memory_namespace", "recall"}
 )
 
 
@@ -134,6 +135,8 @@ def child_task(
         "mcp_servers": spec.mcp_servers if spec.mcp_servers is not None else parent.mcp_servers,
         "parent": at,
         "requires": own_needs(parent, spec),
+        "memory_namespace": child_namespace(parent, spec),
+        "recall": None,  # the caller's loaded its own memory; a sub-agent recalls with a tool
     }
     return parent.model_copy(update=own)
 

@@ -32,6 +32,7 @@ from waystation.workflows.conversation import (
     task_messages,
     tool_message,
 )
+from waystation.workflows.memory import RecalledItem, recalled_prompt
 from waystation.workflows.models import (
     FINAL_ANSWER_TOOL,
     AgentTask,
@@ -72,6 +73,17 @@ class TaskStarted(EventBase):
     type: Literal["task_started"] = "task_started"
     task_id: str
     task: AgentTask
+
+
+class MemoryRecalled(EventBase):
+    """The items of the task's memory loaded into its system prompt at its start
+    (`AgentTask.recall`), or why none could be."""
+
+    type: Literal["memory_recalled"] = "memory_recalled"
+    namespace: str
+    query: str
+    items: list[RecalledItem] = Field(default_factory=list)
+    problem: str | None = Field(default=None, description="Why the memory could not be read.")
 
 
 class Thought(EventBase):
@@ -329,6 +341,7 @@ class Cancelled(EventBase):
 
 AgentEvent = Annotated[
     TaskStarted
+    | MemoryRecalled
     | Thought
     | Action
     | Observation
@@ -399,6 +412,8 @@ def messages_of(event: AgentEvent) -> list[ChatMessage]:
     match event:
         case TaskStarted():
             return task_messages(event.task.system_prompt, event.task.task)
+        case MemoryRecalled() if event.items:
+            return [ChatMessage(role="system", content=recalled_prompt(event.items))]
         case Thought():
             return [assistant_message(event.content, event.tool_calls, event.reasoning)]
         case Observation():
@@ -617,6 +632,12 @@ def _task_started(state: AgentState, event: TaskStarted) -> Changes:
         "status": "running",
         "conversation": [ref_of(m) for m in messages],
     }
+
+
+def _memory_recalled(state: AgentState, event: MemoryRecalled) -> Changes:
+    """The recalled items join the system prompt: right after it, before the task."""
+    refs = [ref_of(m) for m in messages_of(event)]
+    return {"conversation": [*state.conversation[:1], *refs, *state.conversation[1:]]}
 
 
 def _thought(state: AgentState, event: Thought) -> Changes:
@@ -922,6 +943,7 @@ def _nothing(state: AgentState, event: Any) -> Changes:
 # One rule per event type (tests/test_events.py checks that every type has one).
 APPLY_RULES: dict[str, Callable[[AgentState, Any], Changes]] = {
     "task_started": _task_started,
+    "memory_recalled": _memory_recalled,
     "thought": _thought,
     "action": _action,
     "observation": _observation,

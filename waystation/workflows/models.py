@@ -204,6 +204,11 @@ class AgentSpec(Contract):
     mcp_servers: list[str] | None = Field(
         default=None, max_length=50, description="None: its caller's MCP servers."
     )
+    shared_memory: bool = Field(
+        default=False,
+        description="Remember and recall in its caller's memory namespace, not its own "
+        "(TENANT:NAME).",
+    )
 
     _schema_checked = field_validator("output_schema")(schema_problem)
 
@@ -238,6 +243,8 @@ class ParentLink(Contract):
 # A tenant names who a task is for (an API token's name, or `tenant` on the task); Temporal's
 # fairness keys are at most 64 bytes.
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+# A memory namespace: TENANT:AGENT, or AGENT for tasks without a tenant (workflows/memory.py).
+MEMORY_NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}(:[A-Za-z0-9][A-Za-z0-9_.@-]{0,63})?$"
 
 
 class QuotaNotice(Contract):
@@ -371,6 +378,20 @@ class AgentTask(Contract):
     )
     parent: ParentLink | None = Field(
         default=None, description="Set on a sub-agent's task: the task that called it."
+    )
+    memory_namespace: str | None = Field(
+        default=None,
+        pattern=MEMORY_NAMESPACE_PATTERN,
+        description="Where the memory tools remember and recall: `TENANT:AGENT` (or `AGENT` "
+        "without a tenant). Resolved when the task starts (TENANT:main for a root task); a "
+        "namespace of another tenant is refused.",
+    )
+    recall: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1_000,
+        description="Load the items of the task's memory that best match this query into its "
+        "system prompt when it starts (the `memory_recalled` event).",
     )
 
     _task_not_blank = field_validator("task")(not_blank)
@@ -656,6 +677,9 @@ class ToolRequest(Contract):
     tool: str
     arguments: dict[str, Any]
     idempotency_key: str = Field(description="workflow_id/step/call_id, stable across retries.")
+    memory_namespace: str | None = Field(
+        default=None, description="The task's memory namespace: set for the memory tools only."
+    )
 
 
 class ToolResult(Contract):

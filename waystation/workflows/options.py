@@ -142,6 +142,16 @@ def tool_listing(task: AgentTask) -> workflow.ActivityConfig:
     )
 
 
+def memory_recall(task: AgentTask) -> workflow.ActivityConfig:
+    """Loading memory at a task's start: a read, retried a few times; past them the task
+    starts without it, and its event says why."""
+    return workflow.ActivityConfig(
+        start_to_close_timeout=timedelta(minutes=1),
+        heartbeat_timeout=heartbeat_timeout(task),
+        retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10)),
+    )
+
+
 def conversation_save(task: AgentTask) -> workflow.ActivityConfig:
     return workflow.ActivityConfig(
         start_to_close_timeout=timedelta(minutes=2),

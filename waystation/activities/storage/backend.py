@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from waystation.activities.storage.quota_state import QuotaDecision, QuotaRequest
+from waystation.workflows.memory import MemoryItem
 
 # A blob read or written is marked as used at most this often (a read stays a read).
 BLOB_USE_RESOLUTION_SECONDS = 24 * 3600.0
@@ -116,3 +117,40 @@ class Backend(Protocol):
 
     async def quota_pause(self, quotas: list[str], seconds: float) -> None:
         """Send nothing under these quotas for `seconds` from now (a pause never shortens)."""
+
+    async def memory_put(
+        self,
+        namespace: str,
+        key: str,
+        value: str,
+        metadata: Mapping[str, Any] | None,
+        now: float,
+        expires_at: float | None,
+        written_by: str | None,
+    ) -> MemoryItem:
+        """Insert or replace an item (an expired one is replaced as new); the item as stored.
+        `written_by` names the write (a tool call's idempotency key), for a retry to find."""
+
+    async def memory_get(self, namespace: str, key: str, now: float) -> MemoryItem | None: ...
+
+    async def memory_written_by(self, namespace: str, key: str) -> str | None:
+        """Which write last wrote the item (expired or not)."""
+
+    async def memory_delete(self, namespace: str, key: str) -> bool: ...
+
+    async def memory_list(
+        self, namespace: str, now: float, limit: int, after: str | None
+    ) -> list[MemoryItem]:
+        """The live items in key order, from the first key after `after`."""
+
+    async def memory_search(
+        self, namespace: str, words: list[str], now: float, limit: int
+    ) -> list[MemoryItem]:
+        """The live items matching any of `words` (full-text), best first; with no words,
+        the most recently written."""
+
+    async def memory_namespaces(self, prefix: str | None, now: float) -> list[tuple[str, int]]:
+        """The namespaces holding live items (those starting with `prefix`), and how many."""
+
+    async def memory_purge(self, now: float) -> int:
+        """Delete the items expired at `now`; how many."""

@@ -64,6 +64,33 @@ SQLITE: tuple[Migration, ...] = (
             "CREATE INDEX quota_waiters_by_quota ON quota_waiters (quota, since)",
         ),
     ),
+    Migration(
+        3,
+        "memory across tasks: namespaced items with full-text search (FTS5) and TTLs",
+        (
+            "CREATE TABLE memory_items (id INTEGER PRIMARY KEY, namespace TEXT NOT NULL,"
+            " key TEXT NOT NULL, value TEXT NOT NULL, metadata TEXT,"
+            " created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL,"
+            " revision INTEGER NOT NULL DEFAULT 1, written_by TEXT,"
+            " UNIQUE (namespace, key))",
+            "CREATE INDEX memory_items_by_expiry ON memory_items (expires_at)"
+            " WHERE expires_at IS NOT NULL",
+            # External content: the index holds the words, the table the text.
+            "CREATE VIRTUAL TABLE memory_search USING fts5(key, value,"
+            " content='memory_items', content_rowid='id', tokenize='porter unicode61')",
+            "CREATE TRIGGER memory_items_indexed AFTER INSERT ON memory_items BEGIN"
+            " INSERT INTO memory_search (rowid, key, value) VALUES (new.id, new.key, new.value);"
+            " END",
+            "CREATE TRIGGER memory_items_unindexed AFTER DELETE ON memory_items BEGIN"
+            " INSERT INTO memory_search (memory_search, rowid, key, value)"
+            " VALUES ('delete', old.id, old.key, old.value); END",
+            "CREATE TRIGGER memory_items_reindexed AFTER UPDATE ON memory_items BEGIN"
+            " INSERT INTO memory_search (memory_search, rowid, key, value)"
+            " VALUES ('delete', old.id, old.key, old.value);"
+            " INSERT INTO memory_search (rowid, key, value) VALUES (new.id, new.key, new.value);"
+            " END",
+        ),
+    ),
 )
 
 POSTGRES: tuple[Migration, ...] = (
@@ -104,6 +131,22 @@ POSTGRES: tuple[Migration, ...] = (
             " lease_until DOUBLE PRECISION NOT NULL, blocked_on TEXT,"
             " PRIMARY KEY (call_id, quota))",
             "CREATE INDEX quota_waiters_by_quota ON quota_waiters (quota, since)",
+        ),
+    ),
+    Migration(
+        3,
+        "memory across tasks: namespaced items with full-text search (tsvector) and TTLs",
+        (
+            "CREATE TABLE memory_items (namespace TEXT NOT NULL, key TEXT NOT NULL,"
+            " value TEXT NOT NULL, metadata JSONB, created_at DOUBLE PRECISION NOT NULL,"
+            " updated_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION,"
+            " revision INTEGER NOT NULL DEFAULT 1, written_by TEXT,"
+            " search tsvector GENERATED ALWAYS AS"
+            " (to_tsvector('english', key || ' ' || value)) STORED,"
+            " PRIMARY KEY (namespace, key))",
+            "CREATE INDEX memory_items_by_expiry ON memory_items (expires_at)"
+            " WHERE expires_at IS NOT NULL",
+            "CREATE INDEX memory_items_search ON memory_items USING GIN (search)",
         ),
     ),
 )

@@ -13,7 +13,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from waystation.activities.storage import migrations
+from waystation.activities.storage import memory_sql, migrations
 from waystation.activities.storage.backend import (
     BLOB_USE_RESOLUTION_SECONDS,
     Deployment,
@@ -30,6 +30,7 @@ from waystation.activities.storage.quota_state import (
     decide,
 )
 from waystation.activities.storage.retry import retrying
+from waystation.workflows.memory import MemoryItem
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -403,6 +404,87 @@ class PostgresBackend:
             " ON CONFLICT (quota) DO UPDATE"
             " SET paused_until = greatest(quota_state.paused_until, excluded.paused_until)",
             (quotas, seconds),
+        )
+
+    async def memory_put(
+        self,
+        namespace: str,
+        key: str,
+        value: str,
+        metadata: Mapping[str, Any] | None,
+        now: float,
+        expires_at: float | None,
+        written_by: str | None,
+    ) -> MemoryItem:
+        meta = Jsonb(dict(metadata)) if metadata is not None else None
+        params = memory_sql.upsert_params(namespace, key, value, meta, now, expires_at, written_by)
+        [row] = await self._rows(memory_sql.upsert("%s"), params)
+        return memory_sql.item(row)
+
+    async def memory_get(self, namespace: str, key: str, now: float) -> MemoryItem | None:
+        rows = await self._rows(
+            f"SELECT {memory_sql.COLUMNS} FROM memory_items WHERE namespace = %s AND key = %s"
+            f" AND {memory_sql.LIVE.format(now='%s')}",
+            (namespace, key, now),
+        )
+        return memory_sql.item(rows[0]) if rows else None
+
+    async def memory_written_by(self, namespace: str, key: str) -> str | None:
+        rows = await self._rows(
+            "SELECT written_by FROM memory_items WHERE namespace = %s AND key = %s",
+            (namespace, key),
+        )
+        return rows[0][0] if rows else None
+
+    async def memory_delete(self, namespace: str, key: str) -> bool:
+        return 1 == await self._count(
+            "DELETE FROM memory_items WHERE namespace = %s AND key = %s", (namespace, key)
+        )
+
+    async def memory_list(
+        self, namespace: str, now: float, limit: int, after: str | None
+    ) -> list[MemoryItem]:
+        rows = await self._rows(
+            f"SELECT {memory_sql.COLUMNS} FROM memory_items WHERE namespace = %s"
+            f' AND key COLLATE "C" > %s AND {memory_sql.LIVE.format(now="%s")}'
+            ' ORDER BY key COLLATE "C"'
+            " LIMIT %s",
+            (namespace, after or "", now, limit),
+        )
+        return [memory_sql.item(row) for row in rows]
+
+    async def memory_search(
+        self, namespace: str, words: list[str], now: float, limit: int
+    ) -> list[MemoryItem]:
+        live = memory_sql.LIVE.format(now="%s")
+        if not words:
+            rows = await self._rows(
+                f"SELECT {memory_sql.COLUMNS} FROM memory_items WHERE namespace = %s"
+                f" AND {live} ORDER BY updated_at DESC LIMIT %s",
+                (namespace, now, limit),
+            )
+        else:
+            # websearch_to_tsquery never fails on what a user types; `or` makes any word match.
+            rows = await self._rows(
+                f"SELECT {memory_sql.COLUMNS} FROM memory_items,"
+                " websearch_to_tsquery('english', %s) AS query"
+                f" WHERE namespace = %s AND search @@ query AND {live}"
+                " ORDER BY ts_rank(search, query) DESC, updated_at DESC LIMIT %s",
+                (" or ".join(words), namespace, now, limit),
+            )
+        return [memory_sql.item(row) for row in rows]
+
+    async def memory_namespaces(self, prefix: str | None, now: float) -> list[tuple[str, int]]:
+        rows = await self._rows(
+            "SELECT namespace, count(*) FROM memory_items WHERE left(namespace, %s) = %s"
+            f" AND {memory_sql.LIVE.format(now='%s')} GROUP BY namespace ORDER BY namespace",
+            (len(prefix or ""), prefix or "", now),
+        )
+        return [(name, count) for name, count in rows]
+
+    async def memory_purge(self, now: float) -> int:
+        return await self._count(
+            "DELETE FROM memory_items WHERE expires_at IS NOT NULL AND expires_at <= %s", (now,)
         )
 
 

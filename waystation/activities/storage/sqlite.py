@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from waystation.activities.storage import migrations
+from waystation.activities.storage import memory_sql, migrations
 from waystation.activities.storage.backend import (
     BLOB_USE_RESOLUTION_SECONDS,
     Deployment,
@@ -29,6 +29,7 @@ from waystation.activities.storage.quota_state import (
     decide,
 )
 from waystation.activities.storage.retry import retrying
+from waystation.workflows.memory import MemoryItem
 
 T = TypeVar("T")
 _BATCH = 500  # SQLite's limit on parameters in one statement is higher; this stays far below
@@ -426,3 +427,102 @@ class SqliteBackend:
             )
 
         await self._call(pause)
+
+    async def memory_put(
+        self,
+        namespace: str,
+        key: str,
+        value: str,
+        metadata: Mapping[str, Any] | None,
+        now: float,
+        expires_at: float | None,
+        written_by: str | None,
+    ) -> MemoryItem:
+        meta = json.dumps(dict(metadata)) if metadata is not None else None
+        params = memory_sql.upsert_params(namespace, key, value, meta, now, expires_at, written_by)
+        row = await self._call(lambda db: db.execute(memory_sql.upsert("?"), params).fetchone())
+        return memory_sql.item(row)
+
+    async def memory_get(self, namespace: str, key: str, now: float) -> MemoryItem | None:
+        row = await self._call(
+            lambda db: db.execute(
+                f"SELECT {memory_sql.COLUMNS} FROM memory_items WHERE namespace = ? AND key = ?"
+                f" AND {memory_sql.LIVE.format(now='?')}",
+                (namespace, key, now),
+            ).fetchone()
+        )
+        return memory_sql.item(row) if row is not None else None
+
+    async def memory_written_by(self, namespace: str, key: str) -> str | None:
+        row = await self._call(
+            lambda db: db.execute(
+                "SELECT written_by FROM memory_items WHERE namespace = ? AND key = ?",
+                (namespace, key),
+            ).fetchone()
+        )
+        return row[0] if row is not None else None
+
+    async def memory_delete(self, namespace: str, key: str) -> bool:
+        return await self._call(
+            lambda db: (
+                db.execute(
+                    "DELETE FROM memory_items WHERE namespace = ? AND key = ?", (namespace, key)
+                ).rowcount
+                == 1
+            )
+        )
+
+    async def memory_list(
+        self, namespace: str, now: float, limit: int, after: str | None
+    ) -> list[MemoryItem]:
+        rows = await self._call(
+            lambda db: db.execute(
+                f"SELECT {memory_sql.COLUMNS} FROM memory_items WHERE namespace = ?"
+                f" AND key > ? AND {memory_sql.LIVE.format(now='?')} ORDER BY key LIMIT ?",
+                (namespace, after or "", now, limit),
+            ).fetchall()
+        )
+        return [memory_sql.item(row) for row in rows]
+
+    async def memory_search(
+        self, namespace: str, words: list[str], now: float, limit: int
+    ) -> list[MemoryItem]:
+        if not words:
+            query = (
+                f"SELECT {memory_sql.COLUMNS} FROM memory_items WHERE namespace = ?"
+                f" AND {memory_sql.LIVE.format(now='?')} ORDER BY updated_at DESC LIMIT ?"
+            )
+            params: tuple[Any, ...] = (namespace, now, limit)
+        else:
+            # Each word quoted (FTS5's syntax never sees the user's), any of them matching.
+            match = " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
+            columns = ", ".join(f"m.{c.strip()}" for c in memory_sql.COLUMNS.split(","))
+            query = (
+                f"SELECT {columns} FROM memory_search s JOIN memory_items m ON m.id = s.rowid"
+                " WHERE memory_search MATCH ? AND m.namespace = ?"
+                " AND (m.expires_at IS NULL OR m.expires_at > ?)"
+                " ORDER BY bm25(memory_search), m.updated_at DESC LIMIT ?"
+            )
+            params = (match, namespace, now, limit)
+        rows = await self._call(lambda db: db.execute(query, params).fetchall())
+        return [memory_sql.item(row) for row in rows]
+
+    async def memory_namespaces(self, prefix: str | None, now: float) -> list[tuple[str, int]]:
+        rows = await self._call(
+            lambda db: db.execute(
+                "SELECT namespace, count(*) FROM memory_items WHERE substr(namespace, 1, ?) = ?"
+                f" AND {memory_sql.LIVE.format(now='?')} GROUP BY namespace ORDER BY namespace",
+                (len(prefix or ""), prefix or "", now),
+            ).fetchall()
+        )
+        return [(name, count) for name, count in rows]
+
+    async def memory_purge(self, now: float) -> int:
+        return await self._call(
+            lambda db: (
+                db.execute(
+                    "DELETE FROM memory_items WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                    (now,),
+                ).rowcount
+            )
+        )

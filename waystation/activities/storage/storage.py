@@ -12,6 +12,7 @@ from typing import Literal
 from waystation.activities.storage.backend import Backend
 from waystation.activities.storage.blobs import BlobStore
 from waystation.activities.storage.ledger import Ledger
+from waystation.activities.storage.memory import DEFAULT_MAX_VALUE_CHARS, MemoryStore
 from waystation.activities.storage.sqlite import SqliteBackend
 from waystation.settings import Settings
 
@@ -22,15 +23,20 @@ SQLITE_FILE = "storage.sqlite3"
 class PruneReport:
     ledger_entries: int
     blobs: int
+    memory_items: int = 0
+    """Memory items past their TTL (never returned, deleted here)."""
 
 
 class Storage:
     """Built without I/O; `open()` connects and migrates (once, however often called)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(
+        self, backend: Backend, *, memory_max_value_chars: int = DEFAULT_MAX_VALUE_CHARS
+    ) -> None:
         self.backend = backend
         self.ledger = Ledger(backend)
         self.blobs = BlobStore(backend)
+        self.memory = MemoryStore(backend, max_value_chars=memory_max_value_chars)
         self._deployment_id: str | None = None
         self._opening = asyncio.Lock()
 
@@ -42,8 +48,14 @@ class Storage:
                 PostgresBackend,  # psycopg only when used
             )
 
-            return cls(PostgresBackend(settings.database_url.get_secret_value()))
-        return cls(SqliteBackend(settings.data_dir.absolute() / SQLITE_FILE))
+            return cls(
+                PostgresBackend(settings.database_url.get_secret_value()),
+                memory_max_value_chars=settings.memory_max_value_chars,
+            )
+        return cls(
+            SqliteBackend(settings.data_dir.absolute() / SQLITE_FILE),
+            memory_max_value_chars=settings.memory_max_value_chars,
+        )
 
     @property
     def kind(self) -> Literal["sqlite", "postgresql"]:
@@ -79,11 +91,12 @@ class Storage:
     async def prune(
         self, older_than: timedelta, blobs_older_than: timedelta | None = None
     ) -> PruneReport:
-        """Delete finished ledger entries older than `older_than`, and blobs unused for
-        `blobs_older_than` (default: the same)."""
+        """Delete finished ledger entries older than `older_than`, blobs unused for
+        `blobs_older_than` (default: the same), and expired memory items."""
         return PruneReport(
             ledger_entries=await self.ledger.prune(older_than),
             blobs=await self.blobs.prune(blobs_older_than or older_than),
+            memory_items=await self.memory.purge(),
         )
 
     async def close(self) -> None:

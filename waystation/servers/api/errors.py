@@ -13,6 +13,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import Send
 from temporalio.service import RPCError
 
+from waystation.activities.storage import StorageError
+from waystation.activities.storage.memory import MemoryRequestError
 from waystation.client.task_errors import (
     DecisionError,
     MessageRefusedError,
@@ -125,6 +127,14 @@ def install_error_handlers(app: FastAPI) -> None:
                 errors.INVALID_CHOICE: (422, "invalid_choice"),
             }.get(err.kind or "", (409, "conflict"))
         return JSONResponse(_body(kind, str(err)), status)
+
+    @app.exception_handler(MemoryRequestError)
+    async def memory_refused(request: Request, err: MemoryRequestError) -> JSONResponse:
+        return JSONResponse(_body(err.kind, str(err)), err.status)
+
+    @app.exception_handler(StorageError)
+    async def storage_error(request: Request, err: StorageError) -> JSONResponse:
+        return JSONResponse(_body("storage_unavailable", str(err)), 503)
 
     @app.exception_handler(RPCError)
     async def temporal_error(request: Request, err: RPCError) -> JSONResponse:

@@ -13,6 +13,7 @@ const FOLD_AT = 2000; // characters of an output shown before "show all"
 
 const TITLES = {
   task_started: "Task",
+  memory_recalled: "Memory loaded",
   thought: "Thought",
   action: "Action",
   observation: "Observation",
@@ -242,6 +243,12 @@ const BODIES = {
   quota_granted: (e) => [
     h("p", { class: "muted" }, `The call has its turn under ${e.quota} after ${e.waited_seconds.toFixed(1)} s.`),
   ],
+  memory_recalled: (e) => e.problem
+    ? [h("p", { class: "text" }, `Memory ${e.namespace} was not loaded: ${e.problem}`)]
+    : [
+      h("p", { class: "muted" }, `From ${e.namespace}, for “${e.query}”: ${e.items.length ? "" : "nothing matched."}`),
+      ...e.items.map((item) => h("p", { class: "text" }, h("strong", {}, `${item.key}: `), item.value)),
+    ],
   worker_found: (e) => [h("p", { class: "muted" }, e.worker ? `taken up by ${e.worker}` : "a worker that offers it took the call")],
   failed: (e) => [h("p", { class: "text" }, h("strong", {}, `${e.kind}: `), e.reason)],
   cancelled: (e) => [h("p", { class: "text" }, e.reason)],
