@@ -23,6 +23,7 @@ from waystation.workflows.models import (
 )
 from waystation.workflows.notice import Delivered, Delivery, NotificationTargets
 from waystation.workflows.run import ArchiveRequest, ChildOutcome, ClaimedTurn, TurnClaim
+from waystation.workflows.scheduled import TurnDelivered, TurnDelivery
 from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 
@@ -80,6 +81,11 @@ async def deliver_notification(delivery: Delivery) -> Delivered:
     raise ContractOnly("deliver_notification")
 
 
+@activity.defn(name="deliver_scheduled_turn")
+async def deliver_scheduled_turn(delivery: TurnDelivery) -> TurnDelivered:
+    raise ContractOnly("deliver_scheduled_turn")
+
+
 CONTRACTS = (
     call_llm,
     summarize_context,
@@ -91,4 +97,5 @@ CONTRACTS = (
     claim_turn,
     notification_targets,
     deliver_notification,
+    deliver_scheduled_turn,
 )

@@ -1,0 +1,206 @@
+"""Schedules (docs/schedules.md): each firing is a task whose id comes from the schedule and
+its scheduled time; Temporal starts each scheduled time once (a backfill of the same hours
+again, or a catch-up, runs nothing twice); an overlapping firing is skipped; a pause stops
+firings and a trigger runs one now; a conversation schedule's firings continue one task;
+`temporal schedule list` lists it. The dev server (the time-skipping server implements no
+schedules: its CreateSchedule is `unimplemented`), a worker, the fake OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
+
+from tests.helpers import agent_task, of_type, wait_for_state
+from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.schedules import ScheduleError, ScheduleInfo, ScheduleSpec, firing_id
+from waystation.client.temporal import temporal_binary
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.workflows.models import AgentTask
+
+ANSWER = text("all quiet")
+
+
+def answering(fake_openai: FakeOpenAI) -> str:
+    """A model that answers every call at once."""
+    return fake_openai.script(lambda body: ANSWER)
+
+
+def name() -> str:
+    return f"sched-{uuid.uuid4().hex[:8]}"
+
+
+async def wait_for_info(
+    runtime: AgentRuntime,
+    schedule: str,
+    predicate: Callable[[ScheduleInfo], bool],
+    timeout: float = 60.0,
+) -> ScheduleInfo:
+    """Describe the schedule until `predicate` holds (bounded)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            info = await runtime.schedules.describe(schedule)
+            if predicate(info):
+                return info
+            await asyncio.sleep(0.1)
+
+
+async def closed(client: Client, task_id: str, timeout: float = 60.0) -> WorkflowExecutionStatus:
+    """The task's status once it has started and its latest run has closed."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                described = await client.get_workflow_handle(task_id).describe()
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                await asyncio.sleep(0.1)  # the schedule has not started it yet
+                continue
+            if described.status != WorkflowExecutionStatus.RUNNING:
+                assert described.status is not None
+                return described.status
+            await asyncio.sleep(0.1)
+
+
+def every_hour(schedule: str, task: AgentTask, **fields: Any) -> ScheduleSpec:
+    return ScheduleSpec(name=schedule, task=task, every_seconds=3600, **fields)
+
+
+async def test_backfilled_hours_fire_at_their_times(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    runtime = dev_runtime
+    schedule = name()
+    await runtime.create_schedule(every_hour(schedule, agent_task(answering(fake_openai))))
+    hour = datetime(2026, 1, 5, 9, tzinfo=UTC)
+    start, end = hour - timedelta(minutes=30), hour + timedelta(hours=2, minutes=30)
+    await runtime.schedules.backfill(schedule, start, end)
+    expected = [firing_id(schedule, hour + timedelta(hours=h)) for h in range(3)]
+    assert expected[0] == f"{schedule}-2026-01-05T09:00:00Z"
+    for task_id in expected:
+        assert await closed(runtime.client, task_id) == WorkflowExecutionStatus.COMPLETED
+        handle = runtime.get(task_id)
+        assert (await handle.result()).result == "all quiet"
+        [started] = of_type(await handle.events(0), "task_started")
+        assert started.task.schedule.name == schedule
+    info = await wait_for_info(runtime, schedule, lambda i: i.fired >= 3)
+    listed = [
+        e.id async for e in runtime.client.list_workflows(f'TemporalScheduledById = "{schedule}"')
+    ]
+    assert sorted(listed) == expected
+    assert {run.task_id for run in info.recent_runs} == set(expected)
+    await runtime.schedules.delete(schedule)
+
+
+async def test_overlapping_firing_is_skipped_and_trigger_runs_one_now(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    runtime = dev_runtime
+    waits = fake_openai.script([tools(("run_shell", {"command": "echo hi"})), text("done")])
+    schedule = name()
+    task = agent_task(waits, approval={"policy": {"run_shell": "always"}})
+    await runtime.create_schedule(ScheduleSpec(name=schedule, task=task, every_seconds=1))
+    # The first firing waits for a person; the next ones find it running and are skipped.
+    info = await wait_for_info(runtime, schedule, lambda i: i.fired >= 1 and i.skipped >= 2)
+    assert len(info.running) == 1 and info.fired == 1
+    first = runtime.get(info.running[0])
+    await wait_for_state(first, lambda s: bool(s.pending_approvals))
+    await runtime.schedules.pause(schedule, note="holiday")
+    paused = await runtime.schedules.describe(schedule)
+    assert paused.paused and paused.note == "holiday"
+    # Paused: no firing. A trigger runs one now, beside the one still running (it answers).
+    await runtime.schedules.trigger(schedule)
+    info = await wait_for_info(runtime, schedule, lambda i: i.fired >= 2)
+    assert info.fired == 2 and info.running == [first.id]
+    [triggered] = [run.task_id for run in info.recent_runs if run.task_id != first.id]
+    assert await closed(runtime.client, triggered) == WorkflowExecutionStatus.COMPLETED
+    await runtime.schedules.resume(schedule)
+    assert not (await runtime.schedules.describe(schedule)).paused
+    await runtime.schedules.delete(schedule)
+    await first.cancel()
+
+
+async def test_conversation_firings_continue_one_task(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    runtime = dev_runtime
+    model = fake_openai.script([text("found 3 tickets"), text("found 1 more ticket")])
+    schedule = name()
+    spec = every_hour(schedule, agent_task(model, "triage the tickets"), conversation=True)
+    await runtime.create_schedule(spec)
+    await runtime.schedules.trigger(schedule)
+    handle = runtime.get(schedule)
+    assert await closed(runtime.client, schedule) == WorkflowExecutionStatus.COMPLETED
+    await runtime.schedules.trigger(schedule)
+    info = await wait_for_info(runtime, schedule, lambda i: i.fired == 2 and not i.running)
+    await wait_for_state(handle, lambda s: s.status == "done" and s.result == "found 1 more ticket")
+    events = await handle.events(0)
+    [started] = of_type(events, "task_started")
+    assert started.task.schedule.name == schedule
+    [message] = of_type(events, "user_message")
+    assert message.content == "triage the tickets"
+    # The second turn's model call saw what the first found.
+    second = fake_openai.requests[model][-1]["messages"]
+    assert any(m.get("content") == "found 3 tickets" for m in second)
+    assert info.conversation and info.task_id == schedule
+    assert {run.task_id for run in info.recent_runs} == {schedule}
+    await runtime.schedules.delete(schedule)
+
+
+async def test_schedule_refusals(dev_runtime: AgentRuntime, fake_openai: FakeOpenAI) -> None:
+    runtime = dev_runtime
+    schedule = name()
+    task = agent_task(answering(fake_openai))
+    await runtime.create_schedule(every_hour(schedule, task))
+    with pytest.raises(ScheduleError) as taken:
+        await runtime.create_schedule(every_hour(schedule, task))
+    assert taken.value.status == 409
+    with pytest.raises(ScheduleError) as malformed:
+        await runtime.create_schedule(ScheduleSpec(name=name(), task=task, cron="61 * * * *"))
+    assert malformed.value.status == 400
+    with pytest.raises(ScheduleError) as unknown:
+        await runtime.schedules.describe(name())
+    assert unknown.value.status == 404
+    with pytest.raises(ValueError, match="exactly one"):
+        ScheduleSpec(name=name(), task=task)
+    with pytest.raises(ValueError, match="time zone"):
+        ScheduleSpec(name=name(), task=task, cron="0 9 * * *", timezone="Mars/Olympus")
+    await runtime.schedules.delete(schedule)
+
+
+async def test_temporal_cli_lists_the_schedule(
+    dev_env: WorkflowEnvironment, dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    runtime = dev_runtime
+    schedule = name()
+    spec = ScheduleSpec(
+        name=schedule,
+        task=agent_task(answering(fake_openai)),
+        cron="0 9 * * 1-5",
+        timezone="Europe/Paris",
+    )
+    info = await runtime.create_schedule(spec)
+    assert info.cron == ["0 9 * * 1-5"] and info.timezone == "Europe/Paris"
+    paris = [run.astimezone(ZoneInfo("Europe/Paris")) for run in info.next_runs]
+    assert paris and all(run.weekday() < 5 and run.hour == 9 for run in paris)
+    address = dev_env.client.service_client.config.target_host
+    listing = await asyncio.to_thread(
+        subprocess.run,
+        [temporal_binary(), "schedule", "list", "--address", address, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert schedule in [entry["scheduleId"] for entry in json.loads(listing.stdout)]
+    await runtime.schedules.delete(schedule)
