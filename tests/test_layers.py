@@ -155,6 +155,7 @@ def _implementations() -> dict[str, typing.Callable[..., typing.Any]]:
     from waystation.activities.tool_activities import ToolActivities
     from waystation.activities.turns import TurnActivities
     from waystation.worker.child_outcomes import ChildActivities
+    from waystation.worker.scheduled_turns import ScheduledTurnActivities
 
     found: dict[str, typing.Callable[..., typing.Any]] = {}
     for cls in (
@@ -165,6 +166,7 @@ def _implementations() -> dict[str, typing.Callable[..., typing.Any]]:
         ToolActivities,
         TurnActivities,
         ChildActivities,
+        ScheduledTurnActivities,
     ):
         for _, method in inspect.getmembers(cls, inspect.isfunction):
             definition = activity._Definition.from_callable(method)

@@ -22,9 +22,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import agent_task, of_type, wait_for_state
+from tests.test_cli import starter
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.schedules import ScheduleError, ScheduleInfo, ScheduleSpec, firing_id
 from waystation.client.temporal import temporal_binary
+from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.workflows.models import AgentTask
 
@@ -204,3 +206,50 @@ async def test_temporal_cli_lists_the_schedule(
     )
     assert schedule in [entry["scheduleId"] for entry in json.loads(listing.stdout)]
     await runtime.schedules.delete(schedule)
+
+
+async def test_cli_creates_lists_shows_pauses_triggers_and_deletes(
+    dev_env: WorkflowEnvironment, settings: Settings, dev_runtime: AgentRuntime
+) -> None:
+    schedule = name()
+    code, out, err = await starter(
+        dev_env,
+        settings,
+        "schedule",
+        "create",
+        schedule,
+        "check the deploy",
+        "--every",
+        "1h",
+        "--model",
+        "offline",
+        "--max-steps",
+        "3",
+        "--tenant",
+        "acme",
+    )
+    assert code == 0, err
+    assert f"schedule {schedule}: active, every 1h, overlap skip" in out
+    info = await dev_runtime.schedules.describe(schedule)
+    assert info.tenant == "acme" and info.every_seconds == [3600]
+    code, out, _ = await starter(dev_env, settings, "schedule", "list", "--tenant", "acme")
+    assert code == 0 and schedule in out
+    code, _, err = await starter(dev_env, settings, "schedule", "pause", schedule, "--note", "x")
+    assert code == 0 and "paused" in err
+    code, _, _ = await starter(dev_env, settings, "schedule", "trigger", schedule)
+    info = await wait_for_info(dev_runtime, schedule, lambda i: i.fired == 1)
+    assert info.paused and info.note == "x"
+    [run] = info.recent_runs
+    assert await closed(dev_runtime.client, run.task_id) == WorkflowExecutionStatus.COMPLETED
+    code, out, _ = await starter(dev_env, settings, "schedule", "show", schedule)
+    assert code == 0 and f"task {run.task_id}" in out
+    code, out, _ = await starter(dev_env, settings, "status", run.task_id)
+    assert code == 0, out
+    code, _, _ = await starter(dev_env, settings, "schedule", "delete", schedule)
+    assert code == 0
+    code, _, err = await starter(dev_env, settings, "schedule", "show", schedule)
+    assert code == 2 and f"no schedule named {schedule!r}" in err
+    code, _, err = await starter(
+        dev_env, settings, "schedule", "create", name(), "x", "--every", "1 hour"
+    )
+    assert code == 2 and "is not a duration" in err
