@@ -8,6 +8,7 @@ schedules: its CreateSchedule is `unimplemented`), a worker, the fake OpenAI ser
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import uuid
@@ -18,6 +19,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -25,9 +27,10 @@ from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.schedules import ScheduleError, ScheduleInfo, ScheduleSpec, firing_id
-from waystation.client.temporal import temporal_binary
+from waystation.client.temporal import DevServer, ensure_search_attributes, temporal_binary
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
+from waystation.testing.proc import free_port
 from waystation.workflows.models import AgentTask
 
 ANSWER = text("all quiet")
@@ -253,3 +256,60 @@ async def test_cli_creates_lists_shows_pauses_triggers_and_deletes(
         dev_env, settings, "schedule", "create", name(), "x", "--every", "1 hour"
     )
     assert code == 2 and "is not a duration" in err
+
+
+async def scheduled_ids(client: Client, schedule: str) -> list[str]:
+    """The ids of the executions the schedule started (one per run: a time started twice
+    would be listed twice)."""
+    query = f'TemporalScheduledById = "{schedule}"'
+    return [e.id async for e in client.list_workflows(query)]
+
+
+def due_times(schedule: str, ids: list[str]) -> list[datetime]:
+    return sorted(datetime.fromisoformat(i.removeprefix(f"{schedule}-")) for i in ids)
+
+
+async def test_catch_up_after_a_server_restart_runs_each_missed_firing_once(
+    settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    """The embedded server on its SQLite file, stopped while firings fall due and started
+    again: the schedule is still there, and every firing missed meanwhile ran, once. The
+    wait while it is down is on the clock by nature (the firings under test are times);
+    everything else waits for states."""
+    settings = settings.model_copy(
+        update={"dev_server_port": free_port(), "dev_server_ui_port": free_port()}
+    )
+    server = DevServer(settings)
+    server.start(timeout=60)
+    try:
+        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        await ensure_search_attributes(client)
+        runtime = AgentRuntime(client, settings)
+        schedule = name()
+        # Every firing runs whatever else runs (no skip), so each missed one shows.
+        task = agent_task(answering(fake_openai))
+        spec = ScheduleSpec(name=schedule, task=task, every_seconds=2, overlap="allow_all")
+        await runtime.create_schedule(spec)
+        await wait_for_info(runtime, schedule, lambda i: i.fired >= 1)
+        server.stop()
+        down_at = datetime.now(UTC)
+        await asyncio.sleep(7)  # three or four firings fall due while no server runs
+        server.start(timeout=60)
+        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        runtime = AgentRuntime(client, settings)
+        info = await runtime.schedules.describe(schedule)  # it survived the restart
+        assert info.every_seconds == [2]
+        async with asyncio.timeout(60):
+            while True:
+                ids = await scheduled_ids(client, schedule)
+                times = due_times(schedule, ids)
+                missed = [t for t in times if down_at < t < down_at + timedelta(seconds=7)]
+                if len(missed) >= 3:
+                    break
+                await asyncio.sleep(0.2)
+        assert len(ids) == len(set(ids))  # no firing ran twice
+        gaps = {b - a for a, b in itertools.pairwise(times)}
+        assert gaps == {timedelta(seconds=2)}  # none was lost, from the first to the last
+        await runtime.schedules.delete(schedule)
+    finally:
+        server.stop()
