@@ -165,6 +165,10 @@ class ScheduleRun(BaseModel):
     scheduled_at: datetime
     started_at: datetime
     task_id: str
+    firing_id: str = Field(
+        description="The workflow Temporal started: the task itself, or for a conversation "
+        "schedule the firing's turn workflow (NAME-turn-<time>)."
+    )
 
 
 class ScheduleInfo(BaseModel):
@@ -323,6 +327,7 @@ def info_of(name: str, described: ScheduleDescription, memo: ScheduleMemo) -> Sc
             scheduled_at=action.scheduled_at,
             started_at=action.started_at,
             task_id=memo.task_id or _workflow_id(action.action),
+            firing_id=_workflow_id(action.action),
         )
         for action in info.recent_actions[-RUNS_SHOWN:]
     ]
