@@ -5,11 +5,13 @@ import { h, replace } from "./dom.js";
 import { InboxFeed, mountInbox, waitingCount } from "./inbox.js";
 import { mountNewTask, mountTaskList } from "./tasks.js";
 import { mountTask } from "./task.js";
+import { mountSchedules } from "./schedules.js";
 
 const ROUTES = [
   [/^#\/inbox$/, (main, ctx) => mountInbox(main, ctx)],
   [/^#\/tasks$/, (main, ctx) => mountTaskList(main, ctx)],
   [/^#\/new$/, (main, ctx) => mountNewTask(main, ctx)],
+  [/^#\/schedules$/, (main, ctx) => mountSchedules(main, ctx)],
   // A sub-agent's id holds slashes: its address takes them encoded (as the console's links
   // write them) or as they are (typed, or from another tool).
   [/^#\/tasks\/(.+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
