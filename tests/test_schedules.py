@@ -18,7 +18,9 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from pydantic import SecretStr
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -31,7 +33,11 @@ from waystation.client.temporal import DevServer, ensure_search_attributes, temp
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.proc import free_port
-from waystation.workflows.models import AgentTask
+from waystation.testing.webhook_receiver import WebhookReceiver
+from waystation.testing.workers import running_worker
+from waystation.workflows.models import AgentTask, ScheduleLink
+from waystation.workflows.scheduled import ScheduledTurn
+from waystation.workflows.scheduled_turn import ScheduledTurnWorkflow
 
 ANSWER = text("all quiet")
 
@@ -313,3 +319,70 @@ async def test_catch_up_after_a_server_restart_runs_each_missed_firing_once(
         await runtime.schedules.delete(schedule)
     finally:
         server.stop()
+
+
+async def test_a_conversation_firing_started_again_delivers_nothing_twice(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """Each firing's turn workflow run twice under its id (as a retried or repeated firing
+    would be): the task starts once and takes the second firing's message once."""
+    runtime = dev_runtime
+    model = fake_openai.script([text("first"), text("second"), text("never")])
+    task = runtime.with_defaults(agent_task(model, "look again"))
+    schedule = name()
+    task = task.model_copy(update={"schedule": ScheduleLink(name=schedule)})
+    turn = ScheduledTurn(schedule=schedule, task_id=schedule, task=task)
+    queue = runtime.settings.task_queue
+    outcomes = []
+    for firing in (f"{schedule}-turn-1", f"{schedule}-turn-1", f"{schedule}-turn-2"):
+        outcomes.append(
+            await runtime.client.execute_workflow(
+                ScheduledTurnWorkflow.run,
+                turn,
+                id=firing,
+                task_queue=queue,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+        )
+        await closed(runtime.client, schedule)
+    again = await runtime.client.execute_workflow(
+        ScheduledTurnWorkflow.run,
+        turn,
+        id=f"{schedule}-turn-2",
+        task_queue=queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    assert [o.started for o in outcomes] == [True, True, False]
+    assert outcomes[1].duplicate and not outcomes[2].duplicate
+    assert again.message_id == outcomes[2].message_id
+    handle = runtime.get(schedule)
+    state = await wait_for_state(handle, lambda s: s.status == "done")
+    assert state.result == "second"
+    events = await handle.events(0)
+    assert len(of_type(events, "task_started")) == 1
+    assert [m.content for m in of_type(events, "user_message")] == ["look again"]
+    assert fake_openai.calls(model) == 2
+
+
+async def test_a_firings_notice_names_its_schedule(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    receiver = WebhookReceiver()
+    ops = {"name": "ops", "url": receiver.url("ops"), "events": ["done"], "secret": "s" * 32}
+    slack = {"name": "team", "url": receiver.url("team"), "events": ["done"], "format": "slack"}
+    notifying = settings.model_copy(update={"webhooks": SecretStr(json.dumps([ops, slack]))})
+    schedule = name()
+    try:
+        async with running_worker(dev_env.client, notifying):
+            runtime = AgentRuntime(dev_env.client, notifying)
+            await runtime.create_schedule(every_hour(schedule, agent_task(answering(fake_openai))))
+            await runtime.schedules.trigger(schedule)
+            [told] = await receiver.until(lambda got: len(got) == 1, "ops")
+            [posted] = await receiver.until(lambda got: len(got) == 1, "team")
+            await runtime.schedules.delete(schedule)
+    finally:
+        receiver.close()
+    body = told.json()
+    assert body["kind"] == "done" and body["task"]["schedule"] == schedule
+    assert body["task"]["id"].startswith(f"{schedule}-")
+    assert f"(schedule {schedule})" in posted.json()["text"]

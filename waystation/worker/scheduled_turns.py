@@ -4,9 +4,10 @@ The first firing starts the conversation's task (its id is the schedule's, the s
 every firing); each later one delivers the schedule's text to it as a message, through
 client/messaging.py like any person's message, with an id derived from the firing's: the
 task takes a message id once, so a retried attempt or a firing Temporal starts again
-delivers once. A retried first firing that finds the task started looks at the task's
-first run for its own firing before it sends a message: under the default overlap policy
-(skip) no other firing runs meanwhile, so that run is the one it started or an older one.
+delivers once. A firing that finds the task started looks at the first run of the task's
+current run chain for its own firing before it sends a message: the first firing, retried
+or started again, finds its own start there as long as no follow-up has closed that chain
+(under the default overlap policy, skip, no other firing runs while it is retried).
 """
 
 from __future__ import annotations
@@ -74,9 +75,8 @@ class ScheduledTurnActivities:
             return TurnDelivered(task_id=turn.task_id, started=True)
         except WorkflowAlreadyStartedError:
             pass  # the conversation goes on: this firing is its next turn
-        if activity.info().attempt > 1 and await first_run_firing(client, turn.task_id) == (
-            delivery.firing
-        ):
+        if await first_run_firing(client, turn.task_id) == delivery.firing:
+            # This firing started it: a retried attempt, or the firing started again.
             return TurnDelivered(task_id=turn.task_id, started=True, duplicate=True)
         message = Message(
             content=task.task,
