@@ -29,7 +29,12 @@ from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.schedules import ScheduleError, ScheduleInfo, ScheduleSpec, firing_id
-from waystation.client.temporal import DevServer, ensure_search_attributes, temporal_binary
+from waystation.client.temporal import (
+    DevServer,
+    connect_when_serving,
+    ensure_search_attributes,
+    temporal_binary,
+)
 from waystation.settings import Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.proc import free_port
@@ -288,7 +293,9 @@ async def test_catch_up_after_a_server_restart_runs_each_missed_firing_once(
     server = DevServer(settings)
     server.start(timeout=60)
     try:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await connect_when_serving(
+            target_host=server.address, data_converter=pydantic_data_converter
+        )
         await ensure_search_attributes(client)
         runtime = AgentRuntime(client, settings)
         schedule = name()
@@ -301,7 +308,9 @@ async def test_catch_up_after_a_server_restart_runs_each_missed_firing_once(
         down_at = datetime.now(UTC)
         await asyncio.sleep(7)  # three or four firings fall due while no server runs
         server.start(timeout=60)
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await connect_when_serving(
+            target_host=server.address, data_converter=pydantic_data_converter
+        )
         runtime = AgentRuntime(client, settings)
         info = await runtime.schedules.describe(schedule)  # it survived the restart
         assert info.every_seconds == [2]

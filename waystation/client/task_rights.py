@@ -10,7 +10,8 @@ form (through the API), the CLI and Python code are held to the same rules:
 - the deployment's caps on max_steps, sub-agent depth and sub-agent calls hold for every
   caller, and for the sub-agents the task may call;
 - ids of a sub-agent's form (`parent/step/call`) and the `parent` link are the workflow's
-  alone: a client that took one could answer for another task's sub-agent.
+  alone: a client that took one could answer for another task's sub-agent; the `schedule`
+  link is a schedule's firings' alone (its notices name the schedule).
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ def admit(
             400,
             "reserved_field",
             "parent is set only by a task that starts a sub-agent, never by a client: leave it out",
+        )
+    if task.schedule is not None:
+        raise TaskRefusedError(
+            "schedule",
+            400,
+            "reserved_field",
+            "schedule is set only on a schedule's firings (POST /schedules), never by a "
+            "client: leave it out",
         )
     _check_caps(task, settings, tools)
     if may_widen(role):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from waystation.client.schedules import ScheduleChange, ScheduleInfo, ScheduleSpec
@@ -27,6 +27,11 @@ TenantQuery = Annotated[str | None, Query(pattern=TENANT_PATTERN)]
 
 class ScheduleList(BaseModel):
     schedules: list[ScheduleInfo]
+
+
+class ScheduleDeleted(BaseModel):
+    name: str
+    deleted: bool = True
 
 
 class PauseBody(BaseModel):
@@ -63,11 +68,11 @@ async def change_schedule(
     return await runtime.schedules.change(name, body, tenant=who.tenant)
 
 
-@router.delete("/schedules/{name}", status_code=204)
-async def delete_schedule(name: ScheduleName, runtime: Runtime, who: Approver) -> Response:
+@router.delete("/schedules/{name}", response_model=ScheduleDeleted)
+async def delete_schedule(name: ScheduleName, runtime: Runtime, who: Approver) -> ScheduleDeleted:
     """Delete it; the tasks it started go on."""
     await runtime.schedules.delete(name, tenant=who.tenant)
-    return Response(status_code=204)
+    return ScheduleDeleted(name=name)
 
 
 @router.post("/schedules/{name}/pause", response_model=ScheduleInfo)
