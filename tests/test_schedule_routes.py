@@ -18,7 +18,7 @@ from tests.helpers import serving_api
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.servers.http_api import create_app
 from waystation.settings import ApiToken, Settings
-from waystation.testing.fake_openai import FakeOpenAI, text
+from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.workers import running_worker
 
 READER, APPROVER, ACME, GLOBEX = "reader-token", "approver-token", "acme-token", "globex-token"
@@ -171,3 +171,33 @@ async def test_bad_input_gets_a_clear_error(
     unknown = await api.get("/schedules/no-such-schedule", headers=as_(APPROVER))
     assert unknown.status_code == 404 and unknown.json()["error"] == "schedule_not_found"
     await api.delete(f"/schedules/{body['name']}", headers=as_(APPROVER))
+
+
+async def test_a_firing_is_listed_waits_in_the_inbox_and_is_approved_under_its_id(
+    api: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    """A firing's id holds its scheduled time (`:` and all): the task list, the inbox, a
+    task's routes and an approval take it as any task id."""
+    model = fake_openai.script([tools(("run_shell", {"command": "echo hi"})), text("ran it")])
+    body = new_schedule(model, task={"approval": {"policy": {"run_shell": "always"}}})
+    name = body["name"]
+    assert (await api.post("/schedules", json=body, headers=as_(APPROVER))).status_code == 201
+    await api.post(f"/schedules/{name}/trigger", headers=as_(APPROVER))
+    task_id = (await fired(api, name, APPROVER))["recent_runs"][0]["task_id"]
+    assert ":" in task_id
+    async with asyncio.timeout(60):
+        while True:
+            inbox = (await api.get("/approvals", headers=as_(APPROVER))).json()
+            if any(item["task_id"] == task_id for item in inbox["approvals"]):
+                break
+            await asyncio.sleep(0.1)
+    listed = await api.get("/tasks", params={"status": "waiting_approval"}, headers=as_(APPROVER))
+    assert task_id in [task["id"] for task in listed.json()["tasks"]]
+    decided = await api.post(f"/tasks/{task_id}/approve", json={}, headers=as_(APPROVER))
+    assert decided.status_code == 200, decided.text
+    async with asyncio.timeout(60):
+        while (await api.get(f"/tasks/{task_id}", headers=as_(READER))).json()["state"][
+            "status"
+        ] != "done":
+            await asyncio.sleep(0.1)
+    await api.delete(f"/schedules/{name}", headers=as_(APPROVER))
