@@ -267,6 +267,34 @@ async def test_cli_creates_lists_shows_pauses_triggers_and_deletes(
         dev_env, settings, "schedule", "create", name(), "x", "--every", "1 hour"
     )
     assert code == 2 and "is not a duration" in err
+    other = name()
+    code, out, err = await starter(
+        dev_env,
+        settings,
+        "schedule",
+        "create",
+        other,
+        "look again",
+        "--cron",
+        "30 8 * * 1-5",
+        "--timezone",
+        "Europe/Paris",
+        "--end-at",
+        "2030-01-01T00:00Z",
+        "--overlap",
+        "buffer_one",
+        "--conversation",
+        "--paused",
+        "--catchup-window",
+        "1h",
+    )
+    assert code == 0, err
+    assert f"every firing continues task {other}" in out
+    info = await dev_runtime.schedules.describe(other)
+    assert info.cron == ["30 8 * * 1-5"] and info.timezone == "Europe/Paris"
+    assert info.end_at == datetime(2030, 1, 1, tzinfo=UTC) and info.overlap == "buffer_one"
+    assert info.paused and info.conversation
+    await dev_runtime.schedules.delete(other)
 
 
 async def scheduled_ids(client: Client, schedule: str) -> list[str]:
