@@ -740,7 +740,7 @@ async def scheduled_conversation(runtime: AgentRuntime, fake: FakeOpenAI) -> str
         await runtime.schedules.trigger(name)
         first_turn = await fired_task(runtime, name)
         await runtime.client.get_workflow_handle(first_turn).result()  # the task has started
-        handle = runtime.get(name)
+        handle = runtime.get(f"schedule:{name}")
         await until(handle, lambda s: s.status == "done")
         await runtime.schedules.trigger(name)
         await until(handle, lambda s: s.status == "done" and s.result == "1 open")
@@ -750,7 +750,7 @@ async def scheduled_conversation(runtime: AgentRuntime, fake: FakeOpenAI) -> str
             turn.write_text(history.to_json())
     finally:
         await runtime.schedules.delete(name)
-    return name
+    return handle.id
 
 
 SCENARIOS: dict[str, Scenario] = {

@@ -92,7 +92,7 @@ async def test_a_reader_may_create_read_and_trigger_an_approver_may_also_manage(
     triggered = await api.post(f"/schedules/{name}/trigger", headers=as_(READER))
     assert triggered.status_code == 202
     task_id = (await fired(api, name, READER))["recent_runs"][0]["task_id"]
-    assert task_id.startswith(f"{name}-")
+    assert task_id.startswith(f"schedule:{name}-")
     task = (await api.get(f"/tasks/{task_id}", headers=as_(READER))).json()
     assert task["id"] == task_id
 

@@ -29,6 +29,7 @@ from tests.helpers import agent_task, of_type, wait_for_state
 from tests.test_cli import starter
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.schedules import ScheduleError, ScheduleInfo, ScheduleSpec, firing_id
+from waystation.client.task_rights import TaskRefusedError
 from waystation.client.temporal import (
     DevServer,
     connect_when_serving,
@@ -102,7 +103,7 @@ async def test_backfilled_hours_fire_at_their_times(
     start, end = hour - timedelta(minutes=30), hour + timedelta(hours=2, minutes=30)
     await runtime.schedules.backfill(schedule, start, end)
     expected = [firing_id(schedule, hour + timedelta(hours=h)) for h in range(3)]
-    assert expected[0] == f"{schedule}-2026-01-05T09:00:00Z"
+    assert expected[0] == f"schedule:{schedule}-2026-01-05T09:00:00Z"
     for task_id in expected:
         assert await closed(runtime.client, task_id) == WorkflowExecutionStatus.COMPLETED
         handle = runtime.get(task_id)
@@ -155,8 +156,9 @@ async def test_conversation_firings_continue_one_task(
     spec = every_hour(schedule, agent_task(model, "triage the tickets"), conversation=True)
     await runtime.create_schedule(spec)
     await runtime.schedules.trigger(schedule)
-    handle = runtime.get(schedule)
-    assert await closed(runtime.client, schedule) == WorkflowExecutionStatus.COMPLETED
+    task_id = f"schedule:{schedule}"
+    handle = runtime.get(task_id)
+    assert await closed(runtime.client, task_id) == WorkflowExecutionStatus.COMPLETED
     await runtime.schedules.trigger(schedule)
     info = await wait_for_info(runtime, schedule, lambda i: i.fired == 2 and not i.running)
     await wait_for_state(handle, lambda s: s.status == "done" and s.result == "found 1 more ticket")
@@ -168,8 +170,10 @@ async def test_conversation_firings_continue_one_task(
     # The second turn's model call saw what the first found.
     second = fake_openai.requests[model][-1]["messages"]
     assert any(m.get("content") == "found 3 tickets" for m in second)
-    assert info.conversation and info.task_id == schedule
-    assert {run.task_id for run in info.recent_runs} == {schedule}
+    assert info.conversation and info.task_id == task_id
+    assert {run.task_id for run in info.recent_runs} == {task_id}
+    firings = [run.firing_id for run in info.recent_runs]
+    assert len(set(firings)) == 2 and all(f.startswith(f"{task_id}-turn-") for f in firings)
     await runtime.schedules.delete(schedule)
 
 
@@ -187,6 +191,9 @@ async def test_schedule_refusals(dev_runtime: AgentRuntime, fake_openai: FakeOpe
     with pytest.raises(ScheduleError) as unknown:
         await runtime.schedules.describe(name())
     assert unknown.value.status == 404
+    with pytest.raises(TaskRefusedError) as reserved:
+        await runtime.run(task, task_id=f"schedule:{schedule}")  # a schedule's task id
+    assert reserved.value.kind == "reserved_task_id"
     with pytest.raises(ValueError, match="exactly one"):
         ScheduleSpec(name=name(), task=task)
     with pytest.raises(ValueError, match="time zone"):
@@ -289,7 +296,7 @@ async def test_cli_creates_lists_shows_pauses_triggers_and_deletes(
         "1h",
     )
     assert code == 0, err
-    assert f"every firing continues task {other}" in out
+    assert f"every firing continues task schedule:{other}" in out
     info = await dev_runtime.schedules.describe(other)
     assert info.cron == ["30 8 * * 1-5"] and info.timezone == "Europe/Paris"
     assert info.end_at == datetime(2030, 1, 1, tzinfo=UTC) and info.overlap == "buffer_one"
@@ -305,7 +312,7 @@ async def scheduled_ids(client: Client, schedule: str) -> list[str]:
 
 
 def due_times(schedule: str, ids: list[str]) -> list[datetime]:
-    return sorted(datetime.fromisoformat(i.removeprefix(f"{schedule}-")) for i in ids)
+    return sorted(datetime.fromisoformat(i.removeprefix(f"schedule:{schedule}-")) for i in ids)
 
 
 async def test_catch_up_after_a_server_restart_runs_each_missed_firing_once(
@@ -368,7 +375,8 @@ async def test_a_conversation_firing_started_again_delivers_nothing_twice(
     task = runtime.with_defaults(agent_task(model, "look again"))
     schedule = name()
     task = task.model_copy(update={"schedule": ScheduleLink(name=schedule)})
-    turn = ScheduledTurn(schedule=schedule, task_id=schedule, task=task)
+    task_id = f"schedule:{schedule}"
+    turn = ScheduledTurn(schedule=schedule, task_id=task_id, task=task)
     queue = runtime.settings.task_queue
     outcomes = []
     for firing in (f"{schedule}-turn-1", f"{schedule}-turn-1", f"{schedule}-turn-2"):
@@ -381,7 +389,7 @@ async def test_a_conversation_firing_started_again_delivers_nothing_twice(
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
         )
-        await closed(runtime.client, schedule)
+        await closed(runtime.client, task_id)
     again = await runtime.client.execute_workflow(
         ScheduledTurnWorkflow.run,
         turn,
@@ -392,7 +400,7 @@ async def test_a_conversation_firing_started_again_delivers_nothing_twice(
     assert [o.started for o in outcomes] == [True, True, False]
     assert outcomes[1].duplicate and not outcomes[2].duplicate
     assert again.message_id == outcomes[2].message_id
-    handle = runtime.get(schedule)
+    handle = runtime.get(task_id)
     state = await wait_for_state(handle, lambda s: s.status == "done")
     assert state.result == "second"
     events = await handle.events(0)
@@ -421,5 +429,5 @@ async def test_a_firings_notice_names_its_schedule(
         receiver.close()
     body = told.json()
     assert body["kind"] == "done" and body["task"]["schedule"] == schedule
-    assert body["task"]["id"].startswith(f"{schedule}-")
+    assert body["task"]["id"].startswith(f"schedule:{schedule}-")
     assert f"(schedule {schedule})" in posted.json()["text"]

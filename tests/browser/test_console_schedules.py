@@ -38,7 +38,7 @@ async def test_the_schedules_page_lists_runs_links_their_tasks_and_acts_by_role(
         link = row.locator("td.last a")
         await expect(link).to_have_count(1)
         task_id = await link.inner_text()
-        assert task_id.startswith(f"{name}-")
+        assert task_id.startswith(f"schedule:{name}-")
         await wait_for_state(stack.runtime.get(task_id), lambda s: s.status == "done")
         await link.click()
         await expect(page).to_have_url(f"{stack.url}/#/tasks/{quote(task_id, safe='')}")

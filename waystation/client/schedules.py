@@ -4,14 +4,16 @@ A schedule is a Temporal schedule whose id is its name, so it is listed by the T
 and `temporal schedule list`, survives a server restart, and keeps Temporal's overlap
 policies, catch-up window, pause and trigger. Its action starts the agent workflow with the
 task as `ws run` would start it (settings' defaults filled in and admitted for the caller's
-role when the schedule is made), under the workflow id `NAME`, to which Temporal appends the
-firing's scheduled time (`NAME-2026-12-07T09:00:00Z`): Temporal starts each scheduled time
-once, so a firing caught up or retried never runs twice, and the task is listed, read and
-answered under that id like any other.
+role when the schedule is made), under the workflow id `schedule:NAME`, to which Temporal
+appends the firing's scheduled time (`schedule:triage-2026-12-07T09:00:00Z`): Temporal
+starts each scheduled time once, so a firing caught up or retried never runs twice, and the
+task is listed, read and answered under that id like any other. No client may choose an id
+that starts with `schedule:` (task_rights.check_task_id), so a schedule's firings reach
+only the tasks it started, never another tenant's.
 
 A `conversation` schedule starts a small workflow instead (workflows/scheduled_turn.py):
-the first firing starts the task `NAME`, each later one sends it the schedule's text as
-its next message, so the agent sees what it found last time.
+the first firing starts the task `schedule:NAME`, each later one sends it the schedule's
+text as its next message, so the agent sees what it found last time.
 
 What the schedule is for (its tenant, whether it converses, its text) is in its memo
 (`waystation`): a token bound to a tenant sees only its tenant's schedules.
@@ -19,6 +21,7 @@ What the schedule is for (its tenant, whether it converses, its text) is in its 
 
 from __future__ import annotations
 
+import asyncio
 import zoneinfo
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -54,6 +57,7 @@ from waystation.workflows import search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.models import (
     SCHEDULE_NAME_PATTERN,
+    SCHEDULED_ID_PREFIX,
     AgentTask,
     ScheduleLink,
 )
@@ -74,7 +78,7 @@ OVERLAPS: dict[Overlap, ScheduleOverlapPolicy] = {
 }
 MEMO_KEY = "waystation"  # the schedule's memo: what it is for (ScheduleMemo)
 FIRING_MEMO_SCHEDULE = "schedule"  # a firing's own memo: the schedule that started it
-TURN_SUFFIX = "-turn"  # a conversation schedule's firings: NAME-turn-<scheduled time>
+TURN_SUFFIX = "-turn"  # a conversation schedule's firings: schedule:NAME-turn-<scheduled time>
 RUNS_SHOWN = 5  # next and recent runs a schedule's info shows
 DEFAULT_CATCHUP = timedelta(days=365)  # Temporal's own default catch-up window
 
@@ -220,10 +224,20 @@ class ScheduleChange(BaseModel):
         return self
 
 
+def action_id(name: str, conversation: bool = False) -> str:
+    """The workflow id of a schedule's action, to which Temporal appends each firing's time."""
+    return SCHEDULED_ID_PREFIX + name + (TURN_SUFFIX if conversation else "")
+
+
+def conversation_id(name: str) -> str:
+    """The task every firing of a conversation schedule continues."""
+    return SCHEDULED_ID_PREFIX + name
+
+
 def firing_id(name: str, scheduled_at: datetime, conversation: bool = False) -> str:
     """The workflow id Temporal gives the firing of `name` due at `scheduled_at`."""
     moment = scheduled_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"{name}{TURN_SUFFIX if conversation else ''}-{moment}"
+    return f"{action_id(name, conversation)}-{moment}"
 
 
 def temporal_spec(
@@ -259,12 +273,12 @@ def schedule_action(spec: ScheduleSpec, task_queue: str) -> ScheduleActionStartW
         "task_timeout": WORKFLOW_TASK_TIMEOUT,
     }
     if spec.conversation:
-        turn = ScheduledTurn(schedule=spec.name, task_id=spec.name, task=task)
+        turn = ScheduledTurn(schedule=spec.name, task_id=conversation_id(spec.name), task=task)
         return ScheduleActionStartWorkflow(
-            ScheduledTurnWorkflow.run, turn, id=spec.name + TURN_SUFFIX, **common
+            ScheduledTurnWorkflow.run, turn, id=action_id(spec.name, conversation=True), **common
         )
     return ScheduleActionStartWorkflow(
-        AgentWorkflow.run, AgentRun(task=task), id=spec.name, **common
+        AgentWorkflow.run, AgentRun(task=task), id=action_id(spec.name), **common
     )
 
 
@@ -371,7 +385,7 @@ class Schedules:
             tenant=spec.task.tenant,
             conversation=spec.conversation,
             text=summary(spec.task.task),
-            task_id=spec.name if spec.conversation else None,
+            task_id=conversation_id(spec.name) if spec.conversation else None,
         )
         try:
             await self.client.create_schedule(
@@ -437,8 +451,16 @@ class Schedules:
 
     async def trigger(self, name: str, tenant: str | None = None) -> None:
         """Fire it now, whatever its overlap policy says (Temporal's `trigger` runs even
-        while an earlier firing still runs: ALLOW_ALL for this one)."""
-        await self.describe(name, tenant)
+        while an earlier firing still runs: ALLOW_ALL for this one). Temporal names a firing
+        by its second, so a trigger in the second of the latest firing waits for the next
+        one: else both would be one firing (one id, one turn of a conversation)."""
+        info = await self.describe(name, tenant)
+        latest = max((run.scheduled_at for run in info.recent_runs), default=None)
+        if latest is not None:
+            next_second = latest.replace(microsecond=0) + timedelta(seconds=1)
+            wait = (next_second - datetime.now(UTC)).total_seconds()
+            if 0 < wait <= 1:
+                await asyncio.sleep(wait)
         await self.client.get_schedule_handle(name).trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
 
     async def backfill(

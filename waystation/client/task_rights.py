@@ -22,7 +22,7 @@ from waystation.activities.tools import ToolRegistry
 from waystation.settings import Role, Settings
 from waystation.settings.mcp_servers import McpServerConfig
 from waystation.vocabulary import ApprovalRule
-from waystation.workflows.models import AgentSpec, AgentTask
+from waystation.workflows.models import SCHEDULED_ID_PREFIX, AgentSpec, AgentTask
 from waystation.workflows.tool_catalog import split_name
 
 # Looser to stricter: a reader may move a tool's rule only rightwards.
@@ -46,7 +46,16 @@ def may_widen(role: Role) -> bool:
 
 
 def check_task_id(task_id: str) -> None:
-    """Refuse an id a client chose that has a sub-agent's form (`parent/step/call`)."""
+    """Refuse an id a client chose that has a sub-agent's form (`parent/step/call`) or a
+    schedule's (`schedule:...`: a schedule's firings would reach that task)."""
+    if task_id.startswith(SCHEDULED_ID_PREFIX):
+        raise TaskRefusedError(
+            "task_id",
+            400,
+            "reserved_task_id",
+            f"task id {task_id[:80]!r} starts with {SCHEDULED_ID_PREFIX!r}, the form of the ids "
+            "a schedule gives its tasks: choose another id",
+        )
     if "/" in task_id:
         raise TaskRefusedError(
             "task_id",

@@ -26,7 +26,7 @@ from waystation.client.messaging import deliver
 from waystation.client.starting import start_agent
 from waystation.client.task_errors import MessageRefusedError
 from waystation.workflows import errors
-from waystation.workflows.models import Message, ScheduleLink
+from waystation.workflows.models import SCHEDULED_ID_PREFIX, Message, ScheduleLink
 from waystation.workflows.run import AgentRun
 from waystation.workflows.scheduled import TurnDelivered, TurnDelivery
 
@@ -60,6 +60,13 @@ class ScheduledTurnActivities:
         """Start the conversation's task, or deliver the firing's turn to it."""
         client = activity.client()
         turn = delivery.turn
+        if not turn.task_id.startswith(SCHEDULED_ID_PREFIX):
+            raise ApplicationError(
+                f"task {turn.task_id!r} is not a schedule's: a schedule reaches only the tasks "
+                f"it starts, whose ids start with {SCHEDULED_ID_PREFIX!r}",
+                type=errors.SCHEDULED_TURN_REFUSED,
+                non_retryable=True,
+            )
         queue = activity.info().task_queue
         link = ScheduleLink(name=turn.schedule, firing=delivery.firing)
         task = turn.task.model_copy(update={"schedule": link})

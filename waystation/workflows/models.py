@@ -227,6 +227,9 @@ class QuestionSettings(Contract):
 # A schedule's name: its Temporal schedule id, and the start of its firings' task ids.
 SCHEDULE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
 SCHEDULE_NAME_CHARS = 80
+# The start of every id a schedule derives (its firings', a conversation schedule's task): no
+# client may choose one (task_rights.check_task_id), so a schedule reaches only its own tasks.
+SCHEDULED_ID_PREFIX = "schedule:"
 
 
 class ParentLink(Contract):
