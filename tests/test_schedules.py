@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from pydantic import SecretStr
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
@@ -431,3 +431,33 @@ async def test_a_firings_notice_names_its_schedule(
     assert body["kind"] == "done" and body["task"]["schedule"] == schedule
     assert body["task"]["id"].startswith(f"schedule:{schedule}-")
     assert f"(schedule {schedule})" in posted.json()["text"]
+
+
+async def test_a_conversation_schedule_made_again_for_another_tenant_reaches_no_task(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """Names are global: a schedule deleted and made again under its name for another
+    tenant leads to the first one's task, and delivers nothing to it."""
+    runtime = dev_runtime
+    model = answering(fake_openai)
+    schedule = name()
+    task_id = f"schedule:{schedule}"
+    spec = every_hour(schedule, agent_task(model, "look"), conversation=True)
+    await runtime.create_schedule(spec, tenant="acme")
+    await runtime.schedules.trigger(schedule)
+    assert await closed(runtime.client, task_id) == WorkflowExecutionStatus.COMPLETED
+    [first] = (await runtime.schedules.describe(schedule)).recent_runs
+    await runtime.schedules.delete(schedule)
+    # Temporal names a firing by its second: the new schedule's must not be the old one's.
+    while datetime.now(UTC) < first.scheduled_at.replace(microsecond=0) + timedelta(seconds=1):
+        await asyncio.sleep(0.05)
+    await runtime.create_schedule(spec, tenant="globex")
+    await runtime.schedules.trigger(schedule)
+    info = await wait_for_info(runtime, schedule, lambda i: i.fired == 1 and not i.running)
+    turn = runtime.client.get_workflow_handle(info.recent_runs[0].firing_id)
+    with pytest.raises(WorkflowFailureError) as refused:
+        await turn.result()
+    assert "another tenant's" in str(refused.value.cause.cause)
+    events = await runtime.get(task_id).events(0)
+    assert of_type(events, "user_message") == []
+    await runtime.schedules.delete(schedule)

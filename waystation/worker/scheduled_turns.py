@@ -25,6 +25,7 @@ from waystation.activities.run_history import read_run_input
 from waystation.client.messaging import deliver
 from waystation.client.starting import start_agent
 from waystation.client.task_errors import MessageRefusedError
+from waystation.client.task_list import task_tenant
 from waystation.workflows import errors
 from waystation.workflows.models import SCHEDULED_ID_PREFIX, Message, ScheduleLink
 from waystation.workflows.run import AgentRun
@@ -85,6 +86,14 @@ class ScheduledTurnActivities:
         if await first_run_firing(client, turn.task_id) == delivery.firing:
             # This firing started it: a retried attempt, or the firing started again.
             return TurnDelivered(task_id=turn.task_id, started=True, duplicate=True)
+        if await task_tenant(client, turn.task_id) != task.tenant:
+            # A schedule deleted, and one of the same name made for another tenant: the task
+            # its name leads to is not this schedule's.
+            raise ApplicationError(
+                f"task {turn.task_id} is another tenant's: a schedule of that name made it",
+                type=errors.SCHEDULED_TURN_REFUSED,
+                non_retryable=True,
+            )
         message = Message(
             content=task.task,
             message_id=turn_message_id(delivery.firing),
