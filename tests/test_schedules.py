@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ActivityError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -457,7 +458,9 @@ async def test_a_conversation_schedule_made_again_for_another_tenant_reaches_no_
     turn = runtime.client.get_workflow_handle(info.recent_runs[0].firing_id)
     with pytest.raises(WorkflowFailureError) as refused:
         await turn.result()
-    assert "another tenant's" in str(refused.value.cause.cause)
+    activity_failure = refused.value.cause
+    assert isinstance(activity_failure, ActivityError)
+    assert "another tenant's" in str(activity_failure.cause)
     events = await runtime.get(task_id).events(0)
     assert of_type(events, "user_message") == []
     await runtime.schedules.delete(schedule)
