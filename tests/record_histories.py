@@ -28,6 +28,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from tests.test_worker_versions import promote
 from waystation.client.agent_runtime import AgentRuntime, TaskCancelledError, TaskError, TaskHandle
+from waystation.client.schedules import ScheduleSpec
 from waystation.client.starting import start_agent
 from waystation.client.worker_versions import worker_version
 from waystation.settings import BUILTIN_TOOLS_MODULE
@@ -770,6 +771,56 @@ async def memory_remember_and_recall(runtime: AgentRuntime, fake: FakeOpenAI) ->
     return handle.id
 
 
+async def fired_task(runtime: AgentRuntime, schedule: str) -> str:
+    """The workflow of the schedule's latest firing, once it has one (bounded)."""
+    async with asyncio.timeout(30):
+        while not (info := await runtime.schedules.describe(schedule)).recent_runs:
+            await asyncio.sleep(0.1)
+    return info.recent_runs[0].firing_id
+
+
+async def scheduled_firing(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A schedule's firing, triggered: a task whose id is the schedule's and the firing's
+    time, and whose task names the schedule."""
+    model = fake.script([tools(("calculator", {"expression": "6*7"})), text("42 tickets")])
+    task = AgentTask(task="count the tickets", model=ModelSettings(name=model))
+    spec = ScheduleSpec(name="scheduled-firing", task=task, every_seconds=86400, paused=True)
+    await runtime.create_schedule(spec)
+    try:
+        await runtime.schedules.trigger(spec.name)
+        task_id = await fired_task(runtime, spec.name)
+        await finished(runtime.get(task_id))
+    finally:
+        await runtime.schedules.delete(spec.name)
+    return task_id
+
+
+async def scheduled_conversation(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A conversation schedule fired twice: its first firing's turn workflow starts the task,
+    the second's delivers the next turn as a message. The first firing's own workflow is
+    saved as `scheduled_turn.json` (its replay: tests/test_replay.py)."""
+    model = fake.script([text("3 open"), text("1 open")])
+    task = AgentTask(task="how many tickets are open?", model=ModelSettings(name=model))
+    name = "scheduled-conversation"
+    spec = ScheduleSpec(name=name, task=task, every_seconds=86400, paused=True, conversation=True)
+    await runtime.create_schedule(spec)
+    try:
+        await runtime.schedules.trigger(name)
+        first_turn = await fired_task(runtime, name)
+        await runtime.client.get_workflow_handle(first_turn).result()  # the task has started
+        handle = runtime.get(f"schedule:{name}")
+        await until(handle, lambda s: s.status == "done")
+        await runtime.schedules.trigger(name)
+        await until(handle, lambda s: s.status == "done" and s.result == "1 open")
+        turn = HISTORIES / "scheduled_turn.json"
+        if not turn.exists():
+            history = await runtime.client.get_workflow_handle(first_turn).fetch_history()
+            turn.write_text(history.to_json())
+    finally:
+        await runtime.schedules.delete(name)
+    return handle.id
+
+
 SCENARIOS: dict[str, Scenario] = {
     "offline_readme_task": offline_readme_task,
     "waited_for_a_capable_worker": waited_for_a_capable_worker,
@@ -800,6 +851,8 @@ SCENARIOS: dict[str, Scenario] = {
     "sealed_failure": sealed_failure,
     "sealed_cancel": sealed_cancel,
     "memory_remember_and_recall": memory_remember_and_recall,
+    "scheduled_firing": scheduled_firing,
+    "scheduled_conversation": scheduled_conversation,
     # Last: it promotes another version for a while.
     "sub_agent_on_the_new_version": sub_agent_on_the_new_version,
 }

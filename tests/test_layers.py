@@ -156,6 +156,7 @@ def _implementations() -> dict[str, typing.Callable[..., typing.Any]]:
     from waystation.activities.tool_activities import ToolActivities
     from waystation.activities.turns import TurnActivities
     from waystation.worker.child_outcomes import ChildActivities
+    from waystation.worker.scheduled_turns import ScheduledTurnActivities
 
     found: dict[str, typing.Callable[..., typing.Any]] = {}
     for cls in (
@@ -167,6 +168,7 @@ def _implementations() -> dict[str, typing.Callable[..., typing.Any]]:
         TurnActivities,
         ChildActivities,
         MemoryActivities,
+        ScheduledTurnActivities,
     ):
         for _, method in inspect.getmembers(cls, inspect.isfunction):
             definition = activity._Definition.from_callable(method)

@@ -190,6 +190,7 @@ async def test_each_kind_arrives_signed_with_the_documented_body_and_its_actions
         "id": "shed-1",
         "text": "paint the shed",
         "url": f"{CONSOLE}/#/tasks/shed-1",
+        "schedule": None,  # started by no schedule (docs/schedules.md)
     }
     assert notice["event"]["type"] == "approval_requested"
     assert notice["event"]["request_id"] == request_id

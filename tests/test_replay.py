@@ -12,6 +12,7 @@ from temporalio.worker import Replayer
 from waystation.activities.payload_codec import data_converter
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.run import AgentRun
+from waystation.workflows.scheduled_turn import ScheduledTurnWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -23,7 +24,9 @@ def test_there_are_recorded_histories() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_without_nondeterminism(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[AgentWorkflow, ScheduledTurnWorkflow], data_converter=pydantic_data_converter
+    )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
 

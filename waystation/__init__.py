@@ -50,6 +50,10 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from waystation.client.agent_runtime import AgentRuntime as AgentRuntime
     from waystation.client.agent_runtime import TaskHandle as TaskHandle
     from waystation.client.agent_runtime import TaskSummary as TaskSummary
+    from waystation.client.schedules import ScheduleChange as ScheduleChange
+    from waystation.client.schedules import ScheduleError as ScheduleError
+    from waystation.client.schedules import ScheduleInfo as ScheduleInfo
+    from waystation.client.schedules import ScheduleSpec as ScheduleSpec
     from waystation.client.streaming import StreamItem as StreamItem
     from waystation.client.task_errors import DecisionError as DecisionError
     from waystation.client.task_errors import MessageRefusedError as MessageRefusedError
@@ -106,6 +110,10 @@ _HOMES: dict[str, tuple[str, str]] = {
     "ModelSettings": ("waystation.workflows.models", "ModelSettings"),
     "NoWorkerError": ("waystation.client.task_errors", "NoWorkerError"),
     "QuestionSettings": ("waystation.workflows.models", "QuestionSettings"),
+    "ScheduleChange": ("waystation.client.schedules", "ScheduleChange"),
+    "ScheduleError": ("waystation.client.schedules", "ScheduleError"),
+    "ScheduleInfo": ("waystation.client.schedules", "ScheduleInfo"),
+    "ScheduleSpec": ("waystation.client.schedules", "ScheduleSpec"),
     "Settings": ("waystation.settings", "Settings"),
     "StorageError": ("waystation.activities.storage.errors", "StorageError"),
     "StreamItem": ("waystation.client.streaming", "StreamItem"),
@@ -173,6 +181,10 @@ __all__ = [
     "ModelSettings",
     "NoWorkerError",
     "QuestionSettings",
+    "ScheduleChange",
+    "ScheduleError",
+    "ScheduleInfo",
+    "ScheduleSpec",
     "Settings",
     "StorageError",
     "StreamItem",

@@ -37,64 +37,7 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     run = commands.add_parser("run", help="start a task and follow it live")
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--id", help="task id (default: generated); reusing one returns that task")
-    run.add_argument("--model", help="ENDPOINT:MODEL, a bare model name, or 'offline'")
-    run.add_argument(
-        "--fallback",
-        action="append",
-        dest="fallback_models",
-        metavar="MODEL",
-        help="a model a step moves to when the one before keeps failing with an outage "
-        "(repeat for more, in order)",
-    )
-    run.add_argument(
-        "--fallback-after",
-        dest="fallback_after_seconds",
-        type=float,
-        help="seconds a step retries a model through an outage before it moves on (default 60)",
-    )
-    run.add_argument(
-        "--reasoning-effort",
-        choices=["minimal", "low", "medium", "high"],
-        help="a reasoning model's effort (the Responses API's reasoning.effort)",
-    )
-    run.add_argument(
-        "--thinking-budget",
-        dest="thinking_budget_tokens",
-        type=int,
-        metavar="TOKENS",
-        help="Anthropic extended thinking: tokens a step may think with (1024 or more)",
-    )
-    run.add_argument("--max-steps", type=int, default=20)
-    run.add_argument("--token-budget", type=int)
-    run.add_argument(
-        "--cost-budget",
-        type=float,
-        metavar="USD",
-        help="most US dollars the task and its sub-agents may spend (needs a priced model)",
-    )
-    run.add_argument(
-        "--tenant", help="who the task is for: workers and quotas are shared fairly by tenant"
-    )
-    run.add_argument("--tools", help="comma-separated tool names the model may call")
-    memory_options(run)
-    run.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
-    run.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
-    run.add_argument(
-        "--tool-choice",
-        help="auto, none, required, or the name of the one tool the model must call",
-    )
-    run.add_argument(
-        "--first-chunk-timeout",
-        dest="first_chunk_timeout_seconds",
-        type=float,
-        help="seconds to wait for a model's first chunk (default 300: CPU-served models)",
-    )
-    run.add_argument("--approval-timeout", type=float, help="seconds a request may wait")
-    run.add_argument(
-        "--output-schema",
-        metavar="FILE",
-        help="a JSON Schema file: the task answers with data that fits it (validated)",
-    )
+    task_options(run)
     run.add_argument("--no-wait", action="store_true", help="print the task id and exit")
     run.add_argument("--quiet", action="store_true", help="no live view: print only the result")
     run.add_argument("--json", action="store_true", help="stream items as JSON lines")
@@ -110,6 +53,68 @@ def run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="ask y/n on a terminal (default; without one: exit), exit with code 3, or wait",
     )
     add_worker_flag(run)
+
+
+def task_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the task a command starts: `run`'s, and a schedule's firings'."""
+    parser.add_argument("--model", help="ENDPOINT:MODEL, a bare model name, or 'offline'")
+    parser.add_argument(
+        "--fallback",
+        action="append",
+        dest="fallback_models",
+        metavar="MODEL",
+        help="a model a step moves to when the one before keeps failing with an outage "
+        "(repeat for more, in order)",
+    )
+    parser.add_argument(
+        "--fallback-after",
+        dest="fallback_after_seconds",
+        type=float,
+        help="seconds a step retries a model through an outage before it moves on (default 60)",
+    )
+    parser.add_argument(
+        "--reasoning-effort",
+        choices=["minimal", "low", "medium", "high"],
+        help="a reasoning model's effort (the Responses API's reasoning.effort)",
+    )
+    parser.add_argument(
+        "--thinking-budget",
+        dest="thinking_budget_tokens",
+        type=int,
+        metavar="TOKENS",
+        help="Anthropic extended thinking: tokens a step may think with (1024 or more)",
+    )
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--token-budget", type=int)
+    parser.add_argument(
+        "--cost-budget",
+        type=float,
+        metavar="USD",
+        help="most US dollars the task and its sub-agents may spend (needs a priced model)",
+    )
+    parser.add_argument(
+        "--tenant", help="who the task is for: workers and quotas are shared fairly by tenant"
+    )
+    parser.add_argument("--tools", help="comma-separated tool names the model may call")
+    memory_options(parser)
+    parser.add_argument("--temperature", type=float, help="sampling temperature (0-2)")
+    parser.add_argument("--max-tokens", type=int, help="most tokens the model writes per step")
+    parser.add_argument(
+        "--tool-choice",
+        help="auto, none, required, or the name of the one tool the model must call",
+    )
+    parser.add_argument(
+        "--first-chunk-timeout",
+        dest="first_chunk_timeout_seconds",
+        type=float,
+        help="seconds to wait for a model's first chunk (default 300: CPU-served models)",
+    )
+    parser.add_argument("--approval-timeout", type=float, help="seconds a request may wait")
+    parser.add_argument(
+        "--output-schema",
+        metavar="FILE",
+        help="a JSON Schema file: the task answers with data that fits it (validated)",
+    )
 
 
 def respond_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from waystation.cli import arguments, deploy, init_command
+from waystation.cli import arguments, deploy, init_command, schedule_arguments
 
 if TYPE_CHECKING:
     from waystation.settings import Settings
@@ -56,6 +56,7 @@ COMMANDS = {
     "storage": ("admin_commands", "cmd_storage"),
     "memory": ("memory_command", "cmd_memory"),
     "deploy": ("deploy", "cmd_deploy"),
+    "schedule": ("schedule_commands", "cmd_schedule"),
 }
 
 
@@ -95,6 +96,7 @@ def parser() -> CommandParser:
     arguments.admin_commands(commands)
     init_command.add_parser(commands)
     deploy.add_parser(commands)
+    schedule_arguments.schedule_commands(commands)
     for command in commands.choices.values():
         command.add_argument(
             "-v",

@@ -34,6 +34,7 @@ from waystation.client.health import cannot_run, unanswered, worker_hint
 from waystation.client.memory_access import MemoryAccess
 from waystation.client.messaging import Delivery, deliver
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
+from waystation.client.schedules import ScheduleInfo, Schedules, ScheduleSpec
 from waystation.client.serving_workers import check_servable, offers_of
 from waystation.client.starting import WORKFLOW_TASK_TIMEOUT, start_agent
 from waystation.client.streaming import UNANSWERED, StreamHub, StreamItem, worker_too_busy
@@ -259,6 +260,26 @@ class AgentRuntime:
             return TaskHandle(self, task_id, awaits_turn=0, output_type=output_type)
         # Keep the started handle: it follows the run chain from this start.
         return TaskHandle(self, task_id, started, awaits_turn=0, output_type=output_type)
+
+    @functools.cached_property
+    def schedules(self) -> Schedules:
+        """This queue's schedules: list, describe, pause, resume, trigger, change, delete
+        (waystation/client/schedules.py)."""
+        return Schedules(self.client, self.settings.task_queue)
+
+    async def create_schedule(
+        self, spec: ScheduleSpec, *, role: Role = "approver", tenant: str | None = None
+    ) -> ScheduleInfo:
+        """Create a schedule whose firings run `spec.task` as `run` would start it: the
+        settings' defaults filled in now, admitted for `role` (a reader may not widen it),
+        its model checked; `tenant` as `run`'s. A firing is a task (docs/schedules.md)."""
+        task = self.with_defaults(spec.task)
+        if tenant is not None:
+            task = task.model_copy(update={"tenant": starting.checked_tenant(tenant)})
+        task = with_namespace(task)  # the firings' memory, as `run` resolves a task's
+        self.admit(task, role, spec.name)
+        await starting.check_model(self.settings, task)
+        return await self.schedules.create(spec.model_copy(update={"task": task}))
 
     async def send(self, task_id: str, content: str, **options: Any) -> TaskHandle:
         """`get(task_id).send(content, ...)`: see TaskHandle.send."""

@@ -29,9 +29,10 @@ from waystation.workflows import search
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.notice import NOTIFICATION_WORKFLOW_TYPE
 from waystation.workflows.notifications import NotificationWorkflow
+from waystation.workflows.scheduled_turn import ScheduledTurnWorkflow
 
 # The code here: what a worker of this checkout registers.
-THIS_CODE: tuple[type, ...] = (AgentWorkflow, NotificationWorkflow)
+THIS_CODE: tuple[type, ...] = (AgentWorkflow, NotificationWorkflow, ScheduledTurnWorkflow)
 # Temporal core names the event it could not match in its nondeterminism message.
 _EVENT_ID = re.compile(r"HistoryEvent\(id: (\d+)")
 # A progress line after this many histories of one source.

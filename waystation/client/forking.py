@@ -39,7 +39,9 @@ async def fork_input(
     # Decisions on calls not yet run stay with the original: the fork asks again.
     carry = RunCarry(state=fork_start(state), message=message, earlier=origin, forked=True)
     task = _limits_in_force(first.task, kept).model_copy(
-        update={k: v for k, v in limits.items() if v is not None} | {"parent": None}
+        # A fork stands alone: no sub-agent's parent, no schedule's firing.
+        update={k: v for k, v in limits.items() if v is not None}
+        | {"parent": None, "schedule": None}
     )
     return AgentRun(task=task, carry=carry)
 

@@ -10,7 +10,8 @@ form (through the API), the CLI and Python code are held to the same rules:
 - the deployment's caps on max_steps, sub-agent depth and sub-agent calls hold for every
   caller, and for the sub-agents the task may call;
 - ids of a sub-agent's form (`parent/step/call`) and the `parent` link are the workflow's
-  alone: a client that took one could answer for another task's sub-agent.
+  alone: a client that took one could answer for another task's sub-agent; the `schedule`
+  link is a schedule's firings' alone (its notices name the schedule).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from waystation.settings import Role, Settings
 from waystation.settings.mcp_servers import McpServerConfig
 from waystation.vocabulary import ApprovalRule
 from waystation.workflows.memory import FORGET_TOOL, REMEMBER_TOOL, tenant_of
-from waystation.workflows.models import AgentSpec, AgentTask
+from waystation.workflows.models import SCHEDULED_ID_PREFIX, AgentSpec, AgentTask
 from waystation.workflows.tool_catalog import split_name
 
 # Looser to stricter: a reader may move a tool's rule only rightwards.
@@ -46,7 +47,16 @@ def may_widen(role: Role) -> bool:
 
 
 def check_task_id(task_id: str) -> None:
-    """Refuse an id a client chose that has a sub-agent's form (`parent/step/call`)."""
+    """Refuse an id a client chose that has a sub-agent's form (`parent/step/call`) or a
+    schedule's (`schedule:...`: a schedule's firings would reach that task)."""
+    if task_id.startswith(SCHEDULED_ID_PREFIX):
+        raise TaskRefusedError(
+            "task_id",
+            400,
+            "reserved_task_id",
+            f"task id {task_id[:80]!r} starts with {SCHEDULED_ID_PREFIX!r}, the form of the ids "
+            "a schedule gives its tasks: choose another id",
+        )
     if "/" in task_id:
         raise TaskRefusedError(
             "task_id",
@@ -114,6 +124,14 @@ def admit(
             400,
             "reserved_field",
             "parent is set only by a task that starts a sub-agent, never by a client: leave it out",
+        )
+    if task.schedule is not None:
+        raise TaskRefusedError(
+            "schedule",
+            400,
+            "reserved_field",
+            "schedule is set only on a schedule's firings (POST /schedules), never by a "
+            "client: leave it out",
         )
     _check_caps(task, settings, tools)
     check_namespace_tenant(task)

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from waystation.client.agent_runtime import AgentRuntime
 from waystation.client.temporal import connect
-from waystation.servers.api import codec, console, memory, tasks
+from waystation.servers.api import codec, console, memory, schedules, tasks
 from waystation.servers.api.body_limit import BodyLimit
 from waystation.servers.api.errors import ERROR_RESPONSES, install_error_handlers
 from waystation.servers.api.hosts import HostCheck, is_loopback
@@ -76,6 +76,7 @@ def create_app(
     app.include_router(codec.router)
     app.include_router(tasks.router)
     app.include_router(memory.router)
+    app.include_router(schedules.router)
     app.include_router(console.router)
     mcp_sessions = mount_http(app, settings)  # MCP clients: streamable HTTP at /mcp
     return app

@@ -27,6 +27,7 @@ SHARED_SETUP_MODULES = frozenset(
         "tests/browser/test_console_composed.py",
         "tests/browser/test_console_roles.py",
         "tests/browser/test_console_memory.py",
+        "tests/browser/test_console_schedules.py",
         "tests/test_mcp_tools.py",
         "tests/sdk/test_sdk_query_then_update.py",
         "tests/test_real_models.py",

@@ -71,8 +71,10 @@ from waystation.worker import log as worker_log
 from waystation.worker.activity_slots import ActivitySlots, worker_tuner
 from waystation.worker.child_outcomes import ChildActivities
 from waystation.worker.first_version import become_current_if_none
+from waystation.worker.scheduled_turns import ScheduledTurnActivities
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.notifications import NotificationWorkflow
+from waystation.workflows.scheduled_turn import ScheduledTurnWorkflow
 
 # A dead worker's sticky queue otherwise holds the next workflow task for 10 s.
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
@@ -262,6 +264,7 @@ class ServedActivities:
     children: ChildActivities
     memory: MemoryActivities
     redactor: Redactor
+    scheduled: ScheduledTurnActivities
 
     def functions(self) -> list[Callable[..., Any]]:
         """What the worker registers: one implementation for each contract the workflows
@@ -279,6 +282,7 @@ class ServedActivities:
             self.notify.notification_targets,
             self.notify.deliver,
             self.memory.recall_memory,
+            self.scheduled.deliver_scheduled_turn,
         ]
 
 
@@ -341,6 +345,7 @@ def served_activities(
         children=ChildActivities(),
         memory=MemoryActivities(storage.memory),
         redactor=redactor,
+        scheduled=ScheduledTurnActivities(),
     )
 
 
@@ -402,7 +407,7 @@ def build_worker(
         owns_storage=owns_storage,
         offer=offer,
         task_queue=queue,
-        workflows=[AgentWorkflow, NotificationWorkflow],
+        workflows=[AgentWorkflow, NotificationWorkflow, ScheduledTurnWorkflow],
         activities=served.functions(),
         no_remote_activities=not activities,
         workflow_runner=WORKFLOW_RUNNER,

@@ -30,6 +30,7 @@ from waystation.workflows.run import (
     SealRequest,
     TurnClaim,
 )
+from waystation.workflows.scheduled import TurnDelivered, TurnDelivery
 from waystation.workflows.tool_catalog import ListToolsRequest, ToolCatalog
 
 
@@ -97,6 +98,11 @@ async def recall_memory(request: RecallRequest) -> RecallResult:
     raise ContractOnly("recall_memory")
 
 
+@activity.defn(name="deliver_scheduled_turn")
+async def deliver_scheduled_turn(delivery: TurnDelivery) -> TurnDelivered:
+    raise ContractOnly("deliver_scheduled_turn")
+
+
 CONTRACTS = (
     call_llm,
     summarize_context,
@@ -110,4 +116,5 @@ CONTRACTS = (
     notification_targets,
     deliver_notification,
     recall_memory,
+    deliver_scheduled_turn,
 )

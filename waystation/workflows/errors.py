@@ -55,3 +55,7 @@ WEBHOOK_REJECTED = "WebhookRejected"
 WEBHOOK_UNAVAILABLE = "WebhookUnavailable"
 # The worker that took the delivery has no endpoint of that name.
 WEBHOOK_NOT_CONFIGURED = "WebhookNotConfigured"
+
+# A conversation schedule's firing whose task takes no message (it failed or was cancelled:
+# resume or fork it): the firing fails, and the next one tries again.
+SCHEDULED_TURN_REFUSED = "ScheduledTurnRefused"

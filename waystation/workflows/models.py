@@ -229,6 +229,14 @@ class QuestionSettings(Contract):
     )
 
 
+# A schedule's name: its Temporal schedule id, and the start of its firings' task ids.
+SCHEDULE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
+SCHEDULE_NAME_CHARS = 80
+# The start of every id a schedule derives (its firings', a conversation schedule's task): no
+# client may choose one (task_rights.check_task_id), so a schedule reaches only its own tasks.
+SCHEDULED_ID_PREFIX = "schedule:"
+
+
 class ParentLink(Contract):
     """Where a sub-agent's task sits in its tree: the task that called it, the tree's
     root, the chain of agent names from the root, and the call it answers."""
@@ -238,6 +246,14 @@ class ParentLink(Contract):
     path: list[str] = Field(description="The agents from the root down to this one.")
     depth: int = Field(ge=1)
     call_id: str
+
+
+class ScheduleLink(Contract):
+    """Set on a task a schedule starts: the schedule's name, and for a `conversation`
+    schedule's task, the firing that started it (a retried firing finds its own start)."""
+
+    name: str = Field(min_length=1, max_length=SCHEDULE_NAME_CHARS, pattern=SCHEDULE_NAME_PATTERN)
+    firing: str | None = Field(default=None, max_length=300)
 
 
 # A tenant names who a task is for (an API token's name, or `tenant` on the task); Temporal's
@@ -392,6 +408,11 @@ class AgentTask(Contract):
         max_length=1_000,
         description="Load the items of the task's memory that best match this query into its "
         "system prompt when it starts (the `memory_recalled` event).",
+    )
+    schedule: ScheduleLink | None = Field(
+        default=None,
+        description="Set on a task a schedule starts (docs/schedules.md): the schedule's name; "
+        "its notices name it.",
     )
 
     _task_not_blank = field_validator("task")(not_blank)

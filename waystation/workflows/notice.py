@@ -85,6 +85,9 @@ class Notice(Contract):
     kind: NotifiableKind
     task_id: str
     task: str = Field(description="The task's text, shortened.")
+    schedule: str | None = Field(
+        default=None, description="The schedule that started the task, if one did."
+    )
     event: AgentEvent | None = Field(default=None, description="The event (none for `stuck`).")
     stuck: StuckNote | None = None
     endpoints: list[str] = Field(min_length=1)
@@ -137,7 +140,11 @@ def notice_key(task_id: str, event: AgentEvent) -> str:
 
 
 def notice_of(
-    event: AgentEvent, task_id: str, task: str, targets: NotificationTargets
+    event: AgentEvent,
+    task_id: str,
+    task: str,
+    targets: NotificationTargets,
+    schedule: str | None = None,
 ) -> Notice | None:
     """The notice an appended event makes, or None when no endpoint wants its kind."""
     if not isinstance(event, ApprovalRequested | QuestionAsked | Done | Failed):
@@ -150,6 +157,7 @@ def notice_of(
         kind=event.type,
         task_id=task_id,
         task=shortened(task, NOTICE_TASK_CHARS),
+        schedule=schedule,
         event=event,
         endpoints=endpoints,
         retry=targets.retry,

@@ -120,8 +120,9 @@ class Notifier:
     """What the agent workflow tells people: the kinds the endpoints want (asked once per
     run), the events of its log not told yet, and deliveries that failed."""
 
-    def __init__(self, task_id: str) -> None:
+    def __init__(self, task_id: str, schedule: str | None = None) -> None:
         self._task_id = task_id
+        self._schedule = schedule  # the schedule that started the task: its notices name it
         self._asked = False  # of the worker that began the run
         self._targets: NotificationTargets | None = None
         self._events: list[tuple[AgentEvent, str]] = []
@@ -159,7 +160,7 @@ class Notifier:
         targets = self._targets or await self._ask_elsewhere()
         events, self._events = self._events, []
         for event, task in events:
-            notice = notice_of(event, self._task_id, task, targets)
+            notice = notice_of(event, self._task_id, task, targets, self._schedule)
             if notice is None:
                 continue
             try:

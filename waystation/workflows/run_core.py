@@ -132,7 +132,8 @@ class RunCore:
         # The MCP tools this run saw (listed again by every run: a catalog is not carried).
         self._catalog: ToolCatalog | None = None
         self._unlisted: list[str] = list(self._task.mcp_servers or [])
-        self._notifier = Notifier(workflow.info().workflow_id)
+        schedule = self._task.schedule.name if self._task.schedule is not None else None
+        self._notifier = Notifier(workflow.info().workflow_id, schedule)
 
     def _append(self, event: AgentEvent) -> None:
         """Stamp the event with its place and time, fold it, publish it, keep its content."""

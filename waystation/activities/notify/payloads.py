@@ -113,6 +113,7 @@ def json_body(notice: Notice, console: str | None) -> dict[str, Any]:
             "id": notice.task_id,
             "text": notice.task,
             "url": task_url(console, notice.task_id),
+            "schedule": notice.schedule,
         },
         "event": event_view(notice),
         "request": request_view(notice),
@@ -200,6 +201,8 @@ def slack_body(notice: Notice, console: str | None) -> dict[str, Any]:
     """A Slack incoming-webhook message: `text` (the notification's fallback) and blocks
     with what happened, the API calls that act on it, and a button to the console."""
     headline = f"Task {notice.task_id} {_HEADLINES[notice.kind]}"
+    if notice.schedule is not None:
+        headline += f" (schedule {notice.schedule})"
     blocks: list[dict[str, Any]] = [
         _section(f"*{mrkdwn_escaped(headline)}*\n>{mrkdwn_escaped(shortened(notice.task, 300))}"),
         *(_section(paragraph) for paragraph in _what(notice)),

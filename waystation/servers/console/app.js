@@ -6,6 +6,7 @@ import { InboxFeed, mountInbox, waitingCount } from "./inbox.js";
 import { mountNewTask, mountTaskList } from "./tasks.js";
 import { mountTask } from "./task.js";
 import { mountMemory } from "./memory.js";
+import { mountSchedules } from "./schedules.js";
 
 const ROUTES = [
   [/^#\/inbox$/, (main, ctx) => mountInbox(main, ctx)],
@@ -13,6 +14,7 @@ const ROUTES = [
   [/^#\/new$/, (main, ctx) => mountNewTask(main, ctx)],
   [/^#\/memory$/, (main, ctx) => mountMemory(main, ctx)],
   [/^#\/memory\/(.+)$/, (main, ctx, ns) => mountMemory(main, ctx, decodeURIComponent(ns))],
+  [/^#\/schedules$/, (main, ctx) => mountSchedules(main, ctx)],
   // A sub-agent's id holds slashes: its address takes them encoded (as the console's links
   // write them) or as they are (typed, or from another tool).
   [/^#\/tasks\/(.+)$/, (main, ctx, id) => mountTask(main, ctx, decodeURIComponent(id))],
