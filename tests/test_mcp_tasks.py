@@ -25,6 +25,7 @@ from tests.chaos.workload import replay_all
 from tests.helpers import agent_task, of_type, wait_for_state
 from waystation.activities.builtin_tools import builtin_registry
 from waystation.activities.conversation_store import ConversationStore
+from waystation.activities.event_archive import ArchiveActivities, EventArchive
 from waystation.activities.llm import LlmActivities
 from waystation.activities.notify.delivery import NotificationActivities, webhook_retry
 from waystation.activities.payload_codec import payload_codec
@@ -317,12 +318,17 @@ async def listing_breaks(client: Client, settings: Settings) -> AsyncIterator[No
 
     storage = Storage.from_settings(settings)
     await storage.open()
-    store = ConversationStore(SealedBlobs(storage.blobs, payload_codec(settings)))
+    blobs = SealedBlobs(storage.blobs, payload_codec(settings))
+    store = ConversationStore(blobs)
     llm = LlmActivities(
         builtin_registry(), store, api_key=settings.api_key, base_url=settings.openai_base_url
     )
-    # Every run asks its worker, by a local activity, whom it tells of what.
+    # Every run asks its worker, by a local activity, whom it tells of what, and seals what
+    # its readers need as it closes by another.
     notify = NotificationActivities(settings.webhook_endpoints(), webhook_retry(settings), None)
+    archive = ArchiveActivities(
+        EventArchive(SealedBlobs(storage.blobs, payload_codec(settings))), store
+    )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
@@ -332,6 +338,7 @@ async def listing_breaks(client: Client, settings: Settings) -> AsyncIterator[No
             llm.save_conversation,
             broken_listing,
             notify.notification_targets,
+            archive.seal_run,
         ],
         workflow_runner=WORKFLOW_RUNNER,
     )

@@ -125,7 +125,9 @@ class _TaskReader:
     poll_within: timedelta = POLL_TIMEOUT
     """The deadline of the last poll answered: a long closed run needs a long one each time."""
     sealed: WorkflowStreamState | None = None
-    """The stream of the task's closed run as it sealed it, read instead of asking the run."""
+    """The stream of the task's closed run `sealed_run` as it sealed it, read instead of
+    asking the run."""
+    sealed_run: str | None = None
     sealed_checked: bool = False
 
     @property
@@ -311,15 +313,19 @@ class StreamHub:
             await asyncio.sleep(pause)
             pause = min(pause * 2, NEXT_TURN_INTERVAL.total_seconds())
 
-    async def _sealed_stream(self, task_id: str) -> WorkflowStreamState | None:
+    async def _sealed_stream(self, reader: _TaskReader) -> WorkflowStreamState | None:
         """The stream the task's latest run sealed, if that run has closed and sealed it."""
         if self._sealed is None:
             return None
-        seen = await overview(self._client, task_id)
+        seen = await overview(self._client, reader.task_id)
         if seen.status in (None, WorkflowExecutionStatus.RUNNING):
+            reader.sealed_run, reader.sealed = None, None
             return None
-        sealed = await self._sealed(task_id, seen.run_id)
-        return sealed.stream if sealed is not None else None
+        if seen.run_id != reader.sealed_run:
+            found = await self._sealed(reader.task_id, seen.run_id)
+            reader.sealed_run = seen.run_id
+            reader.sealed = found.stream if found is not None else None
+        return reader.sealed
 
     async def _status(self, task_id: str) -> WorkflowExecutionStatus | None:
         """The status of the task's latest run (a run continued as new is not the latest)."""
@@ -332,12 +338,13 @@ class StreamHub:
         answer loses no item, and must not end a live stream. When no worker polls the task
         queue at all, NoWorkerError says so; a server that cannot be reached ends the stream
         with its error."""
-        if not reader.sealed_checked:
+        # A closed task reads its latest run's seal, asking which run that is at each read
+        # (a message may have started the next); a running one is asked by query.
+        if self._sealed is not None and (reader.sealed_run or not reader.sealed_checked):
             reader.sealed_checked = True
-            reader.sealed = await self._sealed_stream(reader.task_id)
-        if reader.sealed is not None:
-            sealed = stream_wire.poll_sealed(reader.sealed, offset)
-            return self._decoded(sealed, offset, reader.follow)
+            if (stream := await self._sealed_stream(reader)) is not None:
+                sealed = stream_wire.poll_sealed(stream, offset)
+                return self._decoded(sealed, offset, reader.follow)
         pause = FOLLOW_INTERVAL.total_seconds()
         within = reader.poll_within
         while True:

@@ -30,6 +30,7 @@ from waystation.servers.api.paths import TASK
 from waystation.servers.usage import TaskUsage
 from waystation.vocabulary import StatusFilter, TaskStatus
 from waystation.workflows.events import AgentEvent, AgentState, TaskStarted
+from waystation.workflows.memory import with_namespace
 from waystation.workflows.models import (
     ANSWER_CHARS,
     TASK_TEXT_CHARS,
@@ -225,7 +226,7 @@ async def create_task(
     if "model" not in body.model_fields_set:
         body = body.model_copy(update={"model": default_model(runtime.settings)})
     body = body.model_copy(update={"tenant": who.tenant_of(body.tenant)})
-    body = runtime.with_defaults(body)
+    body = with_namespace(runtime.with_defaults(body))  # the task as `run` will start it
     runtime.admit(body, who.role)  # before the Idempotency-Key's task is looked up
     task_id = task_id_for(idempotency_key, who.tenant) if idempotency_key else None
     if task_id is not None:
