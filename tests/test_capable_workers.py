@@ -24,7 +24,7 @@ from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.serving_workers import offers_of
 from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
-from waystation.testing.fake_openai import FakeOpenAI, error, text, tools
+from waystation.testing.fake_openai import FakeOpenAI, error, text
 from waystation.testing.workers import running_worker
 from waystation.vocabulary import OFFLINE_MODEL
 from waystation.workflows import errors
@@ -49,7 +49,8 @@ async def test_a_task_whose_worker_lacks_its_tool_waits_until_a_worker_that_has_
 ) -> None:
     with_tool = settings.model_copy(update={"tools": USER_TOOLS})
     runtime = AgentRuntime(dev_env.client, with_tool)
-    model = fake_openai.script([tools(("basket_total", {"items": []})), text("empty")])
+    # It answers without calling the tool: the model call is what waits for a capable worker.
+    model = fake_openai.script([text("empty")])
     # No worker polls yet, so nothing refuses the start: the task waits for one.
     handle = await runtime.run(agent_task(model, SHOPPING, tools=["basket_total"]))
     async with running_worker(dev_env.client, settings):  # started before the tool existed
@@ -73,7 +74,6 @@ async def test_a_task_whose_worker_lacks_its_tool_waits_until_a_worker_that_has_
                 result = await handle.result()
                 events = await handle.events()
     assert result.result == "empty"
-    assert [o.output for o in of_type(events, "observation")] == ["0 items: 0.00"]
     assert len(of_type(events, "worker_found")) >= 1
     differing = [
         r.getMessage() for r in caplog.records if "differs from this one" in r.getMessage()
