@@ -294,7 +294,11 @@ async def test_a_reader_calls_only_the_deployments_sub_agents_an_approver_may_de
                 started = await api.post("/tasks", json=body, headers=AS_READER)
                 assert started.status_code == 201, started.text
                 held[started.json()["id"]] = given
-            # An approver may give a task a definition of its own.
+            # An approver may give a task a definition of its own, of tools that exist.
+            unknown = {**shell, "tools": ["teleport"]}
+            body = new_task(model, agents=[unknown], tools=["agent__shell"])
+            refused = await api.post("/tasks", json=body, headers=AS_APPROVER)
+            assert refused.status_code == 422 and "'teleport'" in refused.text, refused.text
             body = new_task(model, agents=[shell], tools=["agent__shell"])
             own = await api.post("/tasks", json=body, headers=AS_APPROVER)
             assert own.status_code == 201, own.text
