@@ -392,6 +392,26 @@ async def parent_with_two_children(runtime: AgentRuntime, fake: FakeOpenAI) -> s
     return handle.id
 
 
+async def sub_agent_held_by_its_task(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
+    """A task that holds the definition of the sub-agent it calls (`AgentTask.agents`, filled
+    in by the client): the model call offers the task's `finder`, and the child task holds
+    the sub-agents it may call in turn (none)."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if first_user_message(body).startswith("look in "):  # the child
+            return text("found nothing there")
+        if not results:
+            return tools((f"agent__{FINDER}", {"task": "look in the drawer"}))
+        return text("it looked: " + results[-1])
+
+    model = ModelSettings(name=fake.script(reply))
+    task = AgentTask(task="find the key", model=model, mcp_servers=[], tools=[f"agent__{FINDER}"])
+    handle = await runtime.run(task, task_id="sub_agent_held_by_its_task")
+    await handle.result()
+    return handle.id
+
+
 async def question_with_notifications(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     """An approval, a question and the answer, each told to a webhook endpoint by a worker
     that notifies (its own task queue): the run reads the targets and starts a child per
@@ -853,6 +873,7 @@ SCENARIOS: dict[str, Scenario] = {
     "memory_remember_and_recall": memory_remember_and_recall,
     "scheduled_firing": scheduled_firing,
     "scheduled_conversation": scheduled_conversation,
+    "sub_agent_held_by_its_task": sub_agent_held_by_its_task,
     # Last: it promotes another version for a while.
     "sub_agent_on_the_new_version": sub_agent_on_the_new_version,
 }

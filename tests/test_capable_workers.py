@@ -1,12 +1,11 @@
-"""No task runs on a worker that cannot serve it: a worker that lacks a task's sub-agent,
-tool or model endpoint leaves its model call to one that has it (the task shows
+"""No task runs on a worker that cannot serve it: a worker that lacks a task's tool or model
+endpoint leaves its model call to one that has it (the task shows
 `waiting_worker` meanwhile), a task no live worker can serve is refused before it starts,
 and workers and `ws doctor` say how their settings differ."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 import pytest
@@ -25,16 +24,16 @@ from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.serving_workers import offers_of
 from waystation.client.task_rights import TaskRefusedError
 from waystation.settings import Settings
-from waystation.testing.fake_openai import FakeOpenAI, error
+from waystation.testing.fake_openai import FakeOpenAI, error, text
 from waystation.testing.workers import running_worker
 from waystation.vocabulary import OFFLINE_MODEL
 from waystation.workflows import errors
 from waystation.workflows.models import ToolRequest
 
-MATH = json.dumps(
-    [{"name": "math", "description": "Works out arithmetic.", "tools": ["calculator"]}]
-)
-DELEGATING = "Have the math agent work out (12 + 30) * 7"
+# A tool of the user's own that only some workers load (a sub-agent needs no such worker:
+# its task holds its definition, tests/test_frozen_tables.py).
+USER_TOOLS = ["waystation.activities.builtin_tools", "tests.user_tools"]
+SHOPPING = "What is in my basket?"
 
 
 async def started_tasks(env: WorkflowEnvironment, settings: Settings) -> int:
@@ -42,22 +41,27 @@ async def started_tasks(env: WorkflowEnvironment, settings: Settings) -> int:
     return count.count
 
 
-async def test_a_task_whose_worker_lacks_its_agent_waits_until_a_worker_that_has_it_comes(
-    dev_env: WorkflowEnvironment, settings: Settings, caplog: pytest.LogCaptureFixture
+async def test_a_task_whose_worker_lacks_its_tool_waits_until_a_worker_that_has_it_comes(
+    dev_env: WorkflowEnvironment,
+    settings: Settings,
+    fake_openai: FakeOpenAI,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with_agent = settings.model_copy(update={"agents": MATH})
-    runtime = AgentRuntime(dev_env.client, with_agent)
+    with_tool = settings.model_copy(update={"tools": USER_TOOLS})
+    runtime = AgentRuntime(dev_env.client, with_tool)
+    # It answers without calling the tool: the model call is what waits for a capable worker.
+    model = fake_openai.script([text("empty")])
     # No worker polls yet, so nothing refuses the start: the task waits for one.
-    handle = await runtime.run(agent_task(OFFLINE_MODEL, DELEGATING))
-    async with running_worker(dev_env.client, settings):  # started before the agent existed
+    handle = await runtime.run(agent_task(model, SHOPPING, tools=["basket_total"]))
+    async with running_worker(dev_env.client, settings):  # started before the tool existed
         state = await wait_for_state(handle, lambda s: s.status == "waiting_worker")
-        assert state.missing == ["agent__math"]
+        assert state.missing == ["basket_total"]
         [waiting] = of_type(await handle.events(), "waiting_worker")
-        assert waiting.missing == ["agent__math"] and "lacks agent__math" in waiting.message
+        assert waiting.missing == ["basket_total"] and "lacks basket_total" in waiting.message
         code, out, _ = await starter(dev_env, settings, "status", handle.id, "--no-worker")
         assert code == 0, out
         assert "status    waiting_worker" in out
-        assert "waiting   for a worker that offers agent__math" in out
+        assert "waiting   for a worker that offers basket_total" in out
         # A worker with the agent comes while the one without it still polls.
         # Another connection: the SDK takes one worker per queue and client.
         base = dev_env.client
@@ -65,17 +69,16 @@ async def test_a_task_whose_worker_lacks_its_agent_waits_until_a_worker_that_has
             base.service_client.config.target_host, data_converter=base.data_converter
         )
         with caplog.at_level(logging.WARNING, logger="waystation.worker"):
-            async with running_worker(other, with_agent) as capable:
+            async with running_worker(other, with_tool) as capable:
                 await capable.say_how_others_differ()  # as `ws worker` does when it starts
                 result = await handle.result()
                 events = await handle.events()
-    assert "294" in result.result
-    assert [e.agent for e in of_type(events, "agent_started")] == ["math"]
+    assert result.result == "empty"
     assert len(of_type(events, "worker_found")) >= 1
     differing = [
         r.getMessage() for r in caplog.records if "differs from this one" in r.getMessage()
     ]
-    assert any("without agent__math" in line for line in differing), differing
+    assert any("without basket_total" in line for line in differing), differing
 
 
 async def until_polled(env: WorkflowEnvironment, settings: Settings) -> None:
@@ -91,39 +94,39 @@ async def test_a_task_no_live_worker_can_serve_is_refused_before_it_starts(
     dev_env: WorkflowEnvironment, settings: Settings
 ) -> None:
     offline_only = settings.model_copy(update={"openai_api_key": None, "openai_base_url": None})
-    with_agent = settings.model_copy(update={"agents": MATH})
+    with_tool = settings.model_copy(update={"tools": USER_TOOLS})
     async with running_worker(dev_env.client, offline_only):
         await until_polled(dev_env, offline_only)
         runtime = AgentRuntime(dev_env.client, offline_only)
         with pytest.raises(TaskRefusedError, match="a model endpoint for 'gpt-4o-mini'") as model:
             await runtime.run(agent_task("gpt-4o-mini"))
         assert model.value.kind == "no_capable_worker" and model.value.status == 409
-        with pytest.raises(TaskRefusedError, match="lacks agent__math"):
-            await AgentRuntime(dev_env.client, with_agent).run(
-                agent_task(OFFLINE_MODEL, DELEGATING)
+        with pytest.raises(TaskRefusedError, match="lacks basket_total"):
+            await AgentRuntime(dev_env.client, with_tool).run(
+                agent_task(OFFLINE_MODEL, SHOPPING, tools=["basket_total"])
             )
         # The API answers 409 with the same sentence, and starts nothing either.
-        async with api_over(AgentRuntime(dev_env.client, with_agent)) as api:
-            answer = await api.post(
-                "/tasks", json={"task": DELEGATING, "model": {"name": "offline"}}
-            )
+        async with api_over(AgentRuntime(dev_env.client, with_tool)) as api:
+            body = {"task": SHOPPING, "model": {"name": "offline"}, "tools": ["basket_total"]}
+            answer = await api.post("/tasks", json=body)
         assert answer.status_code == 409, answer.text
         assert answer.json()["error"] == "no_capable_worker"
-        assert "lacks agent__math" in answer.json()["detail"]
+        assert "lacks basket_total" in answer.json()["detail"]
         assert await started_tasks(dev_env, settings) == 0
         # What it can serve starts as ever.
         handle = await runtime.run(agent_task(OFFLINE_MODEL, "What is 2 + 3?"))
         assert (await handle.result()).result
         # The CLI says the same in one sentence; `ws doctor` names the difference.
-        agents = {"WAYSTATION_AGENTS": MATH}
+        named = {"WAYSTATION_TOOLS": ",".join(USER_TOOLS)}
         code, _, err = await starter(
-            dev_env, settings, "run", DELEGATING, "--no-worker", extra_env=agents
-        )
-        assert code == 2 and err.count("\n") == 1 and "lacks agent__math" in err, err
-        code, out, err = await starter(dev_env, settings, "doctor", extra_env=agents)
+            dev_env, settings, "run", SHOPPING, "--tools", "basket_total", "--no-worker",
+            extra_env=named,
+        )  # fmt: skip
+        assert code == 2 and err.count("\n") == 1 and "lacks basket_total" in err, err
+        code, out, err = await starter(dev_env, settings, "doctor", extra_env=named)
         assert code == 1, (out, err)
         assert f"task queue  {settings.task_queue}" in out
-        assert "differs" in out and "without agent__math" in out, out
+        assert "differs" in out and "without basket_total" in out, out
 
 
 async def test_ws_status_without_an_id_names_the_project_queue_and_workers(
@@ -142,19 +145,19 @@ async def test_a_waited_for_call_that_keeps_failing_fails_the_task_after_its_att
 ) -> None:
     """The worker that has what the task needs makes the call as often as max_attempts
     says, however many attempts met a worker without it; then the task fails as any other."""
-    with_agent = settings.model_copy(update={"agents": MATH})
+    with_tool = settings.model_copy(update={"tools": USER_TOOLS})
     model = fake_openai.script(lambda body: error(500, "the endpoint is down"))
-    task = agent_task(model, "anything").model_copy(
+    task = agent_task(model, "anything", tools=["basket_total"]).model_copy(
         update={"model": agent_task(model).model.model_copy(update={"max_attempts": 2})}
     )
-    handle = await AgentRuntime(dev_env.client, with_agent).run(task)
+    handle = await AgentRuntime(dev_env.client, with_tool).run(task)
     async with running_worker(dev_env.client, settings):
         await wait_for_state(handle, lambda s: s.status == "waiting_worker")
         base = dev_env.client
         other = await Client.connect(
             base.service_client.config.target_host, data_converter=base.data_converter
         )
-        async with running_worker(other, with_agent):
+        async with running_worker(other, with_tool):
             with pytest.raises(TaskFailedError, match="the endpoint is down"):
                 await handle.result()
             events = await handle.events()

@@ -155,6 +155,80 @@ async def test_the_endpoint_is_the_deployments_and_a_restart_moves_a_waiting_tas
     await replays_without_failure(dev_env, handle.id, runs=1)
 
 
+PROMPT = "You work out arithmetic, and answer with the number alone."
+
+
+def agents_env(prompt: str, model: str) -> dict[str, str]:
+    """WAYSTATION_AGENTS with one sub-agent, `math`, of this prompt and model."""
+    math = {
+        "name": "math",
+        "description": "Works out arithmetic.",
+        "system_prompt": prompt,
+        "model": {"name": model},
+        "tools": ["calculator"],
+        "max_steps": 3,
+    }
+    return {"WAYSTATION_AGENTS": json.dumps([math])}
+
+
+@pytest.mark.parametrize("change", ["removed", "redefined"])
+async def test_a_worker_restarted_with_other_agents_runs_the_sub_agent_the_task_started_with(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, change: str
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    model = fake_openai.script(
+        [
+            tools(("calculator", {"expression": "1 + 1"})),
+            tools(("agent__math", {"task": "Work out 6 * 7"})),
+            text("forty-two"),
+        ]
+    )
+    child_model = fake_openai.script([text("42")])
+    other_model = fake_openai.script([text("not the task's sub-agent")])
+    started_with = agents_env(PROMPT, child_model)
+    runtime = AgentRuntime(
+        dev_env.client, settings.model_copy(update={"agents": started_with["WAYSTATION_AGENTS"]})
+    )
+    handle = await started_waiting(runtime, settings, model, started_with)
+
+    # The deployment restarts its workers with the agent gone, or defined anew.
+    changed = (
+        {"WAYSTATION_AGENTS": "[]"}
+        if change == "removed"
+        else agents_env("You answer in riddles.", other_model)
+    )
+    second = await WorkerProcess(address, settings, changed).ready()
+    try:
+        await handle.approve()
+        assert (await handle.result()).result == "forty-two"
+        events = await handle.events()
+        [delegated] = of_type(events, "agent_started")
+        child = runtime.get(delegated.child_id)
+        assert (await child.result()).result == "42"
+        child_events = await child.events()
+    finally:
+        await stop(second)
+
+    # The task holds the definition it started with, and needs no worker that has it.
+    [started] = of_type(events, "task_started")
+    [spec] = started.task.agents
+    assert spec.system_prompt == PROMPT and spec.model.name == child_model
+    assert "agent__math" not in (started.task.requires or [])
+    # The restarted worker offered the task's own sub-agent, and the child ran its definition.
+    step_after = fake_openai.request_log(model)[1][0]
+    offered = {t["function"]["name"]: t["function"] for t in step_after["tools"]}
+    assert "Works out arithmetic." in offered["agent__math"]["description"]
+    [child_started] = of_type(child_events, "task_started")
+    assert child_started.task.system_prompt == PROMPT
+    assert child_started.task.model.name == child_model and child_started.task.agents == []
+    [(child_request, _, _)] = fake_openai.request_log(child_model)
+    assert child_request["messages"][0] == {"role": "system", "content": PROMPT}
+    assert fake_openai.calls(other_model) == 0
+
+    await replays_without_failure(dev_env, handle.id, runs=1)
+    await replays_without_failure(dev_env, delegated.child_id, runs=1)
+
+
 async def replays_without_failure(dev_env: WorkflowEnvironment, task_id: str, runs: int) -> None:
     """Every closed run of the task replays on the workflow code, none non-deterministic."""
     query = f"WorkflowId = '{task_id}' AND ExecutionStatus != 'Running'"

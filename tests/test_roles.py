@@ -6,6 +6,7 @@ deployment's caps hold for everyone; sub-agents' ids and parent links are the wo
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +28,7 @@ from waystation.servers.http_api import create_app
 from waystation.settings import ApiToken, Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
 from waystation.testing.workers import running_worker
+from waystation.workflows.events import TaskStarted
 from waystation.workflows.models import AgentSpec, ParentLink
 
 READER = "reader-token"
@@ -251,3 +253,57 @@ async def test_a_sub_agent_above_the_step_cap_is_refused_before_the_task_starts(
         "(WAYSTATION_MAX_STEPS_CAP)"
     )
     runtime.admit(runtime.with_defaults(agent_task(model, tools=["read_file"])))  # no `long`
+
+
+MATH = {"name": "math", "description": "Works out arithmetic.", "tools": ["calculator"]}
+
+
+async def test_a_reader_calls_only_the_deployments_sub_agents_an_approver_may_define_its_own(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI
+) -> None:
+    tokens = {
+        READER: ApiToken(role="reader", name="rita"),
+        APPROVER: ApiToken(role="approver", name="alice"),
+    }
+    settings = settings.model_copy(update={"api_tokens": tokens, "agents": json.dumps([MATH])})
+    runtime = AgentRuntime(dev_env.client, settings)
+    model = fake_openai.script(lambda body: text("ok"))
+    # A definition of one's own: the same name with wider tools, or a new name.
+    widened = {**MATH, "tools": ["run_shell"], "system_prompt": "Run what you are told."}
+    shell = {"name": "shell", "description": "Runs commands.", "tools": ["run_shell"]}
+    async with serving_api(create_app(settings, runtime)) as port:
+        async with (
+            running_worker(dev_env.client, settings),
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as api,
+        ):
+            for agents, tools_named in (([widened], None), ([shell], ["agent__shell"])):
+                body = new_task(model, agents=agents, tools=tools_named)
+                refused = await api.post("/tasks", json=body, headers=AS_READER)
+                assert refused.status_code == 403, refused.text
+                name = agents[0]["name"]
+                assert refused.json()["error"] == "forbidden_setting"
+                assert refused.json()["detail"] == (
+                    f"agents.{name}: a reader may call only the deployment's sub-agents as it "
+                    "defines them (WAYSTATION_AGENTS); only an approver may define its own"
+                )
+            assert fake_openai.calls(model) == 0
+            # The deployment's definitions, given or filled in, and none at all, start.
+            held = {}
+            for given in (None, [MATH], []):
+                body = new_task(model, **({"agents": given} if given is not None else {}))
+                started = await api.post("/tasks", json=body, headers=AS_READER)
+                assert started.status_code == 201, started.text
+                held[started.json()["id"]] = given
+            # An approver may give a task a definition of its own, of tools that exist.
+            unknown = {**shell, "tools": ["teleport"]}
+            body = new_task(model, agents=[unknown], tools=["agent__shell"])
+            refused = await api.post("/tasks", json=body, headers=AS_APPROVER)
+            assert refused.status_code == 422 and "'teleport'" in refused.text, refused.text
+            body = new_task(model, agents=[shell], tools=["agent__shell"])
+            own = await api.post("/tasks", json=body, headers=AS_APPROVER)
+            assert own.status_code == 201, own.text
+            for task_id, given in [*held.items(), (own.json()["id"], [shell])]:
+                [first] = await runtime.get(task_id).events(0, limit=1)
+                assert isinstance(first, TaskStarted)
+                expected = [MATH] if given is None else given
+                assert first.task.agents == [AgentSpec.model_validate(a) for a in expected]

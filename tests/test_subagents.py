@@ -340,3 +340,28 @@ def test_a_typed_sub_agent_keeps_its_callers_output_retries_and_every_inherited_
 
 def test_what_a_sub_agent_sets_itself_names_task_fields() -> None:
     assert agents.AGENT_OWNS <= AgentTask.model_fields.keys()
+
+
+def test_a_task_holds_the_sub_agents_its_tools_reach_as_deep_as_its_tree_may_grow() -> None:
+    math = AgentSpec(name="math", description="works out sums", tools=["calculator"])
+    planner = AgentSpec(name="planner", description="plans", tools=["agent__math"])
+    anyone = AgentSpec(name="anyone", description="calls every tool")  # tools None
+    specs = [math, planner, anyone]
+    assert agents.reachable(specs, ["agent__planner"], 1) == [planner]
+    assert agents.reachable(specs, ["agent__planner"], 2) == [math, planner]
+    assert agents.reachable(specs, ["agent__planner"], 0) == []
+    assert agents.reachable(specs, ["calculator"], 3) == []
+    assert agents.reachable(specs, None, 1) == specs
+    assert agents.reachable(specs, ["agent__anyone"], 2) == specs
+    # A child holds what it may call in turn; at the depth limit, the level past it (its
+    # model is offered them and told the limit); a task created before tasks held them, None.
+    parent = agent_task("offline", tools=["agent__planner"], max_agent_depth=1)
+    held = parent.model_copy(update={"agents": [math, planner]})
+    at = agents.link(held, "t", planner, "c")
+    child = agents.child_task(held, planner, "plan", agents.BudgetShare(), at)
+    assert child.agents == [math] and child.requires is None
+    needs = held.model_copy(update={"requires": ["calculator"]})
+    assert agents.child_task(needs, planner, "plan", agents.BudgetShare(), at).requires == []
+    old = parent.model_copy(update={"requires": ["calculator"]})
+    unheld = agents.child_task(old, planner, "plan", agents.BudgetShare(), at)
+    assert unheld.agents is None and unheld.requires == ["agent__math"]

@@ -221,7 +221,8 @@ async def test_after_a_promote_pinned_runs_stay_and_new_runs_start_on_the_new_ve
     )
     agents = json.dumps([helper.model_dump(mode="json")])
     await version_worker("v1", agents)
-    runtime = AgentRuntime(client, settings)
+    # The client defines the agent as the workers do: a task holds what it may call.
+    runtime = AgentRuntime(client, settings.model_copy(update={"agents": agents}))
     # Waits for approval on v1, then runs its shell call.
     waiting = await runtime.run(
         agent_task(

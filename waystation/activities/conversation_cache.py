@@ -13,7 +13,7 @@ person) misses, and the activity asks the workflow by query and the conversation
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from waystation.vocabulary import ApprovalRule
@@ -23,7 +23,7 @@ from waystation.workflows.conversation import (
     summary_message,
     tool_message,
 )
-from waystation.workflows.models import ChatMessage
+from waystation.workflows.models import AgentSpec, ChatMessage
 from waystation.workflows.tool_catalog import ToolCatalog, catalog_digest
 
 TASKS_KEPT = 128  # at least; a worker keeps as many as it caches workflows (worker.py)
@@ -50,6 +50,8 @@ class Conversation:
     output_schema: dict[str, Any] | None = None
     size: int | None = None
     """The messages' size, when known (a rebuilt conversation knows it without a count)."""
+    agents: list[AgentSpec] | None = None
+    """The sub-agents the task holds (None: it holds none, its worker's are offered)."""
 
     @property
     def catalog_digest(self) -> str | None:
@@ -110,14 +112,7 @@ class ConversationCache:
         messages = [*kept, *conversation.messages[end:]]
         digests = [*conversation.digests[:start], message_digest(kept[-1])]
         digests += conversation.digests[end:]
-        summarized = Conversation(
-            messages,
-            digests,
-            conversation.tools,
-            conversation.approval_policy,
-            conversation.catalog,
-            conversation.output_schema,
-        )
+        summarized = replace(conversation, messages=messages, digests=digests, size=None)
         self._remember(workflow_id, step, summarized, None)
 
     def _remember(
@@ -170,16 +165,7 @@ class ConversationCache:
         if last.digest.of(digests) != digest:
             return None
         self._calls.move_to_end(workflow_id)
-        known = last.conversation
-        return Conversation(
-            messages,
-            digests,
-            known.tools,
-            known.approval_policy,
-            known.catalog,
-            known.output_schema,
-            size,
-        )
+        return replace(last.conversation, messages=messages, digests=digests, size=size)
 
     def _forget_call(self, workflow_id: str) -> None:
         if (old := self._calls.pop(workflow_id, None)) is not None:

@@ -24,6 +24,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.workflow_streams import TopicHandle, WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from waystation.activities.agent_tools import TaskTools
 from waystation.activities.attempt_step import failures_name_step
 from waystation.activities.call_ids import unique_call_ids
 from waystation.activities.chat import ChatBackend, ChatDelta
@@ -239,6 +240,7 @@ class LlmActivities:
         from); `endpoints` the declared ones; `backends` serve models by their whole name;
         `quotas` the gate that holds calls to their endpoints' limits (None: no limits)."""
         self._registry = registry
+        self._task_tools = TaskTools(registry)
         self._store = store
         self._mcp = mcp
         self._redactor = redactor or Redactor()
@@ -309,6 +311,7 @@ class LlmActivities:
             context.approval_policy,
             context.catalog,
             context.output_schema,
+            agents=context.agents,
         )
 
     async def _query_context(self, message_count: int) -> LlmContext:
@@ -569,7 +572,8 @@ class LlmActivities:
         tools, policy = conversation.tools, conversation.approval_policy
         if conversation.catalog is not None and is_mcp_tool_name(name):
             return check_call(conversation.catalog, call_id, name, arguments, tools, policy)
-        return self._registry.check_call(call_id, name, arguments, tools, policy)
+        registry = self._task_tools.of(conversation.agents)
+        return registry.check_call(call_id, name, arguments, tools, policy)
 
     @activity.defn(name="call_llm")
     async def call_llm(self, request: LlmRequest) -> LlmResult:
@@ -685,7 +689,7 @@ class LlmActivities:
                 conversation = await self._conversation(
                     request.message_count, request.conversation_digest, request.catalog_digest
                 )
-                schemas = self._registry.schemas(conversation.tools)
+                schemas = self._task_tools.of(conversation.agents).schemas(conversation.tools)
                 sent = conversation.messages
                 if conversation.catalog is not None:
                     schemas = schemas + conversation.catalog.openai_tools(conversation.tools)
@@ -740,7 +744,8 @@ class LlmActivities:
         ]
         from_text = not written and request.model.recover_text_tool_calls and way != "native"
         if from_text:
-            offered = [tool.name for tool in self._registry.allowed(conversation.tools)]
+            registry = self._task_tools.of(conversation.agents)
+            offered = [tool.name for tool in registry.allowed(conversation.tools)]
             if conversation.catalog is not None:
                 offered += [t.name for t in conversation.catalog.tools()]
             if way == "tool":

@@ -17,6 +17,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from waystation.activities.agent_tools import spec_with_facts
 from waystation.activities.redaction import url_without_credentials
 from waystation.client.task_errors import UnknownToolsError
 from waystation.client.task_list import run_attributes
@@ -32,7 +33,7 @@ from waystation.settings.model_endpoints import (
     split_model_name,
 )
 from waystation.settings.model_facts import fact_updates
-from waystation.vocabulary import OFFLINE_MODEL, ApprovalRule
+from waystation.vocabulary import AGENT_TOOL_PREFIX, OFFLINE_MODEL, ApprovalRule
 from waystation.workflows import options
 from waystation.workflows.agent import AgentWorkflow
 from waystation.workflows.memory import FORGET_TOOL, REMEMBER_TOOL
@@ -71,19 +72,28 @@ def with_defaults(
     agents: Sequence[AgentSpec] = (),
 ) -> AgentTask:
     """The task as it will run: what it leaves unset, the settings fill in (with no MCP
-    servers named, every one they declare; the heartbeat timeout; what a worker must offer
-    it: the tools it names, or every one of `tool_names`; its model's context window and
-    way of structured output, from what is known of its models: settings/model_facts.py;
-    the prices of the models it and the sub-agents it may call (`agents`) call)."""
+    servers named, every one they declare; the heartbeat timeout; the definitions of the
+    sub-agents it may call (`agents`, unless it holds its own), their models resolved; what
+    a worker must offer it: the tools it names, or every one of `tool_names`, sub-agents
+    excepted (it holds their definitions); its model's context window and way of structured
+    output, from what is known of its models: settings/model_facts.py; the prices of the
+    models it and its sub-agents call)."""
     defaults: dict[str, Any] = {}
-    prices = price_table(settings.endpoints(), models_called(task, agents))
+    endpoints = settings.endpoints()
+    held = task.agents if task.agents is not None else agents
+    resolved = [spec_with_facts(spec, endpoints) for spec in held]
+    if resolved != task.agents:
+        defaults["agents"] = resolved
+    prices = price_table(endpoints, models_called(task, resolved))
     if prices != task.prices:
         defaults["prices"] = prices
-    if facts := fact_updates(task.model, settings.endpoints()):
+    if facts := fact_updates(task.model, endpoints):
         defaults["model"] = task.model.model_copy(update=facts)
     if task.requires is None:
         named = task.tools if task.tools is not None else sorted(tool_names)
-        needed = [name for name in named if name in tool_names]
+        needed = [
+            name for name in named if name in tool_names and not name.startswith(AGENT_TOOL_PREFIX)
+        ]
         # More than a task may record: any worker may take it (as a task started without).
         if len(needed) <= REQUIRES_RECORDED:
             defaults["requires"] = needed
@@ -161,14 +171,17 @@ def checked_tenant(tenant: str) -> str:
 
 
 def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:
-    """Refuse a task whose `tools` name a tool nobody offers (rather than drop it)."""
+    """Refuse a task whose `tools`, or whose sub-agents' tools, name a tool nobody offers
+    (rather than drop it)."""
     servers = set(task.mcp_servers or [])
-    unknown = [
-        name
-        for name in task.tools or []
-        if name not in tool_names
-        and ((split := split_name(name)) is None or split[0] not in servers)
-    ]
+    if task.agents is not None:  # besides the deployment's, the sub-agents it holds
+        tool_names = tool_names | {spec.tool_name for spec in task.agents}
+    unknown = [name for name in task.tools or [] if not is_offered(name, tool_names, servers)]
+    for spec in task.agents or []:
+        own = set(spec.mcp_servers) if spec.mcp_servers is not None else servers
+        unknown += [
+            n for n in spec.tools or [] if not is_offered(n, tool_names, own) and n not in unknown
+        ]
     unknown += [n for n in task.requires or [] if n not in tool_names and n not in unknown]
     if not unknown:
         return
@@ -182,6 +195,11 @@ def check_tools(task: AgentTask, tool_names: frozenset[str]) -> None:
     raise UnknownToolsError(
         unknown, f"unknown tool(s) in the task's tools: {named} (the tools are {offered}{mcp})"
     )
+
+
+def is_offered(name: str, tool_names: frozenset[str], servers: set[str]) -> bool:
+    """Whether a tool of `tool_names`, or of one of the MCP `servers`, is named `name`."""
+    return name in tool_names or ((split := split_name(name)) is not None and split[0] in servers)
 
 
 OPENAI_URL = "https://api.openai.com/v1"  # the openai client's default endpoint

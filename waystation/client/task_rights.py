@@ -7,6 +7,8 @@ form (through the API), the CLI and Python code are held to the same rules:
   an MCP server's declared rule), and name only the MCP servers the deployment declares,
   unless its caller may decide approvals (an approver; the CLI and Python code hold
   Temporal's credentials, so they are approvers);
+- a task may call only the deployment's sub-agents as it defines them, unless its caller
+  is an approver (a definition names the tools, prompt and model its child runs with);
 - the deployment's caps on max_steps, sub-agent depth and sub-agent calls hold for every
   caller, and for the sub-agents the task may call;
 - ids of a sub-agent's form (`parent/step/call`) and the `parent` link are the workflow's
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from waystation.activities.agent_tools import spec_with_facts
 from waystation.activities.tools import ToolRegistry
 from waystation.settings import Role, Settings
 from waystation.settings.mcp_servers import McpServerConfig
+from waystation.settings.model_endpoints import ModelEndpoint
 from waystation.vocabulary import ApprovalRule
+from waystation.workflows.agents import levels_offered, reachable
 from waystation.workflows.memory import FORGET_TOOL, REMEMBER_TOOL, tenant_of
 from waystation.workflows.models import SCHEDULED_ID_PREFIX, AgentSpec, AgentTask
 from waystation.workflows.tool_catalog import split_name
@@ -97,16 +102,24 @@ def deployment_rule(
 
 
 def callable_agents(task: AgentTask, tools: ToolRegistry) -> list[AgentSpec]:
-    """The sub-agents a task may call, and those they may call in turn, down the tree."""
-    found: dict[str, AgentSpec] = {}
-    names = list(task.tools if task.tools is not None else tools.names())
-    while names:
-        tool = tools.get(names.pop())
-        if tool is None or tool.agent is None or tool.name in found:
-            continue
-        found[tool.name] = tool.agent
-        names.extend(tool.agent.tools if tool.agent.tools is not None else tools.names())
-    return list(found.values())
+    """The sub-agents a task may call, and those they may call in turn, down the tree as
+    deep as it may grow: those it holds, else the deployment's (`tools`)."""
+    if task.agents is not None:
+        return task.agents
+    specs = [tool.agent for tool in tools.allowed(None) if tool.agent is not None]
+    depth = task.parent.depth if task.parent is not None else 0
+    return reachable(specs, task.tools, levels_offered(task, depth))
+
+
+def deployment_agents(
+    tools: ToolRegistry, endpoints: Mapping[str, ModelEndpoint]
+) -> dict[str, AgentSpec]:
+    """The deployment's sub-agents by name, as a task created here holds them."""
+    return {
+        tool.agent.name: spec_with_facts(tool.agent, endpoints)
+        for tool in tools.allowed(None)
+        if tool.agent is not None
+    }
 
 
 def admit(
@@ -137,6 +150,7 @@ def admit(
     check_namespace_tenant(task)
     if may_widen(role):
         return
+    check_agents(task, role, deployment_agents(tools, settings.endpoints()))
     for name, rule in task.approval.policy.items():
         default = deployment_rule(name, tools, servers, settings.memory_approval)
         if STRICTNESS[rule] < STRICTNESS[default]:
@@ -157,6 +171,21 @@ def admit(
             f"mcp_servers: a {role} may name only the MCP servers the deployment declares, "
             f"not {named}",
         )
+
+
+def check_agents(task: AgentTask, role: Role, deployment: Mapping[str, AgentSpec]) -> None:
+    """Refuse sub-agents other than the deployment's definitions: a definition names the
+    tools, prompt, model and MCP servers its child task runs with, so giving one's own
+    widens what a task may do (an approver's right)."""
+    for spec in task.agents or []:
+        if deployment.get(spec.name) != spec:
+            raise TaskRefusedError(
+                f"agents.{spec.name}",
+                403,
+                "forbidden_setting",
+                f"agents.{spec.name}: a {role} may call only the deployment's sub-agents as "
+                "it defines them (WAYSTATION_AGENTS); only an approver may define its own",
+            )
 
 
 def check_namespace_tenant(task: AgentTask) -> None:

@@ -358,6 +358,7 @@ class AgentWorkflow(StepCalls, Turns):
             approval_policy=self._task.approval.policy,
             catalog=self._catalog,
             output_schema=self._task.output_schema,
+            agents=self._task.agents,
         )
 
     @workflow.query(name=QUEUED_MESSAGES_QUERY)

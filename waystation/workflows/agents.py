@@ -14,6 +14,7 @@ limit stop runaway trees with a sentence.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -114,7 +115,46 @@ def budget_shares(task: AgentTask, used: Usage, calls: int) -> BudgetShare:
 AGENT_OWNS = frozenset(
     {"task", "system_prompt", "model", "tools", "max_steps", "token_budget", "cost_budget"}
     | {"output_schema", "mcp_servers", "parent", "requires", "memory_namespace", "recall"}
+    | {"agents"}
 )
+
+
+def reachable(
+    specs: Sequence[AgentSpec], names: Sequence[str] | None, levels: int
+) -> list[AgentSpec]:
+    """The sub-agents of `specs` a task whose tools are `names` (None: every one) may call,
+    and those they may call in turn, `levels` deep at most (in the order of `specs`)."""
+    by_tool = {spec.tool_name: spec for spec in specs}
+    found: set[str] = set()
+    wave = list(by_tool) if names is None else [n for n in names if n in by_tool]
+    for _ in range(levels):
+        wave = [name for name in dict.fromkeys(wave) if name not in found]
+        if not wave:
+            break
+        found.update(wave)
+        wave = [
+            name
+            for spec in (by_tool[n] for n in wave)
+            for name in (spec.tools if spec.tools is not None else by_tool)
+            if name in by_tool
+        ]
+    return [spec for spec in specs if spec.tool_name in found]
+
+
+def levels_offered(task: AgentTask, depth: int) -> int:
+    """How many levels of sub-agents a task at `depth` of a tree holds: those that may run
+    below it within max_agent_depth, and the level past them, offered so that a model that
+    calls one is told the limit (`refusal`) rather than that no such tool exists."""
+    return task.max_agent_depth - depth + 1
+
+
+def agents_in_turn(parent: AgentTask, spec: AgentSpec, depth: int) -> list[AgentSpec] | None:
+    """The sub-agents a child at `depth` may call in turn: those of its caller's that its own
+    tools reach, as deep as the tree may grow (`levels_offered`); None for a caller that
+    holds none (a task created before tasks held them: every worker offers its own)."""
+    if parent.agents is None:
+        return None
+    return reachable(parent.agents, spec.tools, levels_offered(parent, depth))
 
 
 def child_task(
@@ -137,16 +177,19 @@ def child_task(
         "requires": own_needs(parent, spec),
         "memory_namespace": child_namespace(parent, spec),
         "recall": None,  # the caller's loaded its own memory; a sub-agent recalls with a tool
+        "agents": agents_in_turn(parent, spec, at.depth),
     }
     return parent.model_copy(update=own)
 
 
 def own_needs(parent: AgentTask, spec: AgentSpec) -> list[str] | None:
     """What a worker must offer the child: its own tools (an MCP server's excepted: those
-    come with the server), or its caller's needs when it names none."""
+    come with the server; a sub-agent's too when the task holds their definitions: any
+    worker offers those), or its caller's needs when it names none."""
     if spec.tools is None or parent.requires is None:
         return parent.requires
-    return [n for n in spec.tools if SEPARATOR not in n or n.startswith(AGENT_TOOL_PREFIX)]
+    offered = AGENT_TOOL_PREFIX if parent.agents is None else None
+    return [n for n in spec.tools if SEPARATOR not in n or (offered and n.startswith(offered))]
 
 
 def refusal(task: AgentTask, call: ToolCall, index: int) -> ToolResult | None:

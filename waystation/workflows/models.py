@@ -283,6 +283,13 @@ class QuotaNotice(Contract):
     )
 
 
+def named_once(agents: list[AgentSpec] | None) -> list[AgentSpec] | None:
+    names = [spec.name for spec in agents or []]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise ValueError(f"names the sub-agent(s) {', '.join(twice)} more than once")
+    return agents
+
+
 class AgentTask(Contract):
     """Input of one agent task: everything the loop needs, recorded once in history."""
 
@@ -395,6 +402,16 @@ class AgentTask(Contract):
     parent: ParentLink | None = Field(
         default=None, description="Set on a sub-agent's task: the task that called it."
     )
+    agents: list[AgentSpec] | None = Field(
+        default=None,
+        max_length=100,
+        description="The sub-agents the task may call (`agent__<name>`), and those they may "
+        "call in turn within max_agent_depth, resolved from the deployment's definitions "
+        "(WAYSTATION_AGENTS) when the task is created: a worker restarted with other "
+        "definitions never changes a running task. Only an approver may give its own. None "
+        "(a task created before tasks kept them): the definitions of the worker that makes "
+        "each model call.",
+    )
     memory_namespace: str | None = Field(
         default=None,
         pattern=MEMORY_NAMESPACE_PATTERN,
@@ -417,6 +434,7 @@ class AgentTask(Contract):
 
     _task_not_blank = field_validator("task")(not_blank)
     _schema_checked = field_validator("output_schema")(schema_problem)
+    _agents_named_once = field_validator("agents")(named_once)
 
 
 class ToolCallRequest(Contract):
@@ -584,7 +602,9 @@ class ToolCall(Contract):
         "saving a round trip through the server.",
     )
     agent: AgentSpec | None = Field(
-        default=None, description="A call of a sub-agent: its definition, as the worker had it."
+        default=None,
+        description="A call of a sub-agent: its definition, as the task holds it (as the "
+        "worker had it, for a task that holds none).",
     )
 
     @property

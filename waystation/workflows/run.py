@@ -17,7 +17,7 @@ from waystation.vocabulary import ApprovalRule
 from waystation.workflows.approval import RecordedDecision
 from waystation.workflows.events import AgentEvent, AgentState
 from waystation.workflows.messages import QueuedMessage
-from waystation.workflows.models import AgentTask, ChatMessage, Contract, Usage
+from waystation.workflows.models import AgentSpec, AgentTask, ChatMessage, Contract, Usage
 from waystation.workflows.questions import RecordedAnswer
 from waystation.workflows.tool_catalog import ToolCatalog
 
@@ -160,6 +160,7 @@ class LlmContext(Contract):
     approval_policy: dict[str, ApprovalRule]
     catalog: ToolCatalog | None = None
     output_schema: dict[str, Any] | None = None
+    agents: list[AgentSpec] | None = None
 
 
 class EventsRequest(Contract):
