@@ -817,8 +817,9 @@ async def scheduled_firing(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
 
 async def scheduled_conversation(runtime: AgentRuntime, fake: FakeOpenAI) -> str:
     """A conversation schedule fired twice: its first firing's turn workflow starts the task,
-    the second's delivers the next turn as a message. The first firing's own workflow is
-    saved as `scheduled_turn.json` (its replay: tests/test_replay.py)."""
+    the second's delivers the next turn as a message. The first firing's own workflow, which
+    lasts until its turn answers, is saved as `scheduled_turn_watched.json` (its replay:
+    tests/test_replay.py)."""
     model = fake.script([text("3 open"), text("1 open")])
     task = AgentTask(task="how many tickets are open?", model=ModelSettings(name=model))
     name = "scheduled-conversation"
@@ -832,7 +833,8 @@ async def scheduled_conversation(runtime: AgentRuntime, fake: FakeOpenAI) -> str
         await until(handle, lambda s: s.status == "done")
         await runtime.schedules.trigger(name)
         await until(handle, lambda s: s.status == "done" and s.result == "1 open")
-        turn = HISTORIES / "scheduled_turn.json"
+        # Beside the turn recorded before a firing lasted its turn (scheduled_turn.json).
+        turn = HISTORIES / "scheduled_turn_watched.json"
         if not turn.exists():
             history = await runtime.client.get_workflow_handle(first_turn).fetch_history()
             turn.write_text(history.to_json())

@@ -178,6 +178,34 @@ async def test_conversation_firings_continue_one_task(
     await runtime.schedules.delete(schedule)
 
 
+async def test_a_conversation_firing_lasts_its_turn_and_overlapping_ones_are_skipped(
+    dev_runtime: AgentRuntime, fake_openai: FakeOpenAI
+) -> None:
+    """A conversation schedule firing every second whose first turn waits for a person: the
+    firing runs as long as its turn, so the next ones are skipped; once the person decides
+    and the turn answers, the next firing is the task's next turn."""
+    runtime = dev_runtime
+    model = fake_openai.script(
+        [tools(("run_shell", {"command": "echo hi"})), text("first turn"), text("second turn")]
+    )
+    schedule = name()
+    task = agent_task(model, "check the deploy", approval={"policy": {"run_shell": "always"}})
+    spec = ScheduleSpec(name=schedule, task=task, every_seconds=1, conversation=True)
+    await runtime.create_schedule(spec)
+    handle = runtime.get(f"schedule:{schedule}")
+    info = await wait_for_info(runtime, schedule, lambda i: i.fired >= 1 and i.skipped >= 2)
+    assert info.fired == 1 and len(info.running) == 1  # the first firing, its turn waiting
+    await runtime.schedules.pause(schedule)  # from here on, only the trigger below fires
+    waiting = await wait_for_state(handle, lambda s: bool(s.pending_approvals))
+    await handle.approve(next(iter(waiting.pending_approvals)))
+    await wait_for_info(runtime, schedule, lambda i: not i.running)  # the turn answered
+    await runtime.schedules.trigger(schedule)
+    await wait_for_state(handle, lambda s: s.turn == 1 and s.status == "done")
+    await runtime.schedules.delete(schedule)
+    [message] = of_type(await handle.events(0), "user_message")
+    assert message.content == "check the deploy" and message.turn == 1
+
+
 async def test_schedule_refusals(dev_runtime: AgentRuntime, fake_openai: FakeOpenAI) -> None:
     runtime = dev_runtime
     schedule = name()

@@ -283,6 +283,7 @@ class ServedActivities:
             self.notify.deliver,
             self.memory.recall_memory,
             self.scheduled.deliver_scheduled_turn,
+            self.scheduled.watch_scheduled_turn,
         ]
 
 

@@ -12,16 +12,20 @@ or started again, finds its own start there as long as no follow-up has closed t
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
+from datetime import timedelta
 
 from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from waystation.activities.run_history import read_run_input
+from waystation.client.health import overview
 from waystation.client.messaging import deliver
 from waystation.client.starting import start_agent
 from waystation.client.task_errors import MessageRefusedError
@@ -29,9 +33,11 @@ from waystation.client.task_list import task_tenant
 from waystation.workflows import errors
 from waystation.workflows.models import SCHEDULED_ID_PREFIX, Message, ScheduleLink
 from waystation.workflows.run import AgentRun
-from waystation.workflows.scheduled import TurnDelivered, TurnDelivery
+from waystation.workflows.scheduled import TURN_WATCH, TurnDelivered, TurnDelivery
 
 MESSAGE_ID_CHARS = 100  # Message.message_id's bound
+# How often a firing's watch asks Temporal whether its turn has ended.
+TURN_WATCH_INTERVAL = timedelta(seconds=1)
 
 
 def turn_message_id(firing: str) -> str:
@@ -106,3 +112,18 @@ class ScheduledTurnActivities:
                 str(err), type=errors.SCHEDULED_TURN_REFUSED, non_retryable=True
             ) from err
         return TurnDelivered(task_id=turn.task_id, message_id=message.message_id)
+
+    @activity.defn(name="watch_scheduled_turn")
+    async def watch_scheduled_turn(self, delivered: TurnDelivered) -> bool:
+        """Whether the task's turn has ended (its run closed: answered, failed or
+        cancelled), watched for up to TURN_WATCH (heartbeating)."""
+        client = activity.client()
+        deadline = time.monotonic() + TURN_WATCH.total_seconds()
+        while True:
+            seen = await overview(client, delivered.task_id)
+            if seen.status != WorkflowExecutionStatus.RUNNING:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            activity.heartbeat()
+            await asyncio.sleep(TURN_WATCH_INTERVAL.total_seconds())

@@ -103,6 +103,11 @@ async def deliver_scheduled_turn(delivery: TurnDelivery) -> TurnDelivered:
     raise ContractOnly("deliver_scheduled_turn")
 
 
+@activity.defn(name="watch_scheduled_turn")
+async def watch_scheduled_turn(delivered: TurnDelivered) -> bool:
+    raise ContractOnly("watch_scheduled_turn")
+
+
 CONTRACTS = (
     call_llm,
     summarize_context,
@@ -117,4 +122,5 @@ CONTRACTS = (
     deliver_notification,
     recall_memory,
     deliver_scheduled_turn,
+    watch_scheduled_turn,
 )

@@ -5,8 +5,9 @@ one at each firing, under an id Temporal derives from the schedule and the firin
 scheduled time. It runs one activity (worker/scheduled_turns.py) that starts the task at
 the first firing, and at each later one delivers the schedule's text to it through the one
 path every message takes (client/messaging.py), with the firing's id as the message id: a
-retried activity, or a firing Temporal retries, delivers once. The workflow ends when the
-message is delivered (kept durably by the task), not when the turn answers.
+retried activity, or a firing Temporal retries, delivers once. The workflow then lasts
+until the task's turn ends (it answers, fails or is cancelled), so that the schedule's
+overlap policy sees a firing whose turn still runs.
 
 The workflow: workflows/scheduled_turn.py. Pure models, no I/O.
 """
@@ -31,6 +32,16 @@ TURN_DELIVERY_RETRY = RetryPolicy(
     non_retryable_error_types=[errors.SCHEDULED_TURN_REFUSED],
 )
 TURN_DELIVERY_DEADLINE = timedelta(days=1)
+# Once delivered, the firing lasts until the task's turn ends, so that the schedule's overlap
+# policy (skip, by default) sees it running meanwhile: an activity watches the task for up to
+# TURN_WATCH, then the workflow sleeps a while (doubling up to TURN_WATCH_LONGEST_PAUSE)
+# and watches again, holding no worker while a turn waits for days on a person.
+TURN_WATCH = timedelta(minutes=5)
+TURN_WATCH_HEARTBEAT = timedelta(seconds=30)
+TURN_WATCH_FIRST_PAUSE = timedelta(minutes=1)
+TURN_WATCH_LONGEST_PAUSE = timedelta(hours=1)
+# Firings recorded before it ended once the message was delivered.
+TURN_WATCH_PATCH = "scheduled-turn-lasts-its-turn"
 
 
 class ScheduledTurn(Contract):
