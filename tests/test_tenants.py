@@ -30,6 +30,7 @@ from tests.test_resume_fork_edges import run_closed, steps_then_answer
 from waystation.activities.agent_tools import agent_tool
 from waystation.activities.builtin_tools import builtin_registry
 from waystation.client.agent_runtime import AgentRuntime
+from waystation.client.starting import FEW_RUNNING, PRIORITY_FEW, PRIORITY_MANY
 from waystation.client.task_list import task_tenant
 from waystation.client.temporal import temporal_binary
 from waystation.servers.api.auth import owned_task
@@ -327,6 +328,33 @@ async def test_sub_agents_follow_ups_and_forks_keep_the_tenant_and_temporal_sees
     assert listing.returncode == 0
     ids = {row["execution"]["workflowId"] for row in json.loads(out)}
     assert {handle.id, started.child_id, fork.id} <= ids
+
+
+async def test_a_tenant_with_few_tasks_running_goes_ahead_of_a_busy_one(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, names: dict[str, str]
+) -> None:
+    """Temporal task priority by tenant: once a tenant has FEW_RUNNING tasks running, its
+    next ones queue behind the tasks of a tenant with fewer (its tasks and sub-agents, and
+    their activities, inherit the task's priority). No worker polls: the tasks stay running."""
+    busy, quiet = names["acme"], names["globex"]
+    runtime = AgentRuntime(dev_env.client, settings)
+    model = fake_openai.script(lambda body: text("never asked"))
+    first = [await runtime.run(agent_task(model), tenant=busy) for _ in range(FEW_RUNNING)]
+    running = f'AgentTenant = "{busy}" AND ExecutionStatus = "Running"'
+    async with asyncio.timeout(30):  # until visibility counts them all
+        while (await dev_env.client.count_workflows(running)).count < FEW_RUNNING:
+            await asyncio.sleep(0.1)
+    late = await runtime.run(agent_task(model), tenant=busy)
+    few = await runtime.run(agent_task(model), tenant=quiet)
+    keys = {}
+    for handle in (first[0], late, few):
+        described = await handle.describe()
+        keys[handle.id] = described.raw_description.workflow_execution_info.priority
+    assert keys[first[0].id].priority_key == keys[few.id].priority_key == PRIORITY_FEW
+    assert keys[late.id].priority_key == PRIORITY_MANY > PRIORITY_FEW
+    assert {p.fairness_key for p in keys.values()} == {busy, quiet}
+    for handle in (*first, late, few):
+        await handle.cancel()
 
 
 async def test_a_resumed_task_keeps_its_tenant(

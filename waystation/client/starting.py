@@ -45,6 +45,7 @@ from waystation.workflows.models import (
     ModelSettings,
 )
 from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
+from waystation.workflows.search import AGENT_TENANT
 from waystation.workflows.tool_catalog import split_name
 
 WORKFLOW_TASK_TIMEOUT = options.WORKFLOW_TASK_TIMEOUT  # (workflows/options.py)
@@ -296,6 +297,25 @@ def summary(text: str, limit: int = SUMMARY_CHARS) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+# Temporal task priority keys (1 first, 5 last; 3 when unset): the tasks of a tenant with at
+# most FEW_RUNNING tasks running go ahead of the rest.
+PRIORITY_FEW, PRIORITY_MANY = 2, 3
+FEW_RUNNING = 10
+
+
+async def tenant_priority(client: Client, tenant: str | None) -> Priority:
+    """A tenant's task's place in the queue: its tenant is its fairness key, and a tenant
+    with few tasks running (FEW_RUNNING) goes ahead of busier ones (Temporal task priority,
+    inherited by the task's activities and sub-agents), so that under contention one
+    tenant's backlog never holds back another tenant's few tasks."""
+    if tenant is None:
+        return Priority.default
+    query = f'{AGENT_TENANT.name} = "{tenant}" AND ExecutionStatus = "Running"'
+    running = (await client.count_workflows(query)).count
+    key = PRIORITY_FEW if running < FEW_RUNNING else PRIORITY_MANY
+    return Priority(priority_key=key, fairness_key=tenant)
+
+
 async def start_agent(
     client: Client,
     task_id: str,
@@ -316,6 +336,7 @@ async def start_agent(
     fairness key: Temporal shares the queue's workers fairly between keys."""
     if run.task is not None:
         tenant = run.task.tenant
+    priority = await tenant_priority(client, tenant)
     return await client.start_workflow(
         AgentWorkflow.run,
         run,
@@ -327,6 +348,6 @@ async def start_agent(
         id_reuse_policy=reuse,
         static_summary=summary(text),
         search_attributes=run_attributes(started_at or datetime.now(UTC), tenant),
-        priority=Priority(fairness_key=tenant) if tenant is not None else Priority.default,
+        priority=priority,
         task_timeout=WORKFLOW_TASK_TIMEOUT,
     )
