@@ -16,6 +16,7 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError
 
 from waystation.activities.agent_tools import spec_with_facts
 from waystation.activities.redaction import url_without_credentials
@@ -311,7 +312,11 @@ async def tenant_priority(client: Client, tenant: str | None) -> Priority:
     if tenant is None:
         return Priority.default
     query = f'{AGENT_TENANT.name} = "{tenant}" AND ExecutionStatus = "Running"'
-    running = (await client.count_workflows(query)).count
+    try:
+        running = (await client.count_workflows(query)).count
+    except RPCError:
+        # A visibility store that cannot count: the task starts at the default priority.
+        return Priority(fairness_key=tenant)
     key = PRIORITY_FEW if running < FEW_RUNNING else PRIORITY_MANY
     return Priority(priority_key=key, fairness_key=tenant)
 
