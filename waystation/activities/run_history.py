@@ -74,7 +74,7 @@ async def sealed_run(
     found = await sealed(task_id, run_id)
     if found is None:
         return None
-    close = close or await _close_event(client, task_id, run_id)
+    close = close or await close_event_of(client, task_id, run_id)
     if close is None:
         return None
     if close.HasField("workflow_execution_canceled_event_attributes"):
@@ -102,7 +102,7 @@ async def _last_seq_of(client: Client, close: HistoryEvent) -> int | None:
     return None
 
 
-async def _close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent | None:
+async def close_event_of(client: Client, task_id: str, run_id: str) -> HistoryEvent | None:
     """The run's close event; None while it runs."""
     handle = client.get_workflow_handle(task_id, run_id=run_id)
     events = handle.fetch_history_events(

@@ -17,11 +17,11 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHistoryEventFilterType
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from waystation.activities.event_archive import EventArchive
-from waystation.activities.run_history import read_continuation, sealed_run
+from waystation.activities.run_history import close_event_of, read_continuation, sealed_run
 from waystation.activities.storage import Ledger
 from waystation.workflows import errors
 from waystation.workflows.run import AgentRun, ClaimedTurn, RunRef, TurnClaim
@@ -152,11 +152,7 @@ async def _latest_closed_run(client: Client, task_id: str) -> str:
 
 
 async def close_event(client: Client, task_id: str, run_id: str) -> HistoryEvent:
-    handle = client.get_workflow_handle(task_id, run_id=run_id)
-    events = handle.fetch_history_events(
-        event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
-    )
-    async for event in events:
+    if (event := await close_event_of(client, task_id, run_id)) is not None:
         return event
     # A run that has not closed yet: Temporal runs one run at a time, so it is this one's
     # predecessor closing right now; the activity's retry reads it again.
