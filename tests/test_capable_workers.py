@@ -209,3 +209,27 @@ async def test_tasks_started_at_once_ask_temporal_for_the_workers_once(
         # Asked again later, the answer is a fresh one.
         await runtime.run(agent_task(OFFLINE_MODEL, "one more"))
         assert len(asked) >= 2
+
+
+async def test_a_worker_missing_from_one_listing_does_not_let_a_refused_task_start(
+    dev_env: WorkflowEnvironment, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temporal forgets a live poller for a moment when it reloads a queue: a listing with no
+    worker just after one named it is a worker missed, not a worker gone or come."""
+    offline_only = settings.model_copy(update={"openai_api_key": None, "openai_base_url": None})
+    listing = pollers.polling_workers
+    listings: list[int] = []
+
+    async def blinking(client: Client, queue: str, *args: object, **kwargs: object) -> list[str]:
+        found = await listing(client, queue, *args, **kwargs)  # type: ignore[arg-type]
+        listings.append(len(found))
+        return [] if len(listings) % 2 == 1 else found  # the first and every other miss it
+
+    async with running_worker(dev_env.client, offline_only):
+        await until_polled(dev_env, offline_only)
+        monkeypatch.setattr(serving_workers, "polling_workers", blinking)
+        runtime = AgentRuntime(dev_env.client, offline_only)
+        with pytest.raises(TaskRefusedError, match="a model endpoint for 'gpt-4o-mini'"):
+            await runtime.run(agent_task("gpt-4o-mini"))
+    assert len(listings) >= 2 and all(listings)  # it was missed only by the stand-in
+    assert await started_tasks(dev_env, settings) == 0

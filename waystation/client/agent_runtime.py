@@ -33,9 +33,10 @@ from waystation.client.handle import QUERY_TIMEOUT, UPDATE_TIMEOUT, TaskHandle
 from waystation.client.health import cannot_run, unanswered, worker_hint
 from waystation.client.memory_access import MemoryAccess
 from waystation.client.messaging import Delivery, deliver
+from waystation.client.pollers import RECENT_POLL
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
 from waystation.client.schedules import ScheduleInfo, Schedules, ScheduleSpec
-from waystation.client.serving_workers import check_servable, offers_of
+from waystation.client.serving_workers import check_servable, offers_of, seen_lately
 from waystation.client.starting import WORKFLOW_TASK_TIMEOUT, start_agent
 from waystation.client.streaming import UNANSWERED, StreamHub, StreamItem, worker_too_busy
 from waystation.client.task_errors import (
@@ -190,14 +191,25 @@ class AgentRuntime:
         deadline = asyncio.get_running_loop().time() + WORKER_LISTING_GRACE.total_seconds()
         agents = task_rights.callable_agents(task, self.tools)
         endpoints = self.settings.endpoints()
+        queue = self.settings.task_queue
+        refusal: TaskRefusedError | None = None
         while True:
             offers = await offers_of(self.client, self.settings)
-            try:
-                check_servable(task, self.settings.task_queue, offers, endpoints, agents)
-                return
-            except TaskRefusedError:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise
+            # No worker listed just after one was (or one refused the task): Temporal
+            # missed it a moment, as it does when it reloads a queue; ask again.
+            missed = not offers and (
+                refusal is not None or seen_lately(self.client, queue, RECENT_POLL.total_seconds())
+            )
+            if not missed:
+                try:
+                    check_servable(task, queue, offers, endpoints, agents)
+                    return
+                except TaskRefusedError as refused:
+                    refusal = refused
+            if asyncio.get_running_loop().time() >= deadline:
+                if refusal is None:
+                    return  # no worker after all: the task starts, to wait for one
+                raise refusal
             await asyncio.sleep(0.5)
 
     @overload

@@ -11,6 +11,7 @@ is refused only when every live worker's offer is known and none serves it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 
 from temporalio.client import Client
@@ -75,6 +76,18 @@ async def offers_of(client: Client, settings: Settings) -> Offers:
     return await asyncio.shield(listing)
 
 
+# When this process last listed a worker on a queue, by client and queue name.
+_last_seen: dict[tuple[int, str], float] = {}
+
+
+def seen_lately(client: Client, task_queue: str, within: float) -> bool:
+    """Whether a listing in this process named a worker on `task_queue` in the last `within`
+    seconds: an empty listing then is more likely a worker Temporal missed (it forgets a
+    live poller for a moment when it reloads a queue) than a fleet gone."""
+    seen = _last_seen.get((id(client), task_queue))
+    return seen is not None and time.monotonic() - seen < within
+
+
 def _forget(key: tuple[int, int], listing: asyncio.Future[Offers]) -> None:
     _listing.pop(key, None)
     if not listing.cancelled():
@@ -88,6 +101,8 @@ async def _list_offers(client: Client, settings: Settings) -> Offers:
         )
     except RPCError:
         return []
+    if identities:
+        _last_seen[(id(client), settings.task_queue)] = time.monotonic()
     if all(d in _known for i in identities if (d := offer_digest_in(i))):
         return await _with_offers(identities, None, None)
     storage = Storage.from_settings(settings)
