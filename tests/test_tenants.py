@@ -30,9 +30,9 @@ from tests.test_resume_fork_edges import run_closed, steps_then_answer
 from waystation.activities.agent_tools import agent_tool
 from waystation.activities.builtin_tools import builtin_registry
 from waystation.client.agent_runtime import AgentRuntime
-from waystation.client.starting import FEW_RUNNING, PRIORITY_FEW, PRIORITY_MANY
 from waystation.client.task_list import task_tenant
 from waystation.client.temporal import temporal_binary
+from waystation.client.tenant_priority import FEW_RUNNING, PRIORITY_FEW, PRIORITY_MANY
 from waystation.servers.api.auth import owned_task
 from waystation.servers.http_api import create_app
 from waystation.settings import TENANT_NAME_PATTERN, ApiToken, Settings
@@ -354,6 +354,27 @@ async def test_a_tenant_with_few_tasks_running_goes_ahead_of_a_busy_one(
     assert keys[late.id].priority_key == PRIORITY_MANY > PRIORITY_FEW
     assert {p.fairness_key for p in keys.values()} == {busy, quiet}
     for handle in (*first, late, few):
+        await handle.cancel()
+
+
+async def test_a_burst_of_one_tenants_tasks_is_counted_as_it_starts(
+    dev_env: WorkflowEnvironment, settings: Settings, fake_openai: FakeOpenAI, names: dict[str, str]
+) -> None:
+    """Tasks started at once are not yet visible to one another's count: the burst shares
+    one count and places its starts after it, so only the first FEW_RUNNING go ahead."""
+    busy = names["acme"]
+    runtime = AgentRuntime(dev_env.client, settings)
+    model = fake_openai.script(lambda body: text("never asked"))
+    burst = FEW_RUNNING + 5
+    handles = await asyncio.gather(
+        *(runtime.run(agent_task(model), tenant=busy) for _ in range(burst))
+    )
+    levels = []
+    for handle in handles:
+        described = await handle.describe()
+        levels.append(described.raw_description.workflow_execution_info.priority.priority_key)
+    assert sorted(levels) == [PRIORITY_FEW] * FEW_RUNNING + [PRIORITY_MANY] * 5
+    for handle in handles:
         await handle.cancel()
 
 

@@ -15,14 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.service import RPCError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from waystation.activities.agent_tools import spec_with_facts
 from waystation.activities.redaction import url_without_credentials
 from waystation.client.task_errors import UnknownToolsError
 from waystation.client.task_list import run_attributes
 from waystation.client.task_rights import TaskRefusedError
+from waystation.client.tenant_priority import tenant_priority
 from waystation.prices import ModelPrice
 from waystation.settings import Settings
 from waystation.settings.model_endpoints import (
@@ -46,7 +46,6 @@ from waystation.workflows.models import (
     ModelSettings,
 )
 from waystation.workflows.run import MESSAGE_SIGNAL, AgentOutcome, AgentRun
-from waystation.workflows.search import AGENT_TENANT
 from waystation.workflows.tool_catalog import split_name
 
 WORKFLOW_TASK_TIMEOUT = options.WORKFLOW_TASK_TIMEOUT  # (workflows/options.py)
@@ -296,29 +295,6 @@ def summary(text: str, limit: int = SUMMARY_CHARS) -> str:
     """What the Web UI shows for a task (encoded like every payload when a codec is on)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-# Temporal task priority keys (1 first, 5 last; 3 when unset): the tasks of a tenant with at
-# most FEW_RUNNING tasks running go ahead of the rest.
-PRIORITY_FEW, PRIORITY_MANY = 2, 3
-FEW_RUNNING = 10
-
-
-async def tenant_priority(client: Client, tenant: str | None) -> Priority:
-    """A tenant's task's place in the queue: its tenant is its fairness key, and a tenant
-    with few tasks running (FEW_RUNNING) goes ahead of busier ones (Temporal task priority,
-    inherited by the task's activities and sub-agents), so that under contention one
-    tenant's backlog never holds back another tenant's few tasks."""
-    if tenant is None:
-        return Priority.default
-    query = f'{AGENT_TENANT.name} = "{tenant}" AND ExecutionStatus = "Running"'
-    try:
-        running = (await client.count_workflows(query)).count
-    except RPCError:
-        # A visibility store that cannot count: the task starts at the default priority.
-        return Priority(fairness_key=tenant)
-    key = PRIORITY_FEW if running < FEW_RUNNING else PRIORITY_MANY
-    return Priority(priority_key=key, fairness_key=tenant)
 
 
 async def start_agent(
