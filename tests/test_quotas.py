@@ -494,3 +494,33 @@ def test_a_backlog_alone_leaves_the_credit_to_a_tenant_that_comes_later() -> Non
     quiet = tuple(backlog.call(f"b{n}", "b") for n in range(5))
     outcome = backlog.ask(1.0, quiet)
     assert all(d.admitted for d in outcome.decisions[-5:])
+
+
+def test_a_tenant_held_back_by_a_models_own_quota_keeps_its_turn_beside_a_backlog() -> None:
+    """Both tenants wait for the model's quota: the one admitted least keeps its turn there,
+    though another tenant's backlog asks first and more often."""
+    quotas = (
+        ("ep", QuotaLimits(requests_per_minute=1_000)),
+        ("ep:m", QuotaLimits(requests_per_minute=120)),
+    )
+    backlog = Backlog(quotas, 200)
+    for tick in range(900):  # a's backlog alone for three minutes
+        backlog.ask(tick * 0.2)
+    # b's five calls come at once: more than its credit lets go together, so they wait
+    # for the model's pace beside a's backlog, which is asked for first at every ask.
+    quiet = [backlog.call(f"b{n}", "b") for n in range(5)]
+    went: dict[str, float] = {}
+    for tick in range(900, 1000):
+        outcome = backlog.ask(tick * 0.2, tuple(quiet))
+        went |= {r.call_id: tick * 0.2 - 180.0 for r in outcome.admitted if r.tenant == "b"}
+        quiet = [r for r in quiet if r.call_id not in went]
+    assert not quiet, "b's calls still wait"
+    period = PACE_PERIOD_SECONDS / 120
+    assert max(went.values()) <= 5 * period + 0.5, went  # one pace step each, no more
+
+
+def test_an_endpoint_with_only_models_limits_is_no_quota_of_its_own() -> None:
+    limits = EndpointLimits(per_model={"m": QuotaLimits(requests_per_minute=60)})
+    endpoint = ModelEndpoint(protocol="chat", limits=limits)
+    assert [key for key, _ in endpoint.quotas_of("ep", "m")] == ["ep:m"]
+    assert endpoint.quotas_of("ep", "other") == []

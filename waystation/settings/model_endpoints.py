@@ -49,7 +49,9 @@ class QuotaLimits(BaseModel):
 
     @property
     def limited(self) -> bool:
-        return any(v is not None for v in self.model_dump().values())
+        """Whether any of these limits is set (an endpoint's `per_model` is no limit of its
+        own: an endpoint with only those is no quota that its calls wait for)."""
+        return any(getattr(self, name) is not None for name in QuotaLimits.model_fields)
 
 
 class EndpointLimits(QuotaLimits):

@@ -142,7 +142,7 @@ def _blocked(
     # model's calls). Turns taken by each quota's own counts could disagree, and two calls
     # each wait for the other's turn.
     key, limits = request.quotas[0]
-    head = books[key].next_in_turn(key, request.call_id)
+    head = books[key].next_in_turn(request)
     if head is not None and head.call_id != request.call_id:
         return QuotaDecision(request.call_id, False, key, _first_limit(limits), None), False
     return None, False
@@ -185,11 +185,18 @@ class _QuotaBook:
         self.view.calls.append(call)
         self._count()
 
-    def next_in_turn(self, key: str, asking: str) -> Waiter | None:
-        """The waiter whose turn it is, among those no other quota held back at their last
-        ask (`asking` is asking again)."""
+    def next_in_turn(self, asking: QuotaRequest) -> Waiter | None:
+        """The waiter whose turn it is for `asking` (which may be it): the first in turn
+        order but those held back at their last ask by a quota `asking` does not count
+        against. One held back by a quota `asking` shares keeps its turn: what frees there
+        is its first, or a backlog of one tenant asking more often takes every unit."""
+        shared = {key for key, _ in asking.quotas}
         return next(
-            (w for w in self._turns if w.blocked_on in (None, key) or w.call_id == asking),
+            (
+                w
+                for w in self._turns
+                if w.blocked_on is None or w.blocked_on in shared or w.call_id == asking.call_id
+            ),
             None,
         )
 
