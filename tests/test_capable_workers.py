@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -19,7 +21,7 @@ from tests.test_resume_fork_edges import api_over
 from waystation.activities.storage import Storage
 from waystation.activities.tool_activities import ToolActivities
 from waystation.activities.tools import ToolRegistry
-from waystation.client import pollers, serving_workers
+from waystation.client import agent_runtime, pollers, serving_workers
 from waystation.client.agent_runtime import AgentRuntime, TaskFailedError
 from waystation.client.serving_workers import offers_of
 from waystation.client.task_rights import TaskRefusedError
@@ -211,25 +213,48 @@ async def test_tasks_started_at_once_ask_temporal_for_the_workers_once(
         assert len(asked) >= 2
 
 
-async def test_a_worker_missing_from_one_listing_does_not_let_a_refused_task_start(
-    dev_env: WorkflowEnvironment, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Temporal forgets a live poller for a moment when it reloads a queue: a listing with no
-    worker just after one named it is a worker missed, not a worker gone or come."""
-    offline_only = settings.model_copy(update={"openai_api_key": None, "openai_base_url": None})
+def listing_that_misses(misses: Callable[[int], bool]) -> tuple[list[int], Any]:
+    """A stand-in for Temporal's listing of a queue's workers that misses them when
+    `misses(n)` for its n-th listing (from 1), as Temporal does for a moment when it reloads
+    a queue; the listings it made, and itself."""
     listing = pollers.polling_workers
-    listings: list[int] = []
+    made: list[int] = []
 
     async def blinking(client: Client, queue: str, *args: object, **kwargs: object) -> list[str]:
         found = await listing(client, queue, *args, **kwargs)  # type: ignore[arg-type]
-        listings.append(len(found))
-        return [] if len(listings) % 2 == 1 else found  # the first and every other miss it
+        made.append(len(found))
+        return [] if misses(len(made)) else found
 
+    return made, blinking
+
+
+async def test_a_worker_missing_from_one_listing_does_not_let_a_refused_task_start(
+    dev_env: WorkflowEnvironment, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing with no worker just after one named it is a worker missed, not a worker
+    gone or come: asked again (the first listing here), and a refusal stands (the others)."""
+    offline_only = settings.model_copy(update={"openai_api_key": None, "openai_base_url": None})
     async with running_worker(dev_env.client, offline_only):
         await until_polled(dev_env, offline_only)
-        monkeypatch.setattr(serving_workers, "polling_workers", blinking)
         runtime = AgentRuntime(dev_env.client, offline_only)
+        made, blinking = listing_that_misses(lambda n: n % 2 == 1)  # the first, every other
+        monkeypatch.setattr(serving_workers, "polling_workers", blinking)
         with pytest.raises(TaskRefusedError, match="a model endpoint for 'gpt-4o-mini'"):
             await runtime.run(agent_task("gpt-4o-mini"))
-    assert len(listings) >= 2 and all(listings)  # it was missed only by the stand-in
-    assert await started_tasks(dev_env, settings) == 0
+        assert len(made) >= 3
+        # Only the refusal keeps it now: no listing is taken as a miss by its recency.
+        monkeypatch.setattr(agent_runtime, "seen_lately", lambda *_: False)
+        made, blinking = listing_that_misses(lambda n: n > 1)  # all but the first
+        monkeypatch.setattr(serving_workers, "polling_workers", blinking)
+        with pytest.raises(TaskRefusedError, match="a model endpoint for 'gpt-4o-mini'"):
+            await runtime.run(agent_task("gpt-4o-mini"))
+        assert len(made) >= 2
+        # No worker listed since one was, through the grace: gone, so the task starts to
+        # wait for one (a worker that can serve it).
+        monkeypatch.undo()
+        made, blinking = listing_that_misses(lambda n: True)
+        monkeypatch.setattr(serving_workers, "polling_workers", blinking)
+        waiting = await runtime.run(agent_task("gpt-4o-mini"))
+        assert len(made) >= 2
+    assert await started_tasks(dev_env, settings) == 1
+    await waiting.cancel()

@@ -30,6 +30,7 @@ from waystation.activities.storage.quota_state import (
     QuotaDecision,
     QuotaRequest,
     QuotaView,
+    Waiter,
     decide,
 )
 from waystation.settings.model_endpoints import EndpointLimits, ModelEndpoint, QuotaLimits
@@ -524,3 +525,16 @@ def test_an_endpoint_with_only_models_limits_is_no_quota_of_its_own() -> None:
     endpoint = ModelEndpoint(protocol="chat", limits=limits)
     assert [key for key, _ in endpoint.quotas_of("ep", "m")] == ["ep:m"]
     assert endpoint.quotas_of("ep", "other") == []
+
+
+def test_a_call_behind_a_waiter_held_by_a_models_quota_is_told_it_waits_for_that_quota() -> None:
+    quotas = (
+        ("ep", QuotaLimits(requests_per_minute=1_000)),
+        ("ep:m", QuotaLimits(requests_per_minute=120)),
+    )
+    held = Waiter("first", "b", 0.0, "ep:m")  # the model's pace held it at its last ask
+    views = {key: QuotaView(waiters=[held]) for key, _ in quotas}
+    outcome = decide(1.0, views, [QuotaRequest("second", "a", quotas, 100, 10.0)])
+    [decision] = outcome.decisions
+    assert not decision.admitted
+    assert (decision.quota, decision.limit) == ("ep:m", "requests_per_minute")

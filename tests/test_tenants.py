@@ -369,13 +369,15 @@ async def test_a_burst_of_one_tenants_tasks_is_counted_as_it_starts(
     handles = await asyncio.gather(
         *(runtime.run(agent_task(model), tenant=busy) for _ in range(burst))
     )
-    levels = []
-    for handle in handles:
-        described = await handle.describe()
-        levels.append(described.raw_description.workflow_execution_info.priority.priority_key)
-    assert sorted(levels) == [PRIORITY_FEW] * FEW_RUNNING + [PRIORITY_MANY] * 5
-    for handle in handles:
-        await handle.cancel()
+    try:
+        levels = []
+        for handle in handles:
+            described = await handle.describe()
+            levels.append(described.raw_description.workflow_execution_info.priority.priority_key)
+        assert sorted(levels) == [PRIORITY_FEW] * FEW_RUNNING + [PRIORITY_MANY] * 5
+    finally:
+        for handle in handles:
+            await handle.cancel()
 
 
 async def test_a_resumed_task_keeps_its_tenant(

@@ -530,7 +530,8 @@ class LlmActivities:
             yield QuotaTurn((), 0)
             return
         estimate = sum(estimate_tokens(m) for m in messages) + len(json.dumps(tools)) // 4
-        # Calibrated by the endpoint's quota: its provider's count is what the quota counts.
+        # Calibrated by the call's first quota (the endpoint's, when it has limits of its
+        # own): its provider's count is what the quota counts.
         calibrated_by = quotas[0][0]
         watchdog.expect(CONVERSATION_READ_SECONDS, "waiting for the model's quota")
         told = False

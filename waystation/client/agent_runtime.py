@@ -33,7 +33,6 @@ from waystation.client.handle import QUERY_TIMEOUT, UPDATE_TIMEOUT, TaskHandle
 from waystation.client.health import cannot_run, unanswered, worker_hint
 from waystation.client.memory_access import MemoryAccess
 from waystation.client.messaging import Delivery, deliver
-from waystation.client.pollers import RECENT_POLL
 from waystation.client.reset import repaired_points, reset_failed_task, reset_stuck_task
 from waystation.client.schedules import ScheduleInfo, Schedules, ScheduleSpec
 from waystation.client.serving_workers import check_servable, offers_of, seen_lately
@@ -104,6 +103,9 @@ T = TypeVar("T")
 
 
 WORKER_LISTING_GRACE = timedelta(seconds=5)
+# An empty listing this soon after one named a worker is taken as Temporal missing it (it
+# forgets a live poller until its next poll when it reloads a queue, a few seconds).
+MISSED_WORKER_SECONDS = 10.0
 
 
 class AgentRuntime:
@@ -198,7 +200,7 @@ class AgentRuntime:
             # No worker listed just after one was (or one refused the task): Temporal
             # missed it a moment, as it does when it reloads a queue; ask again.
             missed = not offers and (
-                refusal is not None or seen_lately(self.client, queue, RECENT_POLL.total_seconds())
+                refusal is not None or seen_lately(self.client, queue, MISSED_WORKER_SECONDS)
             )
             if not missed:
                 try:

@@ -32,16 +32,18 @@ COUNT_SERVES_SECONDS = 1.0
 class _Tally:
     """One count of a tenant's running tasks, and how many starts were placed after it."""
 
-    def __init__(self, counting: asyncio.Future[int | None]) -> None:
+    def __init__(self, key: tuple[int, str], counting: asyncio.Future[int | None]) -> None:
+        self.key = key
         self.counting = counting
         self.placed = 0
         self.counted_at: float | None = None
         counting.add_done_callback(self._counted)
 
     def _counted(self, counting: asyncio.Future[int | None]) -> None:
-        self.counted_at = time.monotonic()  # an error too: the next start counts afresh
-        if not counting.cancelled():
-            counting.exception()  # read here too: its callers may all have left
+        self.counted_at = time.monotonic()
+        failed = counting.cancelled() or counting.exception() is not None
+        if (failed or counting.result() is None) and _tallies.get(self.key) is self:
+            del _tallies[self.key]  # no count to serve: the next start asks afresh
 
     def fresh(self) -> bool:
         if self.counted_at is None:
@@ -60,7 +62,7 @@ async def tenant_priority(client: Client, tenant: str | None) -> Priority:
     key = (id(client), tenant)
     tally = _tallies.get(key)
     if tally is None or not tally.fresh():
-        tally = _tallies[key] = _Tally(asyncio.ensure_future(_count_running(client, tenant)))
+        tally = _tallies[key] = _Tally(key, asyncio.ensure_future(_count_running(client, tenant)))
     # One caller cancelled leaves the count to the others.
     running = await asyncio.shield(tally.counting)
     if running is None:

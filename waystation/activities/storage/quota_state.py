@@ -75,9 +75,9 @@ class Waiter:
     tenant: str
     since: float
     blocked_on: str | None = None
-    """The quota whose capacity held it back at its last ask: it does not hold up the
-    waiters of its other quotas meanwhile (a model's own quota, full, must not stop the
-    endpoint's other models)."""
+    """The quota whose capacity held it back at its last ask: meanwhile it holds up only
+    the calls that count against that quota too (a model's own quota, full, must not stop
+    the endpoint's other models)."""
 
 
 @dataclass
@@ -138,12 +138,16 @@ def _blocked(
         if capacity is not None:
             limit, wait = capacity
             return QuotaDecision(request.call_id, False, key, limit, wait), True
-    # Whose turn it is, by the call's first quota alone (the endpoint's: it counts every
-    # model's calls). Turns taken by each quota's own counts could disagree, and two calls
-    # each wait for the other's turn.
+    # Whose turn it is, by the call's first quota alone (the endpoint's when it has limits
+    # of its own: it counts every model's calls). Turns taken by each quota's own counts
+    # could disagree, and two calls each wait for the other's turn.
     key, limits = request.quotas[0]
     head = books[key].next_in_turn(request)
     if head is not None and head.call_id != request.call_id:
+        # Named by what holds the head back, if a quota does: that is what this call awaits.
+        held = dict(request.quotas)
+        if head.blocked_on in held:
+            key, limits = head.blocked_on, held[head.blocked_on]
         return QuotaDecision(request.call_id, False, key, _first_limit(limits), None), False
     return None, False
 
