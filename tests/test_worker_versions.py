@@ -69,8 +69,9 @@ async def version_worker(
 
 
 async def current_version(client: Client, deployment: str) -> str | None:
-    """The current build id (the server refuses to describe a deployment busy with many
-    requests, as while its workers start: asked again then)."""
+    """The current build id; None before the deployment exists (its first worker's poll
+    creates it). The server refuses to describe a deployment busy with many requests, as
+    while its workers start: asked again then."""
     async with asyncio.timeout(60):
         while True:
             try:
@@ -81,6 +82,8 @@ async def current_version(client: Client, deployment: str) -> str | None:
                 )
                 return current_build_id(described.worker_deployment_info.routing_config)
             except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    return None
                 if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
                     raise
             await asyncio.sleep(ASK_EVERY)
