@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
+from temporalio.testing import WorkflowEnvironment
 
-from waystation.client.agent_runtime import NoWorkerError, TaskHandle
+from waystation.client.agent_runtime import AgentRuntime, NoWorkerError, TaskHandle
+from waystation.servers.http_api import create_app
+from waystation.settings import ApiToken, Settings
 from waystation.testing.proc import free_port
+from waystation.testing.workers import running_worker
 from waystation.workflows.events import AgentEvent, AgentState
 from waystation.workflows.models import AgentTask, ModelSettings
 
@@ -115,3 +120,17 @@ async def serving_api(app: FastAPI) -> AsyncIterator[int]:
     finally:
         server.should_exit = True
         await serving
+
+
+@contextlib.asynccontextmanager
+async def api_with_tokens(
+    env: WorkflowEnvironment, settings: Settings, tokens: Mapping[str, ApiToken]
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The API (and its /mcp) on a free port with `tokens`, a worker of the settings' queue,
+    and a client of the API."""
+    settings = settings.model_copy(update={"api_tokens": dict(tokens)})
+    app = create_app(settings, AgentRuntime(env.client, settings), sse_ping_seconds=0.5)
+    async with serving_api(app) as port:
+        async with running_worker(env.client, settings):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                yield client

@@ -18,7 +18,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import agent_task, serving_api
+from tests.helpers import agent_task, api_with_tokens, serving_api
 from tests.test_cli import starter
 from waystation.activities.agent_tools import agent_tool
 from waystation.activities.builtin_tools import builtin_registry
@@ -52,12 +52,8 @@ async def api(dev_env: WorkflowEnvironment, settings: Settings) -> AsyncIterator
         READER: ApiToken(role="reader", name="rita"),
         APPROVER: ApiToken(role="approver", name="alice"),
     }
-    settings = settings.model_copy(update={"api_tokens": tokens})
-    app = create_app(settings, AgentRuntime(dev_env.client, settings), sse_ping_seconds=0.5)
-    async with serving_api(app) as port:
-        async with running_worker(dev_env.client, settings):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                yield client
+    async with api_with_tokens(dev_env, settings, tokens) as client:
+        yield client
 
 
 @asynccontextmanager

@@ -14,12 +14,9 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import serving_api
-from waystation.client.agent_runtime import AgentRuntime
-from waystation.servers.http_api import create_app
+from tests.helpers import api_with_tokens
 from waystation.settings import ApiToken, Settings
 from waystation.testing.fake_openai import FakeOpenAI, text, tools
-from waystation.testing.workers import running_worker
 
 READER, APPROVER, ACME, GLOBEX = "reader-token", "approver-token", "acme-token", "globex-token"
 
@@ -44,12 +41,8 @@ async def api(
         ACME: ApiToken(role="approver", name="acme-bot", tenant=tenants["acme"]),
         GLOBEX: ApiToken(role="approver", name="globex-bot", tenant=tenants["globex"]),
     }
-    settings = settings.model_copy(update={"api_tokens": tokens})
-    app = create_app(settings, AgentRuntime(dev_env.client, settings), sse_ping_seconds=0.5)
-    async with serving_api(app) as port:
-        async with running_worker(dev_env.client, settings):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                yield client
+    async with api_with_tokens(dev_env, settings, tokens) as client:
+        yield client
 
 
 def new_schedule(model: str, **fields: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import agent_task, of_type, serving_api, wait_for_state
+from tests.helpers import agent_task, api_with_tokens, of_type, wait_for_state
 from tests.test_cli import starter
 from tests.test_resume_fork_edges import run_closed, steps_then_answer
 from waystation.activities.agent_tools import agent_tool
@@ -68,12 +68,8 @@ async def api(
     dev_env: WorkflowEnvironment, settings: Settings, names: dict[str, str]
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The API (and its /mcp) on a free port with the three tokens, and a worker."""
-    settings = settings.model_copy(update={"api_tokens": tokens(names)})
-    app = create_app(settings, AgentRuntime(dev_env.client, settings), sse_ping_seconds=0.5)
-    async with serving_api(app) as port:
-        async with running_worker(dev_env.client, settings):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                yield client
+    async with api_with_tokens(dev_env, settings, tokens(names)) as client:
+        yield client
 
 
 @asynccontextmanager
