@@ -105,11 +105,15 @@ class Figures:
 class Parts:
     """One task's latency, in parts: starting it, its calls waiting for their quota's turn
     (the waits it was told of, over a second each), and the rest (its steps' own work and
-    Temporal's dispatch of their tasks)."""
+    Temporal's dispatch of their tasks); the rest's share that its history shows (queued:
+    its workflow and activity tasks waiting for a worker; model calls: `call_llm` from its
+    start to its end, the quota's short waits included)."""
 
     starting: float
     quota: float
     rest: float
+    queued: float = 0.0
+    model_calls: float = 0.0
 
 
 # --- the model ----------------------------------------------------------------------------
@@ -230,7 +234,9 @@ async def run_tasks(
             if tenant == "b":  # the few tasks whose latency is a target
                 waited = [e for e in await handle.events() if isinstance(e, QuotaGranted)]
                 quota = sum(e.waited_seconds for e in waited)
-                parts = Parts(starting, quota, latency - starting - quota)
+                queued, model_calls = await history_times(bench, task_id)
+                rest = latency - starting - quota
+                parts = Parts(starting, quota, rest, queued, model_calls)
                 figures.parts.setdefault(tenant, []).append(parts)
         ended.append(task_id)
 
@@ -263,6 +269,39 @@ async def report_progress(
             f"  {time.perf_counter() - start:.0f} s: {len(ended)} of {tasks} tasks ended; "
             f"{counts.accepted} calls served, {counts.refused} refused"
         )
+
+
+async def history_times(bench: Bench, task_id: str) -> tuple[float, float]:
+    """From a task's history: how long its workflow and activity tasks waited for a worker,
+    and how long its model calls ran (started to closed)."""
+    history = await bench.client.get_workflow_handle(task_id).fetch_history()
+    queued = model_calls = 0.0
+    scheduled: dict[int, tuple[float, str]] = {}
+    started: dict[int, float] = {}
+    for event in history.events:
+        at = event.event_time.ToDatetime().timestamp()
+        kind = event.WhichOneof("attributes") or ""
+        if kind == "workflow_task_scheduled_event_attributes":
+            scheduled[event.event_id] = (at, "workflow")
+        elif kind == "workflow_task_started_event_attributes":
+            workflow_task = event.workflow_task_started_event_attributes
+            queued += at - scheduled[workflow_task.scheduled_event_id][0]
+        elif kind == "activity_task_scheduled_event_attributes":
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[event.event_id] = (at, name)
+        elif kind == "activity_task_started_event_attributes":
+            activity_task = event.activity_task_started_event_attributes
+            queued += at - scheduled[activity_task.scheduled_event_id][0]
+            started[activity_task.scheduled_event_id] = at
+        elif kind in (
+            "activity_task_completed_event_attributes",
+            "activity_task_failed_event_attributes",
+        ):
+            closed = getattr(event, kind).scheduled_event_id
+            at_start = started.get(closed)
+            if at_start is not None and scheduled[closed][1] == "call_llm":
+                model_calls += at - at_start
+    return queued, model_calls
 
 
 # --- the figures --------------------------------------------------------------------------
@@ -336,7 +375,12 @@ def _parts(figures: Figures) -> str:
     starting = median([p.starting for p in parts])
     quota = median([p.quota for p in parts])
     rest = median([p.rest for p in parts])
-    return f"starting {starting:.1f} s, quota {quota:.1f} s, the rest {rest:.1f} s"
+    queued = median([p.queued for p in parts])
+    model_calls = median([p.model_calls for p in parts])
+    return (
+        f"starting {starting:.1f} s, quota {quota:.1f} s, the rest {rest:.1f} s (queued "
+        f"{queued:.1f} s, model calls {model_calls:.1f} s)"
+    )
 
 
 # --- the run ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import statistics
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -497,6 +498,79 @@ def test_a_backlog_alone_leaves_the_credit_to_a_tenant_that_comes_later() -> Non
     assert all(d.admitted for d in outcome.decisions[-5:])
 
 
+@dataclass
+class Played:
+    """Tasks of several tenants played against one quota in simulated time."""
+
+    answered: dict[str, list[float]] = field(default_factory=dict)
+    """When each task of a tenant had its last call answered."""
+    admitted: dict[str, list[float]] = field(default_factory=dict)
+    """When each call of a tenant went."""
+
+
+def play(tasks: dict[str, int], limits: QuotaLimits, *, until: str | None = None) -> Played:
+    """Each task of a tenant makes 4 model calls, its conversation growing (1,350 to 2,250
+    input tokens), each after the last is answered (1 s later); all started together, in
+    the order given, and asked for every 0.2 s as a worker asks: the bench's workload in
+    the decision alone. Played until every task of `until` (all, if None) is answered."""
+    sizes = (1_350, 1_650, 1_950, 2_250)
+    quotas = (("ep:m", limits),)
+    views: dict[str, QuotaView] = {}
+    played = Played()
+    # task -> [tenant, calls made, when it asks next]
+    state = {f"{t}{n}": [t, 0, 0.0] for t, count in tasks.items() for n in range(count)}
+    asking: dict[str, QuotaRequest] = {}
+    for tick in range(10_000):
+        now = tick * 0.2
+        for task, (tenant, made, ready_at) in state.items():
+            if made < len(sizes) and task not in asking and ready_at <= now:
+                asking[task] = QuotaRequest(f"{task}/{made}", tenant, quotas, sizes[made], 10.0)
+        for request in decide(now, views, list(asking.values())).admitted:
+            task = request.call_id.split("/")[0]
+            del asking[task]
+            entry = state[task]
+            entry[1] += 1
+            entry[2] = now + 1.0
+            played.admitted.setdefault(request.tenant, []).append(now)
+            if entry[1] == len(sizes):
+                played.answered.setdefault(request.tenant, []).append(now + 1.0)
+        waiting_for = [t for t in tasks if until is None or t == until]
+        if all(len(played.answered.get(t, [])) == tasks[t] for t in waiting_for):
+            return played
+    raise AssertionError("the tasks were not answered in 2,000 s")
+
+
+BENCH_QUOTA = QuotaLimits(requests_per_minute=300, input_tokens_per_minute=200_000)
+
+
+def test_a_tenant_with_a_few_tasks_started_beside_anothers_backlog_goes_as_it_would_alone() -> None:
+    """Issue 41's fairness workload in the decision alone: b's 5 tasks, started together
+    with a's 300, end about when they end alone (b's minute is a tenth of the quota: it is
+    served as it asks). Ordered by admissions alone, b and a took turns at the start, and
+    b's tasks took 1.78 times as long."""
+    alone = play({"b": 5}, BENCH_QUOTA).answered["b"]
+    beside = play({"a": 300, "b": 5}, BENCH_QUOTA, until="b").answered["b"]
+    assert statistics.median(beside) <= statistics.median(alone), (alone, beside)
+
+
+def test_two_backlogs_share_the_quota_equally() -> None:
+    """Neither tenant's minute fits its share: they take turns, whichever started first."""
+    played = play({"a": 100, "c": 100}, BENCH_QUOTA)
+    first_minute = {t: sum(at < 60.0 for at in times) for t, times in played.admitted.items()}
+    assert abs(first_minute["a"] - first_minute["c"]) <= 2, first_minute
+    assert abs(max(played.answered["a"]) - max(played.answered["c"])) <= 5.0
+
+
+def test_a_tenant_over_its_share_still_leaves_the_other_its_share() -> None:
+    """c's 20 tasks fit its half of the quota only at first: a's backlog is never starved,
+    and c, served first while within its share, is done long before a."""
+    played = play({"a": 100, "c": 20}, BENCH_QUOTA)
+    for start_at in range(0, 60, 5):
+        window = [at for at in played.admitted["a"] if start_at <= at < start_at + 30]
+        assert window, f"a had no call between {start_at} s and {start_at + 30} s"
+    assert max(played.answered["c"]) < statistics.median(played.answered["a"])
+
+
 def test_a_tenant_held_back_by_a_models_own_quota_keeps_its_turn_beside_a_backlog() -> None:
     """Both tenants wait for the model's quota: the one admitted least keeps its turn there,
     though another tenant's backlog asks first and more often."""
@@ -507,8 +581,8 @@ def test_a_tenant_held_back_by_a_models_own_quota_keeps_its_turn_beside_a_backlo
     backlog = Backlog(quotas, 200)
     for tick in range(900):  # a's backlog alone for three minutes
         backlog.ask(tick * 0.2)
-    # b's five calls come at once: more than its credit lets go together, so they wait
-    # for the model's pace beside a's backlog, which is asked for first at every ask.
+    # b's five calls come at once, beside a's backlog, which is asked for first at every
+    # ask: b's turn comes first at each unit the model's pace frees.
     quiet = [backlog.call(f"b{n}", "b") for n in range(5)]
     went: dict[str, float] = {}
     for tick in range(900, 1000):

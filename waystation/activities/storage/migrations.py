@@ -91,6 +91,11 @@ SQLITE: tuple[Migration, ...] = (
             " END",
         ),
     ),
+    Migration(
+        4,
+        "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)",
+        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0",),
+    ),
 )
 
 POSTGRES: tuple[Migration, ...] = (
@@ -148,6 +153,11 @@ POSTGRES: tuple[Migration, ...] = (
             " WHERE expires_at IS NOT NULL",
             "CREATE INDEX memory_items_search ON memory_items USING GIN (search)",
         ),
+    ),
+    Migration(
+        4,
+        "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)",
+        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0",),
     ),
 )
 

@@ -335,14 +335,24 @@ class PostgresBackend:
                 now, views = await _quota_views(cursor, keys)
                 outcome = decide(now, views, requests)
                 waiting = [
-                    (r.call_id, key, r.tenant, owner, since[key], now + r.lease_seconds, on)
+                    (
+                        r.call_id,
+                        key,
+                        r.tenant,
+                        owner,
+                        since[key],
+                        now + r.lease_seconds,
+                        on,
+                        r.input_tokens,
+                    )
                     for r, since, on in outcome.waiting
                     for key, _ in r.quotas
                 ]
                 if waiting:
                     await cursor.executemany(
                         "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since,"
-                        " lease_until, blocked_on) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                        " lease_until, blocked_on, input_tokens)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
                         " ON CONFLICT (call_id, quota) DO UPDATE"
                         " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on",
                         waiting,
@@ -526,9 +536,10 @@ async def _quota_views(
     for call_id, key, tenant, at, given, got, live in await cursor.fetchall():
         views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
     await cursor.execute(
-        "SELECT call_id, quota, tenant, since, blocked_on FROM quota_waiters WHERE quota = ANY(%s)",
+        "SELECT call_id, quota, tenant, since, blocked_on, input_tokens FROM quota_waiters"
+        " WHERE quota = ANY(%s)",
         (keys,),
     )
-    for call_id, key, tenant, since, blocked_on in await cursor.fetchall():
-        views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on))
+    for call_id, key, tenant, since, blocked_on, asked in await cursor.fetchall():
+        views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on, asked))
     return now, views

@@ -7,6 +7,13 @@ over its minute (a GCRA over the window's calls), so capacity frees a little at 
 whoever's turn it is goes within a moment. Admitted as a burst whenever the window had
 room, a minute's calls all left it together a minute later: capacity came back in waves,
 and a tenant with one call waiting waited for the next wave, whatever its turn.
+
+Turns are max-min fair between tenants: a tenant whose minute (its calls of the window and
+those it has waiting) fits its equal share of the quota goes first, as it would alone; the
+others share what is left, the one admitted least first. Ordered by admissions alone, two
+tenants that started together took turns: a tenant with five tasks got half the quota
+beside another's backlog and took twice as long as alone, though its whole minute was a
+tenth of the quota.
 """
 
 from __future__ import annotations
@@ -25,11 +32,11 @@ ARRIVAL_MARGIN_SECONDS = 2.0
 WINDOW_SECONDS = PROVIDER_WINDOW_SECONDS + ARRIVAL_MARGIN_SECONDS
 # Pacing: a quota of N a minute admits one unit every PACE_PERIOD_SECONDS / N seconds. Any
 # call may go up to ASK_TOLERANCE_SECONDS early (one ask admits what its poll interval
-# freed); a tenant that no other active tenant trails, with no more waiting than that
-# would let go, may go FAIR_SHARE_SECONDS earlier still: credit neither the busiest tenant
-# nor a backlog ever spends, so a tenant with a few calls goes at once beside another's
-# backlog, however the two arrived. The period counts both allowances: however the credit
-# is spent, no window holds more than the limit.
+# freed); a tenant within its share beside one that is not, or one that no other active
+# tenant trails with no more waiting than that would let go, may go FAIR_SHARE_SECONDS
+# earlier still: credit a backlog never spends, so a tenant with a few calls goes ahead of
+# the pace beside another's backlog as it would alone, however the two arrived. The period
+# counts both allowances: however the credit is spent, no window holds more than the limit.
 ASK_TOLERANCE_SECONDS = 0.5
 FAIR_SHARE_SECONDS = 2.0
 PACE_PERIOD_SECONDS = WINDOW_SECONDS + ASK_TOLERANCE_SECONDS + FAIR_SHARE_SECONDS
@@ -78,6 +85,8 @@ class Waiter:
     """The quota whose capacity held it back at its last ask: meanwhile it holds up only
     the calls that count against that quota too (a model's own quota, full, must not stop
     the endpoint's other models)."""
+    input_tokens: int = 0
+    """Its estimate: what it asks of its tenant's share (0 from a worker that kept none)."""
 
 
 @dataclass
@@ -100,12 +109,16 @@ class Outcome:
 
 def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]) -> Outcome:
     """Admit, in order, each request that every one of its quotas lets through now."""
+    known = {key: {w.call_id for w in view.waiters} for key, view in views.items()}
+    limits_of: dict[str, QuotaLimits] = {}
     for index, request in enumerate(requests):
-        for key, _ in request.quotas:
-            waiters = views.setdefault(key, QuotaView()).waiters
-            if not any(w.call_id == request.call_id for w in waiters):
-                waiters.append(Waiter(request.call_id, request.tenant, now + index * _SINCE_STEP))
-    books = {key: _QuotaBook(now, view) for key, view in views.items()}
+        for key, limits in request.quotas:
+            limits_of[key] = limits
+            if request.call_id not in known.setdefault(key, set()):
+                joined = now + index * _SINCE_STEP
+                waiter = Waiter(request.call_id, request.tenant, joined, None, request.input_tokens)
+                views.setdefault(key, QuotaView()).waiters.append(waiter)
+    books = {key: _QuotaBook(now, view, limits_of.get(key)) for key, view in views.items()}
     outcome = Outcome([], [], [])
     for request in requests:
         blocked, by_capacity = _blocked(books, request)
@@ -156,9 +169,10 @@ class _QuotaBook:
     """One quota during a decision: its window's calls, sums and tenants' admissions, kept
     up to date as calls are admitted (a batch of a hundred waiters reads them once)."""
 
-    def __init__(self, now: float, view: QuotaView) -> None:
+    def __init__(self, now: float, view: QuotaView, limits: QuotaLimits | None) -> None:
         self.now = now
         self.view = view
+        self.limits = limits
         self._waiters = {w.call_id: w for w in view.waiters}
         self._count()
 
@@ -174,11 +188,47 @@ class _QuotaBook:
         self.waiting = Counter(w.tenant for w in self.view.waiters)
         active = set(self.admissions) | set(self.waiting)
         self.fewest = min((self.admissions[t] for t in active), default=0)
+        self.within_share = self._within_share(active)
+        self.beside_backlog = len(self.within_share) < len(active)
         self._paced: dict[tuple[QuotaLimitKind, int], float] = {}
-        # Waiters in turn order: the tenant admitted least in the window, then the oldest.
+        # Waiters in turn order: tenants within their share first, then the tenant admitted
+        # least in the window, then the oldest.
         self._turns = sorted(
-            self.view.waiters, key=lambda w: (self.admissions[w.tenant], w.since, w.call_id)
+            self.view.waiters,
+            key=lambda w: (
+                w.tenant not in self.within_share,
+                self.admissions[w.tenant],
+                w.since,
+                w.call_id,
+            ),
         )
+
+    def _within_share(self, active: set[str]) -> set[str]:
+        """The tenants whose minute (calls of the window and waiting, in each rate limit's
+        units) fits an equal share of the quota among the active tenants."""
+        limits = self.limits
+        if limits is None or len(active) < 2:
+            return set(active)
+        asked: dict[str, list[int]] = {t: [0, 0, 0] for t in active}
+        for call in self.recent:
+            units = asked[call.tenant]
+            units[0] += 1
+            units[1] += call.input_tokens
+            units[2] += call.output_tokens
+        for waiter in self.view.waiters:
+            asked[waiter.tenant][0] += 1
+            asked[waiter.tenant][1] += waiter.input_tokens
+        rates = (
+            limits.requests_per_minute,
+            limits.input_tokens_per_minute,
+            limits.output_tokens_per_minute,
+        )
+        share = [rate / len(active) if rate else None for rate in rates]
+        return {
+            tenant
+            for tenant, units in asked.items()
+            if all(cap is None or used <= cap for used, cap in zip(units, share, strict=True))
+        }
 
     def waiter(self, call_id: str) -> Waiter:
         return self._waiters[call_id]
@@ -232,10 +282,12 @@ class _QuotaBook:
         for kind, limit, used, wanted in declared:  # a full minute first, then the pace
             if (wait := _window_wait(used, self.leaves, wanted, limit)) is not None:
                 return kind, wait
-        trailing = self.admissions[request.tenant] <= self.fewest
+        tenant = request.tenant
+        trailing = self.admissions[tenant] <= self.fewest
+        within = self.beside_backlog and tenant in self.within_share
         for kind, limit, used, wanted in declared:
             credit = FAIR_SHARE_SECONDS * limit / PACE_PERIOD_SECONDS
-            favoured = trailing and self.waiting[request.tenant] * wanted <= credit
+            favoured = within or (trailing and self.waiting[tenant] * wanted <= credit)
             if (wait := self._pace_wait(kind, limit, used, favoured)) is not None:
                 return kind, wait
         return None

@@ -334,20 +334,29 @@ class SqliteBackend:
                     [now, *keys],
                 ):
                     views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
-                for call_id, key, tenant, since, blocked_on in db.execute(
-                    "SELECT call_id, quota, tenant, since, blocked_on FROM quota_waiters"
-                    f" WHERE quota IN ({marks})",
+                for call_id, key, tenant, since, blocked_on, asked in db.execute(
+                    "SELECT call_id, quota, tenant, since, blocked_on, input_tokens"
+                    f" FROM quota_waiters WHERE quota IN ({marks})",
                     keys,
                 ):
-                    views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on))
+                    views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on, asked))
                 outcome = decide(now, views, requests)
                 db.executemany(
                     "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since, lease_until,"
-                    " blocked_on) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (call_id, quota)"
-                    " DO UPDATE SET lease_until = excluded.lease_until,"
-                    " blocked_on = excluded.blocked_on",
+                    " blocked_on, input_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (call_id, quota) DO UPDATE"
+                    " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on",
                     [
-                        (r.call_id, key, r.tenant, owner, since[key], now + r.lease_seconds, on)
+                        (
+                            r.call_id,
+                            key,
+                            r.tenant,
+                            owner,
+                            since[key],
+                            now + r.lease_seconds,
+                            on,
+                            r.input_tokens,
+                        )
                         for r, since, on in outcome.waiting
                         for key, _ in r.quotas
                     ],
