@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from waystation.activities.agent_tools import spec_with_facts
 from waystation.activities.redaction import url_without_credentials
+from waystation.client.start_gate import start_gate
 from waystation.client.task_errors import UnknownToolsError
 from waystation.client.task_list import run_attributes
 from waystation.client.task_rights import TaskRefusedError
@@ -318,17 +319,18 @@ async def start_agent(
     if run.task is not None:
         tenant = run.task.tenant
     priority = await tenant_priority(client, tenant)
-    return await client.start_workflow(
-        AgentWorkflow.run,
-        run,
-        id=task_id,
-        task_queue=task_queue,
-        start_signal=MESSAGE_SIGNAL if message is not None else None,
-        start_signal_args=[message] if message is not None else [],
-        id_conflict_policy=on_conflict,
-        id_reuse_policy=reuse,
-        static_summary=summary(text),
-        search_attributes=run_attributes(started_at or datetime.now(UTC), tenant),
-        priority=priority,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,
-    )
+    async with start_gate(client).turn(priority):
+        return await client.start_workflow(
+            AgentWorkflow.run,
+            run,
+            id=task_id,
+            task_queue=task_queue,
+            start_signal=MESSAGE_SIGNAL if message is not None else None,
+            start_signal_args=[message] if message is not None else [],
+            id_conflict_policy=on_conflict,
+            id_reuse_policy=reuse,
+            static_summary=summary(text),
+            search_attributes=run_attributes(started_at or datetime.now(UTC), tenant),
+            priority=priority,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
+        )

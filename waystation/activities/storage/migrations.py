@@ -94,7 +94,8 @@ SQLITE: tuple[Migration, ...] = (
     Migration(
         4,
         "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)",
-        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0",),
+        # NULL: a waiter of a build that keeps none, still running beside this one.
+        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER",),
     ),
 )
 
@@ -157,7 +158,8 @@ POSTGRES: tuple[Migration, ...] = (
     Migration(
         4,
         "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)",
-        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0",),
+        # NULL: a waiter of a build that keeps none, still running beside this one.
+        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER",),
     ),
 )
 

@@ -12,8 +12,8 @@ Turns are max-min fair between tenants: a tenant whose minute (its calls of the 
 those it has waiting) fits its equal share of the quota goes first, as it would alone; the
 others share what is left, the one admitted least first. Ordered by admissions alone, two
 tenants that started together took turns: a tenant with five tasks got half the quota
-beside another's backlog and took twice as long as alone, though its whole minute was a
-tenth of the quota.
+beside another's backlog and took 1.6 to 1.9 times as long as alone, though its whole
+minute was a fifth of the quota.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ WINDOW_SECONDS = PROVIDER_WINDOW_SECONDS + ARRIVAL_MARGIN_SECONDS
 # call may go up to ASK_TOLERANCE_SECONDS early (one ask admits what its poll interval
 # freed); a tenant within its share beside one that is not, or one that no other active
 # tenant trails with no more waiting than that would let go, may go FAIR_SHARE_SECONDS
-# earlier still: credit a backlog never spends, so a tenant with a few calls goes ahead of
-# the pace beside another's backlog as it would alone, however the two arrived. The period
-# counts both allowances: however the credit is spent, no window holds more than the limit.
+# earlier still: credit a tenant over its share never spends, so a tenant with a few calls
+# goes ahead of the pace beside another's backlog as it would alone, however the two
+# arrived. The period counts both allowances: however the credit is spent, no window holds
+# more than the limit.
 ASK_TOLERANCE_SECONDS = 0.5
 FAIR_SHARE_SECONDS = 2.0
 PACE_PERIOD_SECONDS = WINDOW_SECONDS + ASK_TOLERANCE_SECONDS + FAIR_SHARE_SECONDS
@@ -85,8 +86,10 @@ class Waiter:
     """The quota whose capacity held it back at its last ask: meanwhile it holds up only
     the calls that count against that quota too (a model's own quota, full, must not stop
     the endpoint's other models)."""
-    input_tokens: int = 0
-    """Its estimate: what it asks of its tenant's share (0 from a worker that kept none)."""
+    input_tokens: int | None = 0
+    """Its estimate: what it asks of its tenant's share. None: a worker of an earlier build
+    asked for it, which takes turns by admissions alone; the quota does too while it waits,
+    or the two orders could each wait for the other's head."""
 
 
 @dataclass
@@ -167,7 +170,8 @@ def _blocked(
 
 class _QuotaBook:
     """One quota during a decision: its window's calls, sums and tenants' admissions, kept
-    up to date as calls are admitted (a batch of a hundred waiters reads them once)."""
+    up to date as calls are admitted (counted again after each admission; the tenants
+    within their share once)."""
 
     def __init__(self, now: float, view: QuotaView, limits: QuotaLimits | None) -> None:
         self.now = now
@@ -175,6 +179,10 @@ class _QuotaBook:
         self.limits = limits
         self._waiters = {w.call_id: w for w in view.waiters}
         self._count()
+        # An admission moves a call of a tenant from waiting to the window: its share stays.
+        self.within_share = self._within_share()
+        self.beside_backlog = len(self.within_share) < len(self.active)
+        self._order_turns()
 
     def _count(self) -> None:
         window_start = self.now - WINDOW_SECONDS
@@ -186,11 +194,11 @@ class _QuotaBook:
         self.live = sum(c.live for c in self.view.calls)
         self.admissions = Counter(c.tenant for c in self.recent)
         self.waiting = Counter(w.tenant for w in self.view.waiters)
-        active = set(self.admissions) | set(self.waiting)
-        self.fewest = min((self.admissions[t] for t in active), default=0)
-        self.within_share = self._within_share(active)
-        self.beside_backlog = len(self.within_share) < len(active)
+        self.active = set(self.admissions) | set(self.waiting)
+        self.fewest = min((self.admissions[t] for t in self.active), default=0)
         self._paced: dict[tuple[QuotaLimitKind, int], float] = {}
+
+    def _order_turns(self) -> None:
         # Waiters in turn order: tenants within their share first, then the tenant admitted
         # least in the window, then the oldest.
         self._turns = sorted(
@@ -203,11 +211,14 @@ class _QuotaBook:
             ),
         )
 
-    def _within_share(self, active: set[str]) -> set[str]:
+    def _within_share(self) -> set[str]:
         """The tenants whose minute (calls of the window and waiting, in each rate limit's
-        units) fits an equal share of the quota among the active tenants."""
-        limits = self.limits
-        if limits is None or len(active) < 2:
+        units; a waiting call's output is not known yet) fits an equal share of what the
+        pace lets through in a window, among the active tenants. All of them where limits
+        are unknown, concurrency is all there is, or an earlier build's waiter waits."""
+        limits, active = self.limits, self.active
+        earlier_build = any(w.input_tokens is None for w in self.view.waiters)
+        if limits is None or len(active) < 2 or earlier_build:
             return set(active)
         asked: dict[str, list[int]] = {t: [0, 0, 0] for t in active}
         for call in self.recent:
@@ -217,13 +228,16 @@ class _QuotaBook:
             units[2] += call.output_tokens
         for waiter in self.view.waiters:
             asked[waiter.tenant][0] += 1
-            asked[waiter.tenant][1] += waiter.input_tokens
+            asked[waiter.tenant][1] += waiter.input_tokens or 0
         rates = (
             limits.requests_per_minute,
             limits.input_tokens_per_minute,
             limits.output_tokens_per_minute,
         )
-        share = [rate / len(active) if rate else None for rate in rates]
+        # What the pace lets through in a window, not the nominal limit: shares of the limit
+        # held by many tenants would leave the one over its share nothing.
+        delivered = WINDOW_SECONDS / PACE_PERIOD_SECONDS / len(active)
+        share = [rate * delivered if rate else None for rate in rates]
         return {
             tenant
             for tenant, units in asked.items()
@@ -238,6 +252,7 @@ class _QuotaBook:
         self._waiters.pop(call.call_id, None)
         self.view.calls.append(call)
         self._count()
+        self._order_turns()
 
     def next_in_turn(self, asking: QuotaRequest) -> Waiter | None:
         """The waiter whose turn it is for `asking` (which may be it): the first in turn
