@@ -334,20 +334,7 @@ class PostgresBackend:
             async with connection.transaction(), connection.cursor() as cursor:
                 now, views = await _quota_views(cursor, keys)
                 outcome = decide(now, views, requests)
-                waiting = [
-                    (
-                        r.call_id,
-                        key,
-                        r.tenant,
-                        owner,
-                        since[key],
-                        now + r.lease_seconds,
-                        on,
-                        r.input_tokens,
-                    )
-                    for r, since, on in outcome.waiting
-                    for key, _ in r.quotas
-                ]
+                waiting = outcome.waiter_rows(owner, now)
                 if waiting:
                     await cursor.executemany(
                         "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since,"
@@ -368,20 +355,7 @@ class PostgresBackend:
                         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
                         # A batch asked again after a lost commit answer: its slot stands.
                         " ON CONFLICT (call_id, quota) DO NOTHING",
-                        [
-                            (
-                                r.call_id,
-                                key,
-                                r.tenant,
-                                owner,
-                                now,
-                                r.input_tokens,
-                                now + r.lease_seconds,
-                                r.lease_seconds,
-                            )
-                            for r in outcome.admitted
-                            for key, _ in r.quotas
-                        ],
+                        outcome.call_rows(owner, now),
                     )
                 return outcome.decisions
 

@@ -109,6 +109,42 @@ class Outcome:
     """Each request still waiting, with its `since` by quota (kept from its first wait) and
     the quota whose capacity holds it back (None: it waits for another waiter's turn)."""
 
+    def waiter_rows(self, owner: str, now: float) -> list[tuple[object, ...]]:
+        """quota_waiters rows of the calls still waiting: (call_id, quota, tenant, owner,
+        since, lease_until, blocked_on, input_tokens)."""
+        return [
+            (
+                r.call_id,
+                key,
+                r.tenant,
+                owner,
+                since[key],
+                now + r.lease_seconds,
+                on,
+                r.input_tokens,
+            )
+            for r, since, on in self.waiting
+            for key, _ in r.quotas
+        ]
+
+    def call_rows(self, owner: str, now: float) -> list[tuple[object, ...]]:
+        """quota_calls rows of the calls admitted: (call_id, quota, tenant, owner,
+        admitted_at, input_tokens, lease_until, lease_seconds)."""
+        return [
+            (
+                r.call_id,
+                key,
+                r.tenant,
+                owner,
+                now,
+                r.input_tokens,
+                now + r.lease_seconds,
+                r.lease_seconds,
+            )
+            for r in self.admitted
+            for key, _ in r.quotas
+        ]
+
 
 def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]) -> Outcome:
     """Admit, in order, each request that every one of its quotas lets through now."""

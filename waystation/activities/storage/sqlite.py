@@ -346,20 +346,7 @@ class SqliteBackend:
                     " blocked_on, input_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (call_id, quota) DO UPDATE"
                     " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on",
-                    [
-                        (
-                            r.call_id,
-                            key,
-                            r.tenant,
-                            owner,
-                            since[key],
-                            now + r.lease_seconds,
-                            on,
-                            r.input_tokens,
-                        )
-                        for r, since, on in outcome.waiting
-                        for key, _ in r.quotas
-                    ],
+                    outcome.waiter_rows(owner, now),
                 )
                 db.executemany(
                     "DELETE FROM quota_waiters WHERE call_id = ?",
@@ -369,20 +356,7 @@ class SqliteBackend:
                     # A batch asked again after a lost answer: the slot it took stands.
                     "INSERT OR IGNORE INTO quota_calls (call_id, quota, tenant, owner, admitted_at,"
                     " input_tokens, lease_until, lease_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            r.call_id,
-                            key,
-                            r.tenant,
-                            owner,
-                            now,
-                            r.input_tokens,
-                            now + r.lease_seconds,
-                            r.lease_seconds,
-                        )
-                        for r in outcome.admitted
-                        for key, _ in r.quotas
-                    ],
+                    outcome.call_rows(owner, now),
                 )
                 db.execute("COMMIT")
             except BaseException:
