@@ -582,7 +582,7 @@ BENCH_QUOTA = QuotaLimits(requests_per_minute=300, input_tokens_per_minute=200_0
 
 def test_a_tenant_with_a_few_tasks_started_beside_anothers_backlog_goes_as_it_would_alone() -> None:
     """Issue 41's fairness workload in the decision alone: b's 5 tasks, started together
-    with a's 300, end about when they end alone (b's minute is a tenth of the quota: it is
+    with a's 300, end about when they end alone (b's minute is a fifth of the quota: it is
     served as it asks). Ordered by admissions alone, b and a took turns at the start, and
     b's tasks took 1.78 times as long."""
     alone = play({"b": 5}, BENCH_QUOTA).answered["b"]
