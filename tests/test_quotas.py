@@ -313,6 +313,30 @@ async def test_a_tenant_within_its_share_goes_before_a_backlog_through_the_datab
         await left
 
 
+async def test_the_database_keeps_whose_turn_a_waiter_waits_for(place: Place) -> None:
+    storage = place.storage()
+    await storage.open()
+    try:
+        quotas = tuple(endpoint_quotas(concurrent_requests=1))
+        backend = storage.backend
+
+        async def ask(call_id: str, tenant: str) -> bool:
+            request = QuotaRequest(call_id, tenant, quotas, 10, 10.0)
+            [decision] = await backend.quota_admit("worker", [request])
+            return decision.admitted
+
+        assert await ask("holder", "busy")
+        assert not await ask("busy-call", "busy")  # the slot is held: capacity
+        assert not await ask("quiet-call", "quiet")
+        await backend.quota_release("holder", None, 0)
+        assert not await ask("busy-call", "busy")  # quiet's turn: it has fewer calls
+        stored = dict(place.sql("SELECT call_id, waits_for FROM quota_waiters"))
+        assert stored == {"busy-call": "quiet-call", "quiet-call": None}
+        assert await ask("quiet-call", "quiet")
+    finally:
+        await storage.close()
+
+
 async def test_a_dead_workers_waiter_and_slot_lapse_with_their_leases(
     place: Place, machines: list[QuotaGate]
 ) -> None:
@@ -610,6 +634,29 @@ def test_a_tenant_over_its_share_still_leaves_the_other_its_share() -> None:
         share = slice_of["a"] / (slice_of["a"] + slice_of["c"])
         assert share >= 0.25, f"a had {share:.0%} of the calls from {start_at} s: {slice_of}"
     assert max(played.answered["c"]) < statistics.median(played.answered["a"])
+
+
+def test_workers_that_disagree_on_shares_never_wait_for_each_others_head() -> None:
+    """A change of limits rolling out: one worker counts requests (tenant y, with one call
+    in the window, is within its share; x, with 60, is not), another counts tokens (x is
+    within; y, with a call of 50,000, is not). Each worker's call waits for the head its
+    own order names, the other's: once each has waited for the other, they go."""
+    by_requests = QuotaLimits(requests_per_minute=100, input_tokens_per_minute=10_000_000)
+    by_tokens = QuotaLimits(requests_per_minute=100_000, input_tokens_per_minute=100_000)
+    window = [AdmittedCall("y0", "y", -50.0, 50_000, 0, False)]
+    window += [AdmittedCall(f"x{n}", "x", -60.0 + n, 10, 0, False) for n in range(60)]
+    views = {"ep": QuotaView(paused_until=1.0, calls=window)}
+    x = QuotaRequest("x-call", "x", (("ep", by_requests),), 10, 10.0)
+    y = QuotaRequest("y-call", "y", (("ep", by_tokens),), 10, 10.0)
+    went: dict[str, float] = {}
+    for tick in range(10):  # each worker asks for its own call every 0.2 s, in turn
+        now = tick * 0.2
+        for request in (x, y):
+            if request.call_id not in went:
+                if decide(now, views, [request]).admitted:
+                    went[request.call_id] = now
+    assert set(went) == {"x-call", "y-call"}, views["ep"].waiters
+    assert max(went.values()) <= 1.0 + 3 * 0.2  # the pause, then a few asks
 
 
 def test_a_tenant_held_back_by_a_models_own_quota_keeps_its_turn_beside_a_backlog() -> None:

@@ -93,9 +93,13 @@ SQLITE: tuple[Migration, ...] = (
     ),
     Migration(
         4,
-        "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)",
+        "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)"
+        " and the waiter whose turn it waits for",
         # NULL: a waiter of a build that keeps none, still running beside this one.
-        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER",),
+        (
+            "ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER",
+            "ALTER TABLE quota_waiters ADD COLUMN waits_for TEXT",
+        ),
     ),
 )
 
@@ -157,9 +161,13 @@ POSTGRES: tuple[Migration, ...] = (
     ),
     Migration(
         4,
-        "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)",
+        "model quotas: the input tokens a waiter asks for (its tenant's share of the quota)"
+        " and the waiter whose turn it waits for",
         # NULL: a waiter of a build that keeps none, still running beside this one.
-        ("ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER",),
+        (
+            "ALTER TABLE quota_waiters ADD COLUMN input_tokens INTEGER",
+            "ALTER TABLE quota_waiters ADD COLUMN waits_for TEXT",
+        ),
     ),
 )
 

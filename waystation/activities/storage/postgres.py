@@ -338,10 +338,11 @@ class PostgresBackend:
                 if waiting:
                     await cursor.executemany(
                         "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since,"
-                        " lease_until, blocked_on, input_tokens)"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                        " lease_until, blocked_on, input_tokens, waits_for)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
                         " ON CONFLICT (call_id, quota) DO UPDATE"
-                        " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on",
+                        " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on,"
+                        " waits_for = excluded.waits_for",
                         waiting,
                     )
                 if outcome.admitted:
@@ -510,10 +511,10 @@ async def _quota_views(
     for call_id, key, tenant, at, given, got, live in await cursor.fetchall():
         views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
     await cursor.execute(
-        "SELECT call_id, quota, tenant, since, blocked_on, input_tokens FROM quota_waiters"
-        " WHERE quota = ANY(%s)",
+        "SELECT call_id, quota, tenant, since, blocked_on, input_tokens, waits_for"
+        " FROM quota_waiters WHERE quota = ANY(%s)",
         (keys,),
     )
-    for call_id, key, tenant, since, blocked_on, asked in await cursor.fetchall():
-        views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on, asked))
+    for call_id, key, tenant, since, blocked_on, asked, head in await cursor.fetchall():
+        views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on, asked, head))
     return now, views

@@ -90,6 +90,10 @@ class Waiter:
     """Its estimate: what it asks of its tenant's share. None: a worker of an earlier build
     asked for it, which takes turns by admissions alone; the quota does too while it waits,
     or the two orders could each wait for the other's head."""
+    waits_for: str | None = None
+    """The waiter whose turn held it back at its last ask. Workers whose limits for the
+    quota differ (a change rolling out) can disagree on shares: two heads that each wait
+    for the other go, rather than wait for each other until the workers agree."""
 
 
 @dataclass
@@ -105,13 +109,14 @@ class QuotaView:
 class Outcome:
     decisions: list[QuotaDecision]
     admitted: list[QuotaRequest]
-    waiting: list[tuple[QuotaRequest, dict[str, float], str | None]]
-    """Each request still waiting, with its `since` by quota (kept from its first wait) and
-    the quota whose capacity holds it back (None: it waits for another waiter's turn)."""
+    waiting: list[tuple[QuotaRequest, dict[str, float], str | None, str | None]]
+    """Each request still waiting, with its `since` by quota (kept from its first wait),
+    the quota whose capacity holds it back (None: it waits for another waiter's turn), and
+    the waiter whose turn it waits for."""
 
     def waiter_rows(self, owner: str, now: float) -> list[tuple[object, ...]]:
         """quota_waiters rows of the calls still waiting: (call_id, quota, tenant, owner,
-        since, lease_until, blocked_on, input_tokens)."""
+        since, lease_until, blocked_on, input_tokens, waits_for)."""
         return [
             (
                 r.call_id,
@@ -122,8 +127,9 @@ class Outcome:
                 now + r.lease_seconds,
                 on,
                 r.input_tokens,
+                head,
             )
-            for r, since, on in self.waiting
+            for r, since, on, head in self.waiting
             for key, _ in r.quotas
         ]
 
@@ -160,7 +166,7 @@ def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]
     books = {key: _QuotaBook(now, view, limits_of.get(key)) for key, view in views.items()}
     outcome = Outcome([], [], [])
     for request in requests:
-        blocked, by_capacity = _blocked(books, request)
+        blocked, by_capacity, head = _blocked(books, request)
         if blocked is not None:
             outcome.decisions.append(blocked)
             blocked_on = blocked.quota if by_capacity else None
@@ -168,8 +174,9 @@ def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]
             for key, _ in request.quotas:
                 mine = books[key].waiter(request.call_id)
                 mine.blocked_on = blocked_on
+                mine.waits_for = head
                 since[key] = mine.since
-            outcome.waiting.append((request, since, blocked_on))
+            outcome.waiting.append((request, since, blocked_on, head))
             continue
         for key, _ in request.quotas:
             books[key].admit(
@@ -182,26 +189,33 @@ def decide(now: float, views: dict[str, QuotaView], requests: list[QuotaRequest]
 
 def _blocked(
     books: dict[str, _QuotaBook], request: QuotaRequest
-) -> tuple[QuotaDecision | None, bool]:
-    """What keeps `request` from going now, and whether it is a quota's capacity (else
-    another waiter's turn, for a time not known in advance)."""
+) -> tuple[QuotaDecision | None, bool, str | None]:
+    """What keeps `request` from going now, whether it is a quota's capacity (else another
+    waiter's turn, for a time not known in advance), and that waiter."""
     for key, limits in request.quotas:
         capacity = books[key].capacity_blocked(limits, request)
         if capacity is not None:
             limit, wait = capacity
-            return QuotaDecision(request.call_id, False, key, limit, wait), True
+            return QuotaDecision(request.call_id, False, key, limit, wait), True, None
     # Whose turn it is, by the call's first quota alone (the endpoint's when it has limits
     # of its own: it counts every model's calls). Turns taken by each quota's own counts
     # could disagree, and two calls each wait for the other's turn.
     key, limits = request.quotas[0]
-    head = books[key].next_in_turn(request)
-    if head is not None and head.call_id != request.call_id:
+    book = books[key]
+    head = book.next_in_turn(request)
+    # Each waited for the other at its last ask: orders that disagree, not a turn to wait.
+    mutual = head is not None and (head.waits_for, book.waiter(request.call_id).waits_for) == (
+        request.call_id,
+        head.call_id,
+    )
+    if head is not None and head.call_id != request.call_id and not mutual:
         # Named by what holds the head back, if a quota does: that is what this call awaits.
         held = dict(request.quotas)
         if head.blocked_on in held:
             key, limits = head.blocked_on, held[head.blocked_on]
-        return QuotaDecision(request.call_id, False, key, _first_limit(limits), None), False
-    return None, False
+        decision = QuotaDecision(request.call_id, False, key, _first_limit(limits), None)
+        return decision, False, head.call_id
+    return None, False, None
 
 
 class _QuotaBook:

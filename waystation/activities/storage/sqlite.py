@@ -334,18 +334,20 @@ class SqliteBackend:
                     [now, *keys],
                 ):
                     views[key].calls.append(AdmittedCall(call_id, tenant, at, given, got, live))
-                for call_id, key, tenant, since, blocked_on, asked in db.execute(
-                    "SELECT call_id, quota, tenant, since, blocked_on, input_tokens"
+                for call_id, key, tenant, since, blocked_on, asked, head in db.execute(
+                    "SELECT call_id, quota, tenant, since, blocked_on, input_tokens, waits_for"
                     f" FROM quota_waiters WHERE quota IN ({marks})",
                     keys,
                 ):
-                    views[key].waiters.append(Waiter(call_id, tenant, since, blocked_on, asked))
+                    waiter = Waiter(call_id, tenant, since, blocked_on, asked, head)
+                    views[key].waiters.append(waiter)
                 outcome = decide(now, views, requests)
                 db.executemany(
                     "INSERT INTO quota_waiters (call_id, quota, tenant, owner, since, lease_until,"
-                    " blocked_on, input_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " blocked_on, input_tokens, waits_for) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (call_id, quota) DO UPDATE"
-                    " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on",
+                    " SET lease_until = excluded.lease_until, blocked_on = excluded.blocked_on,"
+                    " waits_for = excluded.waits_for",
                     outcome.waiter_rows(owner, now),
                 )
                 db.executemany(
